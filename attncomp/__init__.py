@@ -1,0 +1,82 @@
+"""attncomp: a compiler for attention kernels written as math."""
+
+from attncomp.api import CompiledFunction, compile, interpret, parse_ir
+from attncomp.dsl import Spec, bool_, f16, f32, f64, i32, i64, spec
+from attncomp.errors import (
+    AttncompError,
+    IRParseError,
+    PipelineError,
+    ShapeError,
+    SpecError,
+    VerifyError,
+)
+from attncomp.functions import (
+    abs,
+    concat,
+    exp,
+    index,
+    inf,
+    log,
+    logsumexp,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    repeat_kv,
+    rsqrt,
+    softmax,
+    sqrt,
+    sum,
+    tanh,
+    where,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttncompError",
+    "CompiledFunction",
+    "IRParseError",
+    "PipelineError",
+    "ShapeError",
+    "Spec",
+    "SpecError",
+    "VerifyError",
+    "abs",
+    "bool_",
+    "compile",
+    "concat",
+    "exp",
+    "f16",
+    "f32",
+    "f64",
+    "i32",
+    "i64",
+    "index",
+    "inf",
+    "interpret",
+    "log",
+    "logsumexp",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "parse_ir",
+    "repeat_kv",
+    "rsqrt",
+    "softmax",
+    "spec",
+    "sqrt",
+    "sum",
+    "tanh",
+    "where",
+]
+
+
+def __getattr__(name: str):
+    raise AttributeError(
+        f"attncomp has no name '{name}'; spec functions are: "
+        + ", ".join(n for n in __all__ if n[0].islower())
+    )

@@ -1,0 +1,5 @@
+import sys
+
+from attncomp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,121 @@
+"""compile(), interpret(), parse_ir() and the compiled-function object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attncomp.blockmap import block_map
+from attncomp.dsl import Spec
+from attncomp.ir import parser as _parser
+from attncomp.ir.binding import bind_arguments
+from attncomp.ir.core import Module
+from attncomp.ir.interpreter import Interpreter, interpret_func
+from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.verifier import verify_module
+from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
+
+BACKENDS = ("interp",)
+
+
+def parse_ir(text: str) -> Module:
+    """Read IR text (any stage) into a verified module; ``str()`` prints it back."""
+    return _parser.parse_ir(text)
+
+
+def _module_of(target: Spec | Module | str, constants: dict[str, Any]) -> Module:
+    if isinstance(target, Spec):
+        return target.trace(**constants) if constants else target.ir
+    if constants:
+        raise TypeError("constants can only be given with a spec, not with IR")
+    if isinstance(target, Module):
+        return target
+    if isinstance(target, str):
+        return parse_ir(target)
+    raise TypeError(f"expected a spec, an IR module or IR text, got {type(target).__name__}")
+
+
+def interpret(target: Spec | Module | str, *args: Any, trace: bool = False, **constants: Any):
+    """Run a spec or IR module of any stage in the float64 reference interpreter.
+
+    Returns the result (a tuple for several); with ``trace=True`` also a dict
+    from SSA name to array of every value, in program order.
+    """
+    return interpret_func(_module_of(target, constants).main, args, trace=trace)
+
+
+class CompiledFunction:
+    """The result of :func:`compile`: callable, and inspectable stage by stage."""
+
+    def __init__(self, module: Module, backend: str, pipeline: str | None, name: str):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
+        self.name = name
+        self.backend = backend
+        self.pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+        self.remarks: list[str] = []
+        self.module, self._stages = run_pipeline(module, parse_pipeline(self.pipeline), self.remarks)
+        self.constraints = verify_module(self.module)
+
+    @property
+    def func(self):
+        return self.module.main
+
+    @property
+    def stages(self) -> list[str]:
+        """The passes run, in order."""
+        return [s.name for s in self._stages[1:]]
+
+    @property
+    def timings(self) -> list[tuple[str, float]]:
+        """(pass, seconds) for each pass run."""
+        return [(s.name, s.seconds) for s in self._stages[1:]]
+
+    def ir(self, stage: str = "final") -> str:
+        """The IR text after ``stage``: "input", a pass name, or "final"."""
+        if stage == "final":
+            return self._stages[-1].text
+        for s in reversed(self._stages):
+            if s.name == stage:
+                return s.text
+        valid = ", ".join(["input", *self.stages, "final"])
+        raise KeyError(f"no stage {stage!r}; stages: {valid}")
+
+    def dump(self) -> str:
+        """Every stage's IR text in order, each under a ``// ----- after NAME -----`` line."""
+        return "\n".join(f"// ----- after {s.name} -----\n{s.text}" for s in self._stages)
+
+    @property
+    def source(self) -> str:
+        """What the backend runs: for ``interp``, the final IR text."""
+        return self.ir("final")
+
+    def __call__(self, *args: Any):
+        arrays, env = bind_arguments(self.func, args, self.constraints)
+        outputs = Interpreter(self.func, env).run(arrays)
+        cast = [
+            np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype])
+            for out, value in zip(outputs, self.func.results)
+        ]
+        return cast[0] if len(cast) == 1 else tuple(cast)
+
+    def block_map(self, *args: Any) -> np.ndarray:
+        """int8 ``[*batch, q_blocks, kv_blocks]``: 0 skipped, 1 computed with its mask, 2 without."""
+        return block_map(self.func, self.constraints, args)
+
+    def __repr__(self) -> str:
+        return f"<attncomp {self.backend} function {self.name} [{', '.join(self.stages)}]>"
+
+
+def compile(
+    target: Spec | Module | str, backend: str = "cpu", pipeline: str | None = None, **constants: Any
+) -> CompiledFunction:
+    """Trace (with ``constants``), run the pass pipeline, and build for ``backend``.
+
+    ``pipeline=None`` is the default optimising pipeline, ``""`` runs no pass,
+    and a string such as ``"cse,dce"`` runs exactly the passes it names.
+    """
+    module = _module_of(target, constants)
+    name = target.name if isinstance(target, Spec) else module.main.name
+    return CompiledFunction(module, backend, pipeline, name)

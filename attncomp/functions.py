@@ -1,0 +1,131 @@
+"""The functions a spec body calls: ``ac.exp``, ``ac.where``, ``ac.softmax``, ..."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from attncomp.errors import SpecError
+from attncomp.tensor import SymDim, Tensor
+
+inf = float("inf")
+
+
+def _tracer(*values: Any):
+    for v in values:
+        if isinstance(v, (Tensor, SymDim)):
+            return v.tracer
+        if isinstance(v, (list, tuple)):
+            found = _tracer(*v)
+            if found is not None:
+                return found
+    return None
+
+
+def _need_tracer(fname: str, *values: Any):
+    tracer = _tracer(*values)
+    if tracer is None:
+        raise SpecError(f"ac.{fname} needs a traced tensor argument (it is only used inside a spec)")
+    return tracer
+
+
+def _unary(opname: str, fname: str):
+    def fn(x: Tensor) -> Tensor:
+        tracer = _need_tracer(fname, x)
+        return tracer.emit(opname, [tracer.lift(x)])
+
+    fn.__name__ = fname
+    fn.__doc__ = f"Elementwise {fname} (op ``{opname}``)."
+    return fn
+
+
+exp = _unary("ac.exp", "exp")
+log = _unary("ac.log", "log")
+tanh = _unary("ac.tanh", "tanh")
+sqrt = _unary("ac.sqrt", "sqrt")
+rsqrt = _unary("ac.rsqrt", "rsqrt")
+abs = _unary("ac.abs", "abs")  # noqa: A001 - the DSL's name
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise maximum."""
+    tracer = _need_tracer("maximum", a, b)
+    return tracer.emit("ac.maximum", [tracer.lift(a), tracer.lift(b)])
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise minimum."""
+    tracer = _need_tracer("minimum", a, b)
+    return tracer.emit("ac.minimum", [tracer.lift(a), tracer.lift(b)])
+
+
+def where(cond: Any, a: Any, b: Any) -> Tensor:
+    """``a`` where ``cond`` holds, else ``b``; all three broadcast."""
+    tracer = _need_tracer("where", cond, a, b)
+    return tracer.emit("ac.where", [tracer.lift(cond), tracer.lift(a), tracer.lift(b)])
+
+
+def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Maximum over ``axis`` (an int, a tuple, or None for all axes)."""
+    return _need_tracer("max", x).reduce(x, "max", axis, keepdims)
+
+
+def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Minimum over ``axis``."""
+    return _need_tracer("min", x).reduce(x, "min", axis, keepdims)
+
+
+def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis``."""
+    return _need_tracer("sum", x).reduce(x, "sum", axis, keepdims)
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis``."""
+    return _need_tracer("mean", x).reduce(x, "mean", axis, keepdims)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Softmax along ``axis``; a slice that is all -inf gives zeros."""
+    tracer = _need_tracer("softmax", x)
+    return tracer.emit("ac.softmax", [x], {"axis": tracer.axis(axis, x.ndim)})
+
+
+def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
+    """Natural-log ``log(sum(exp(x)))`` along ``axis``; all -inf gives -inf."""
+    tracer = _need_tracer("logsumexp", x)
+    attrs = {"axis": tracer.axis(axis, x.ndim), "keepdims": bool(keepdims)}
+    return tracer.emit("ac.logsumexp", [x], attrs)
+
+
+def index(x: Tensor) -> tuple[Tensor, ...]:
+    """The absolute position along each axis of ``x``, shaped to broadcast against it.
+
+    ``b, h, i, j = ac.index(s)`` for scores ``s`` of shape (B, H, T, S) gives
+    ``i`` of shape (1, 1, T, 1) and ``j`` of shape (1, 1, 1, S).
+    """
+    tracer = _need_tracer("index", x)
+    out = []
+    for axis, size in enumerate(x.type.shape):
+        shape = [1] * x.ndim
+        shape[axis] = size
+        declared = [x.type.with_shape(shape).with_dtype("i64")]
+        out.append(tracer.emit("ac.iota", [], {"axis": axis}, declared=declared))
+    return tuple(out)
+
+
+def concat(xs: Sequence[Tensor], axis: int = -1) -> Tensor:
+    """Join tensors along ``axis``."""
+    tracer = _need_tracer("concat", xs)
+    items = [tracer.lift(x) for x in xs]
+    return tracer.emit("ac.concat", items, {"axis": tracer.axis(axis, items[0].ndim)})
+
+
+def repeat_kv(x: Tensor, n_rep: Any) -> Tensor:
+    """Repeat each head of ``x`` (axis 1) ``n_rep`` times, as in grouped-query attention."""
+    tracer = _need_tracer("repeat_kv", x)
+    reps = tracer.size(n_rep)
+    if reps.is_const and reps.value == 1:
+        return x
+    if reps.is_const and reps.value < 1:
+        raise tracer.located(SpecError(f"repeat_kv: n_rep must be at least 1, got {reps.value}"))
+    return tracer.emit("ac.repeat_kv", [x], {"n_rep": reps.value if reps.is_const else reps})

@@ -1,0 +1,1 @@
+"""The IR: types and symbolic dims, ops, module, printer, parser, verifier, interpreter."""

@@ -1,0 +1,104 @@
+"""Binding call arguments to a function's symbolic sizes, before any work is done."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from attncomp.errors import ShapeError
+from attncomp.ir.core import Func
+from attncomp.ir.ops import DimConstraint
+from attncomp.ir.types import NUMPY_DTYPES, TensorType, category, dtype_of_numpy
+
+
+def as_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__array__") or isinstance(value, (int, float, bool, list, tuple)):
+        return np.asarray(value)
+    if hasattr(value, "__dlpack__"):
+        return np.from_dlpack(value)
+    raise TypeError(f"{name}: expected an array, got {type(value).__name__}")
+
+
+def check_dtype(array: np.ndarray, want: str, name: str) -> None:
+    """Accept the declared element type or one that converts to it without loss."""
+    got = dtype_of_numpy(array.dtype)
+    ok = got is not None and (
+        got == want
+        or category(got) == category(want)
+        and np.can_cast(array.dtype, NUMPY_DTYPES[want], casting="safe")
+    )
+    if not ok:
+        raise TypeError(
+            f"{name}: expected {want} ({np.dtype(NUMPY_DTYPES[want]).name}) elements, "
+            f"got {array.dtype.name}"
+        )
+
+
+def bind_arguments(
+    func: Func, args: Sequence[Any], constraints: Sequence[DimConstraint] = ()
+) -> tuple[list[np.ndarray], dict[str, int]]:
+    """Check the arguments against ``func``'s signature; return arrays and sizes.
+
+    Raises ``TypeError`` for a wrong count or element type and ``ShapeError``
+    for a wrong rank or size, naming the argument and the dimension.
+    """
+    names = [a.name or f"arg{k}" for k, a in enumerate(func.args)]
+    if len(args) != len(func.args):
+        raise TypeError(
+            f"@{func.name} takes {len(func.args)} arguments ({', '.join(names)}), got {len(args)}"
+        )
+    arrays = [as_array(value, name) for value, name in zip(args, names)]
+    env: dict[str, int] = {}
+    bound_by: dict[str, str] = {}
+    for array, name, arg in zip(arrays, names, func.args):
+        check_dtype(array, arg.type.dtype, name)
+        _bind_shape(array, arg.type, name, env, bound_by)
+    for c in constraints:
+        lhs, rhs = _eval_or_fail(c.lhs, env, c), _eval_or_fail(c.rhs, env, c)
+        if lhs != rhs:
+            raise ShapeError(
+                f"sizes {_sizes(c.lhs.symbols() | c.rhs.symbols(), env)} do not fit the spec: "
+                f"{c.lhs} = {lhs} but {c.rhs} = {rhs} ({c.reason})"
+            )
+    return arrays, env
+
+
+def _bind_shape(
+    array: np.ndarray, declared: TensorType, name: str, env: dict[str, int], bound_by: dict[str, str]
+) -> None:
+    if array.ndim != declared.rank:
+        dims = ", ".join(map(str, declared.shape))
+        raise ShapeError(
+            f"{name}: expected rank {declared.rank} ({dims}), got rank {array.ndim} "
+            f"with shape {tuple(array.shape)}"
+        )
+    for axis, (size, d) in enumerate(zip(array.shape, declared.shape)):
+        if d.is_const:
+            if size != d.value:
+                raise ShapeError(f"{name}: dimension {axis} must be {d.value}, got {size}")
+            continue
+        symbol = d.symbol
+        if symbol not in env:
+            env[symbol] = int(size)
+            bound_by[symbol] = name
+        elif env[symbol] != size:
+            raise ShapeError(
+                f"{name}: dimension {symbol} is {size}, but {bound_by[symbol]} gave "
+                f"{symbol} = {env[symbol]}"
+            )
+
+
+def _eval_or_fail(d, env: dict[str, int], c: DimConstraint) -> int:
+    try:
+        return d.evaluate(env)
+    except ZeroDivisionError:
+        raise ShapeError(
+            f"sizes {_sizes(d.symbols(), env)} divide by zero in {d} ({c.reason})"
+        ) from None
+
+
+def _sizes(symbols: set[str], env: dict[str, int]) -> str:
+    return ", ".join(f"{s} = {env[s]}" for s in sorted(symbols) if s in env)

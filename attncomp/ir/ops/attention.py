@@ -1,0 +1,128 @@
+"""The fused attention op that softmax-fusion produces.
+
+    %o, %lse = ac.attention %q, %k, %v {kv_repeat = 1, with_lse = true}
+        : tensor<B x H x T x E x f32>, tensor<B x H x T x f32> ({
+    ^bb0(%b: tensor<i64>, %h: tensor<i64>, %i: tensor<i64>, %j: tensor<i64>, %s: tensor<f32>):
+      ...                                   // the score function of one element
+      ac.yield %s_1
+    }, {
+    ^bb0(%b: tensor<i64>, %h: tensor<i64>, %i: tensor<i64>, %j: tensor<i64>):
+      ...                                   // the mask: is key j visible to query i
+      ac.yield %visible
+    })
+
+Meaning: with ``s = q @ kᵀ`` (head ``h`` of ``k`` and ``v`` is head
+``h // kv_repeat``), ``s' = where(mask, score(s), -inf)``; the result is
+``softmax(s') @ v`` and, when ``with_lse``, ``logsumexp(s')``.  A query row with
+no visible key gives zeros and an LSE of ``-inf``.  The regions see one score
+element at a time and may use values defined outside the op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attncomp.errors import TypeCheckError
+from attncomp.ir.dims import Dim, dim
+from attncomp.ir.ops.base import OpDef, register, require_attr
+from attncomp.ir.ops.compute import _safe_max
+from attncomp.ir.ops.elementwise import promote
+from attncomp.ir.types import BOOL_DTYPE, TensorType
+
+
+def repeated(t: TensorType, kv_repeat: Dim) -> TensorType:
+    """``t`` with its head axis (axis 1) repeated ``kv_repeat`` times."""
+    if kv_repeat == dim(1):
+        return t
+    shape = list(t.shape)
+    shape[1] = shape[1] * kv_repeat
+    return t.with_shape(shape)
+
+
+def attention_types(
+    q: TensorType, k: TensorType, v: TensorType, kv_repeat: Dim, with_lse: bool, checker, what: str
+) -> list[TensorType]:
+    if q.rank < 2 or k.rank < 2 or v.rank < 2:
+        raise TypeCheckError(f"{what}: q, k and v need rank >= 2")
+    if kv_repeat != dim(1) and (k.rank < 3 or v.rank < 3):
+        raise TypeCheckError(f"{what}: kv_repeat needs a head axis (axis 1) on k and v")
+    k, v = repeated(k, kv_repeat), repeated(v, kv_repeat)
+    checker.unify(q.shape[-1], k.shape[-1], f"{what}: head dimension of q and k")
+    checker.unify(k.shape[-2], v.shape[-2], f"{what}: key length of k and v")
+    batch = checker.broadcast([q.shape[:-2], k.shape[:-2], v.shape[:-2]], f"{what} batch axes")
+    dtype = promote([q, k, v])
+    out = [TensorType(batch + (q.shape[-2], v.shape[-1]), dtype)]
+    if with_lse:
+        out.append(TensorType(batch + (q.shape[-2],), dtype))
+    return out
+
+
+def index_grids(shape: tuple[int, ...]) -> list[np.ndarray]:
+    """One broadcastable position array per axis, as ``np.ogrid``."""
+    grids = []
+    for axis, size in enumerate(shape):
+        view = [1] * len(shape)
+        view[axis] = size
+        grids.append(np.arange(size, dtype=np.int64).reshape(view))
+    return grids
+
+
+def expand_heads(x: np.ndarray, kv_repeat: int) -> np.ndarray:
+    return x if kv_repeat == 1 else np.repeat(x, kv_repeat, axis=1)
+
+
+@register
+class Attention(OpDef):
+    """Fused ``softmax(mask(score(q kᵀ))) v`` with online-softmax semantics."""
+
+    name = "ac.attention"
+    num_operands = 3
+    attributes = {
+        "kv_repeat": "query heads per key/value head (a dimension)",
+        "with_lse": "bool: also return the log-sum-exp of the masked scores",
+    }
+
+    def infer(self, operands, attrs, declared, checker):
+        if len(operands) != 3:
+            raise TypeCheckError(f"ac.attention: expects q, k, v, got {len(operands)} operands")
+        kv_repeat = dim(require_attr(attrs, "kv_repeat", (int, Dim), self.name))
+        with_lse = require_attr(attrs, "with_lse", bool, self.name)
+        return attention_types(*operands, kv_repeat, with_lse, checker, self.name)
+
+    def verify_regions(self, op) -> None:
+        rank = op.results[0].type.rank
+        score_dtype = promote([op.operands[0].type, op.operands[1].type])
+        index = TensorType((), "i64")
+        expected = [
+            [index] * rank + [TensorType((), score_dtype)],
+            [index] * rank,
+        ]
+        yields = [TensorType((), score_dtype), TensorType((), BOOL_DTYPE)]
+        if len(op.regions) != 2:
+            raise TypeCheckError("ac.attention: needs a score region and a mask region")
+        for which, region, args, result in zip(("score", "mask"), op.regions, expected, yields):
+            if [a.type for a in region.args] != args:
+                shown = ", ".join(map(str, args))
+                raise TypeCheckError(f"ac.attention: the {which} region takes ({shown})")
+            yielded = [v.type for v in region.ops[-1].operands]
+            if len(yielded) != 1 or yielded[0].rank != 0 or yielded[0].dtype != result.dtype:
+                raise TypeCheckError(f"ac.attention: the {which} region must yield one {result}")
+
+    def evaluate(self, op, args, ctx):
+        q, k, v = args
+        n_rep = dim(op.attrs["kv_repeat"]).evaluate(ctx.env)
+        k, v = expand_heads(k, n_rep), expand_heads(v, n_rep)
+        scores = np.matmul(q, np.swapaxes(k, -1, -2))
+        grids = index_grids(scores.shape)
+        scored = ctx.run_block(op.regions[0], [*grids, scores])[0]
+        visible = ctx.run_block(op.regions[1], grids)[0]
+        with np.errstate(all="ignore"):
+            masked = np.where(visible, np.broadcast_to(scored, scores.shape), -np.inf)
+            m = _safe_max(masked, -1)
+            p = np.exp(masked - m)
+            total = np.sum(p, axis=-1, keepdims=True)
+            out = np.matmul(p, v) / np.where(total == 0.0, 1.0, total)
+            results = [out]
+            if op.attrs["with_lse"]:
+                results.append(np.squeeze(m + np.log(total), axis=-1))
+        return results

@@ -1,0 +1,162 @@
+"""Ops that move elements without computing: transpose, reshape, slice, concat, repeat_kv.
+
+    %kt = ac.transpose %k {perm = [0, 1, 3, 2]} : tensor<B x H x D x S x f32>
+    %x4 = ac.reshape %x : tensor<B x T x H x (C//H) x f32>
+    %x1 = ac.slice %x {axis = 3, start = 0, step = 1, stop = (D//2)} : tensor<B x H x T x (D//2) x f32>
+    %y = ac.concat %y1, %y2 {axis = 3} : tensor<B x H x T x D x f32>
+    %kr = ac.repeat_kv %k {n_rep = 4} : tensor<B x (4*KV) x S x D x f32>
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from attncomp.errors import TypeCheckError
+from attncomp.ir.dims import Dim, dim
+from attncomp.ir.ops.base import OpDef, normalize_axis, register, require_attr, single_declared
+from attncomp.ir.types import TensorType
+
+
+def _one(operands: list[TensorType], what: str) -> TensorType:
+    if len(operands) != 1:
+        raise TypeCheckError(f"{what}: expects 1 operand, got {len(operands)}")
+    return operands[0]
+
+
+@register
+class Transpose(OpDef):
+    """Permute axes: result axis ``k`` is operand axis ``perm[k]``."""
+
+    name = "ac.transpose"
+    attributes = {"perm": "a permutation of the axes"}
+
+    def infer(self, operands, attrs, declared, checker):
+        src = _one(operands, self.name)
+        perm = require_attr(attrs, "perm", list, self.name)
+        if sorted(perm) != list(range(src.rank)):
+            raise TypeCheckError(f"ac.transpose: {perm} is not a permutation of {src.rank} axes")
+        return [src.with_shape([src.shape[p] for p in perm])]
+
+    def evaluate(self, op, args, ctx):
+        return [np.transpose(args[0], op.attrs["perm"])]
+
+
+@register
+class Reshape(OpDef):
+    """Reinterpret the elements (row-major) under the declared shape.
+
+    When the element counts cannot be shown equal symbolically (``C`` against
+    ``H*(C//H)``), equality is checked when the sizes are bound.
+    """
+
+    name = "ac.reshape"
+    declared_result = True
+
+    def infer(self, operands, attrs, declared, checker):
+        src = _one(operands, self.name)
+        result = single_declared(declared, self.name)
+        if result.dtype != src.dtype:
+            raise TypeCheckError("ac.reshape: the element type must not change")
+        before = prod(src.shape, start=dim(1))
+        after = prod(result.shape, start=dim(1))
+        if before != after:
+            if before.is_const and after.is_const:
+                raise TypeCheckError(
+                    f"ac.reshape: cannot reshape {before.value} elements into {after.value}"
+                )
+            checker.unify(before, after, "ac.reshape: element count")
+        return declared
+
+    def evaluate(self, op, args, ctx):
+        shape = op.results[0].type.concrete_shape(ctx.env)
+        if int(np.prod(shape)) != args[0].size:
+            raise ValueError(f"ac.reshape: cannot reshape {args[0].shape} into {shape}")
+        return [args[0].reshape(shape)]
+
+
+@register
+class Slice(OpDef):
+    """``x[start:stop:step]`` along ``axis``; bounds are dimension expressions, step > 0."""
+
+    name = "ac.slice"
+    attributes = {
+        "axis": "the sliced axis",
+        "start": "first index (a dimension)",
+        "stop": "one past the last index (a dimension)",
+        "step": "a positive integer",
+    }
+
+    def infer(self, operands, attrs, declared, checker):
+        src = _one(operands, self.name)
+        axis = normalize_axis(require_attr(attrs, "axis", int, self.name), src.rank, self.name)
+        start = dim(require_attr(attrs, "start", (int, Dim), self.name))
+        stop = dim(require_attr(attrs, "stop", (int, Dim), self.name))
+        step = require_attr(attrs, "step", int, self.name)
+        if step <= 0:
+            raise TypeCheckError(f"ac.slice: step must be positive, got {step}")
+        size = (stop - start + (step - 1)) // step
+        if size.is_const and size.value < 0:
+            raise TypeCheckError(f"ac.slice: empty or reversed range {start}:{stop}")
+        shape = list(src.shape)
+        shape[axis] = size
+        return [src.with_shape(shape)]
+
+    def evaluate(self, op, args, ctx):
+        attrs = op.attrs
+        start, stop = (dim(attrs[k]).evaluate(ctx.env) for k in ("start", "stop"))
+        index = [slice(None)] * args[0].ndim
+        index[attrs["axis"] % args[0].ndim] = slice(start, stop, attrs["step"])
+        return [args[0][tuple(index)]]
+
+
+@register
+class Concat(OpDef):
+    """Join operands along ``axis``; the other axes must match."""
+
+    name = "ac.concat"
+    attributes = {"axis": "the joined axis"}
+
+    def infer(self, operands, attrs, declared, checker):
+        if not operands:
+            raise TypeCheckError("ac.concat: needs at least one operand")
+        first = operands[0]
+        axis = normalize_axis(require_attr(attrs, "axis", int, self.name), first.rank, self.name)
+        shape = list(first.shape)
+        for other in operands[1:]:
+            if other.rank != first.rank or other.dtype != first.dtype:
+                raise TypeCheckError(f"ac.concat: operands {first} and {other} differ in rank or dtype")
+            for k in range(first.rank):
+                if k == axis:
+                    shape[k] = shape[k] + other.shape[k]
+                else:
+                    shape[k] = checker.unify(shape[k], other.shape[k], self.name)
+        return [first.with_shape(shape)]
+
+    def evaluate(self, op, args, ctx):
+        return [np.concatenate(args, axis=op.attrs["axis"])]
+
+
+@register
+class RepeatKV(OpDef):
+    """Repeat each head ``n_rep`` times on axis 1 (grouped-query attention).
+
+    Head ``h`` of the result is head ``h // n_rep`` of the operand.
+    """
+
+    name = "ac.repeat_kv"
+    attributes = {"n_rep": "repeats per head (a dimension)"}
+
+    def infer(self, operands, attrs, declared, checker):
+        src = _one(operands, self.name)
+        n_rep = dim(require_attr(attrs, "n_rep", (int, Dim), self.name))
+        if src.rank < 2:
+            raise TypeCheckError("ac.repeat_kv: the operand needs a head axis (axis 1)")
+        shape = list(src.shape)
+        shape[1] = shape[1] * n_rep
+        return [src.with_shape(shape)]
+
+    def evaluate(self, op, args, ctx):
+        n_rep = dim(op.attrs["n_rep"]).evaluate(ctx.env)
+        return [np.repeat(args[0], n_rep, axis=1)]

@@ -1,0 +1,86 @@
+"""Tensor types: a shape of symbolic dimensions and an element type.
+
+Printed as ``tensor<B x H x T x S x f32>``; a 0-d tensor is ``tensor<f32>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attncomp.ir.dims import Dim, DimLike, dim
+
+FLOAT_DTYPES = ("f16", "f32", "f64")
+INT_DTYPES = ("i32", "i64")
+BOOL_DTYPE = "i1"
+DTYPES = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,)
+
+NUMPY_DTYPES = {
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "i32": np.int32,
+    "i64": np.int64,
+    "i1": np.bool_,
+}
+
+_BITS = {"f16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64, "i1": 1}
+
+
+def category(dtype: str) -> int:
+    """0 for bool, 1 for integers, 2 for floats: the promotion order."""
+    if dtype == BOOL_DTYPE:
+        return 0
+    return 1 if dtype in INT_DTYPES else 2
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+def wider(a: str, b: str) -> str:
+    """The wider of two dtypes of one category."""
+    return a if _BITS[a] >= _BITS[b] else b
+
+
+def dtype_of_numpy(np_dtype: np.dtype) -> str | None:
+    for name, np_type in NUMPY_DTYPES.items():
+        if np.dtype(np_type) == np_dtype:
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown element type {self.dtype!r}")
+
+    @staticmethod
+    def of(shape: tuple[DimLike, ...] | list[DimLike], dtype: str) -> TensorType:
+        return TensorType(tuple(dim(d) for d in shape), dtype)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return TensorType(self.shape, dtype)
+
+    def with_shape(self, shape: tuple[DimLike, ...] | list[DimLike]) -> TensorType:
+        return TensorType.of(shape, self.dtype)
+
+    def concrete_shape(self, env: dict[str, int]) -> tuple[int, ...]:
+        return tuple(d.evaluate(env) for d in self.shape)
+
+    def __str__(self) -> str:
+        parts = [str(d) for d in self.shape] + [self.dtype]
+        return "tensor<" + " x ".join(parts) + ">"

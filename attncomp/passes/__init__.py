@@ -1,0 +1,21 @@
+"""Passes: one file per pass, the pass manager and the pipeline parser."""
+
+from attncomp.passes import canonicalize, cse, dce, flash_tiling, mask_elimination, softmax_fusion
+from attncomp.passes.base import PASSES, Pass, register_pass
+from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, parse_pipeline, run_pipeline
+
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "PASSES",
+    "Pass",
+    "Stage",
+    "canonicalize",
+    "cse",
+    "dce",
+    "flash_tiling",
+    "mask_elimination",
+    "softmax_fusion",
+    "parse_pipeline",
+    "register_pass",
+    "run_pipeline",
+]

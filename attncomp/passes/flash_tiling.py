@@ -1,0 +1,210 @@
+"""flash-tiling: ``ac.attention`` becomes loops over query and key blocks.
+
+One ``ac.tile_grid`` program per batch position and block of ``block_q``
+queries loads its query tile and runs an ``ac.tile_for`` over key blocks of
+``block_k`` keys carrying the online-softmax state ``(m, l, acc)``:
+
+    s    = score(q_tile @ k_tileᵀ)  masked by the mask and by j < S
+    m'   = max(m, rowmax(s));  p = exp(s - m');  alpha = exp(m - m')
+    l'   = alpha * l + rowsum(p);  acc' = alpha * acc + p @ v_tile
+
+then ``out = acc / l`` and ``lse = m + log(l)``.  A row that saw no visible
+key has ``l = 0``: its output is 0 and its LSE ``-inf`` (``m`` is replaced
+by 0 while it is still ``-inf`` so no ``-inf - -inf`` arises).  Tiles at the
+end of a sequence are padded; padded query rows reuse the last row's
+position and are dropped on store.  Nothing of size T x S is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncomp.ir.core import Block, Module, Op, Value
+from attncomp.ir.dims import dim
+from attncomp.ir.graph import remove_dead_ops
+from attncomp.ir.ops.elementwise import promote
+from attncomp.ir.types import TensorType
+from attncomp.passes.base import Pass, register_pass
+from attncomp.passes.builder import Builder, inline_region
+from attncomp.passes.rewrite import replace_uses
+
+BATCH_NAMES = {0: [], 1: ["b"], 2: ["b", "h"]}
+
+
+def named(value: Value, name: str) -> Value:
+    value.name = name
+    return value
+
+
+def retyped_region(region: Block, arg_types: list[TensorType], result_dtype: str) -> Block:
+    """``region`` with new argument types, yielding ``result_dtype``."""
+    block = Block()
+    args = [block.add_arg(t, a.name) for t, a in zip(arg_types, region.args)]
+    builder = Builder(block)
+    (result,) = inline_region(builder, region, args)
+    builder.yield_(builder.cast(result, result_dtype))
+    return block
+
+
+def _batch_indices(builder: Builder, operand: Value, grid_index: list[Value], kv_head: Value | None):
+    """The batch indices of ``operand`` for the grid position (broadcast axes read 0)."""
+    rank = operand.type.rank - 2
+    offset = len(grid_index) - rank
+    out = []
+    for axis in range(rank):
+        d = operand.type.shape[axis]
+        if d.is_const and d.value == 1:
+            out.append(builder.const(0, "i64"))
+        elif kv_head is not None and axis + offset == 1:
+            out.append(kv_head)
+        else:
+            out.append(grid_index[axis + offset])
+    return out
+
+
+@dataclass
+class TileConfig:
+    block_q: int
+    block_k: int
+    acc: str  # the accumulation dtype
+
+
+def _positions(builder: Builder, start: Value, block: int, axis: int, length) -> tuple[Value, Value]:
+    """(start + arange(block) along ``axis``, the same clamped to ``length - 1``)."""
+    shape = (block, 1) if axis == 0 else (1, block)
+    ramp = builder.op("ac.iota", [], {"axis": axis}, [TensorType.of(shape, "i64")]).result
+    raw = builder.emit("ac.add", start, ramp)
+    return raw, builder.emit("ac.minimum", raw, builder.dim(length - 1))
+
+
+def _key_loop(
+    attn: Op, cfg: TileConfig, grid_index: list[Value], q_tile: Value, rows: Value, kv_head: Value | None
+) -> Block:
+    q, k, v = attn.operands
+    bq, bk, acc = cfg.block_q, cfg.block_k, cfg.acc
+    length = k.type.shape[-2]
+    body = Block()
+    kb = body.add_arg(TensorType((), "i64"), "kb")
+    m = body.add_arg(TensorType.of((bq, 1), acc), "m")
+    lsum = body.add_arg(TensorType.of((bq, 1), acc), "l")
+    acc_in = body.add_arg(TensorType.of((bq, v.type.shape[-1]), acc), "acc")
+    b = Builder(body)
+    j0 = named(b.emit("ac.mul", kb, b.const(bk, "i64")), "j0")
+    k_tile = b.cast(
+        b.op("ac.tile_load", [k, *_batch_indices(b, k, grid_index, kv_head), j0], {"rows": bk}).result, acc
+    )
+    v_tile = b.cast(
+        b.op("ac.tile_load", [v, *_batch_indices(b, v, grid_index, kv_head), j0], {"rows": bk}).result, acc
+    )
+    raw = named(b.emit("ac.matmul", q_tile, b.emit("ac.transpose", k_tile, perm=[1, 0])), "qk")
+    cols_raw, cols = _positions(b, j0, bk, 1, length)
+    in_bounds = named(b.emit("ac.cmp", cols_raw, b.dim(length), pred="lt"), "in_bounds")
+    index_types = [TensorType((), "i64")] * (len(grid_index) + 2)
+    score_region = retyped_region(attn.regions[0], index_types + [TensorType((), acc)], acc)
+    mask_region = retyped_region(attn.regions[1], index_types, "i1")
+    tile = TensorType.of((bq, bk), acc)
+    scores = b.op("ac.map", [*grid_index, rows, cols, raw], {"role": "score"}, [tile], [score_region]).result
+    visible = b.op(
+        "ac.map", [*grid_index, rows, cols], {"role": "mask"}, [tile.with_dtype("i1")], [mask_region]
+    ).result
+    visible = named(b.emit("ac.and", visible, in_bounds), "visible")
+    s = named(b.emit("ac.where", visible, named(scores, "s"), b.const(float("-inf"), acc)), "s_masked")
+    # online softmax update
+    m_new = named(
+        b.emit(
+            "ac.maximum", m, b.op("ac.reduce", [s], {"kind": "max", "axes": [1], "keepdims": True}).result
+        ),
+        "m_new",
+    )
+    m_safe = named(
+        b.emit(
+            "ac.where",
+            b.emit("ac.cmp", m_new, b.const(float("-inf"), acc), pred="eq"),
+            b.const(0.0, acc),
+            m_new,
+        ),
+        "m_safe",
+    )
+    p = named(b.emit("ac.exp", b.emit("ac.sub", s, m_safe)), "p")
+    alpha = named(b.emit("ac.exp", b.emit("ac.sub", m, m_safe)), "alpha")
+    row_sum = b.op("ac.reduce", [p], {"kind": "sum", "axes": [1], "keepdims": True}).result
+    l_new = named(b.emit("ac.add", b.emit("ac.mul", alpha, lsum), row_sum), "l_new")
+    acc_new = named(
+        b.emit("ac.add", b.emit("ac.mul", alpha, acc_in), b.emit("ac.matmul", p, v_tile)), "acc_new"
+    )
+    b.yield_(m_new, l_new, acc_new)
+    return body
+
+
+def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
+    q, k, v = attn.operands
+    out_type = attn.results[0].type
+    acc = "f32" if out_type.dtype == "f16" else promote([q.type, k.type, v.type])
+    cfg = TileConfig(block_q, block_k, acc)
+    nb = out_type.rank - 2
+    grid = Block()
+    names = BATCH_NAMES.get(nb, [f"b{k}" for k in range(nb)])
+    grid_index = [grid.add_arg(TensorType((), "i64"), n) for n in names]
+    i0 = grid.add_arg(TensorType((), "i64"), "i0")
+    b = Builder(grid)
+    kv_repeat = dim(attn.attrs["kv_repeat"])
+    kv_head = None
+    if kv_repeat != dim(1):
+        kv_head = named(b.emit("ac.floordiv", grid_index[1], b.dim(kv_repeat)), "kv_head")
+    q_tile = named(
+        b.cast(
+            b.op("ac.tile_load", [q, *_batch_indices(b, q, grid_index, None), i0], {"rows": block_q}).result,
+            acc,
+        ),
+        "q_tile",
+    )
+    _, rows = _positions(b, i0, block_q, 0, q.type.shape[-2])
+    e = v.type.shape[-1]
+    init = [
+        b.const(float("-inf"), acc, (block_q, 1)),
+        b.const(0.0, acc, (block_q, 1)),
+        b.const(0.0, acc, (block_q, e)),
+    ]
+    n_blocks = named(b.dim((k.type.shape[-2] + (block_k - 1)) // block_k), "n_kv_blocks")
+    extent = (k.type.shape[-2] + (block_k - 1)) // block_k
+    loop = b.op(
+        "ac.tile_for",
+        [b.const(0, "i64"), n_blocks, *init],
+        {"block_k": block_k, "extent": extent},
+        regions=[_key_loop(attn, cfg, grid_index, q_tile, rows, kv_head)],
+    )
+    m, lsum, acc_out = (named(r, n) for r, n in zip(loop.results, ("m", "l", "acc")))
+    empty = b.emit("ac.cmp", lsum, b.const(0.0, acc), pred="eq")
+    l_safe = b.emit("ac.where", empty, b.const(1.0, acc), lsum)
+    tiles = [named(b.cast(b.emit("ac.div", acc_out, l_safe), out_type.dtype), "out_tile")]
+    if len(attn.results) == 2:
+        lse = b.emit("ac.add", m, b.emit("ac.log", lsum))
+        lse = b.op("ac.reshape", [lse], declared=[TensorType.of((block_q,), acc)]).result
+        tiles.append(named(b.cast(lse, attn.results[1].type.dtype), "lse_tile"))
+    b.yield_(*tiles)
+    at = block.ops.index(attn)
+    grid_op = Builder(block, at).op(
+        "ac.tile_grid",
+        [],
+        {"block_q": block_q},
+        [r.type for r in attn.results],
+        [grid],
+        [r.name for r in attn.results],
+    )
+    replace_uses(block, dict(zip(attn.results, grid_op.results)))
+    return grid_op
+
+
+@register_pass
+@dataclass
+class FlashTiling(Pass):
+    name = "flash-tiling"
+    summary = "turn ac.attention into query/key block loops with online softmax"
+    block_q: int = 64
+    block_k: int = 64
+
+    def run(self, module: Module, remarks: list[str]) -> None:
+        for func in module.funcs:
+            for op in [o for o in func.body.ops if o.name == "ac.attention"]:
+                tile_attention(func.body, op, self.block_q, self.block_k)
+            remove_dead_ops(func.body)

@@ -1,0 +1,121 @@
+"""Parsing pipeline strings and running passes, verifying after each one.
+
+"softmax-fusion,flash-tiling{block_q=64,block_k=64},mask-elimination"
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from attncomp.errors import PipelineError, VerifyError
+from attncomp.ir.core import Module
+from attncomp.ir.parser import parse_ir
+from attncomp.ir.printer import print_module
+from attncomp.ir.verifier import verify_module
+from attncomp.passes.base import PASSES, Pass
+
+DEFAULT_PIPELINE = "cse,softmax-fusion,flash-tiling,mask-elimination,canonicalize,cse,dce"
+
+_ENTRY = re.compile(r"\s*([A-Za-z0-9_-]+)\s*(?:\{([^{}]*)\})?\s*$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "{"
+        depth -= ch == "}"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p for p in (s.strip() for s in parts) if p]
+
+
+def _convert(value: str, current: object, where: str) -> object:
+    try:
+        if isinstance(current, bool):
+            if value not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value in ("true", "1")
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+    except ValueError:
+        raise PipelineError(f"{where}: cannot read {value!r} as {type(current).__name__}") from None
+    return value
+
+
+def parse_pipeline(text: str) -> list[Pass]:
+    """Passes named by ``text``; an unknown pass or option lists the valid ones."""
+    passes = []
+    for entry in _split_top_level(text):
+        m = _ENTRY.match(entry)
+        if not m:
+            raise PipelineError(
+                f"cannot read pipeline entry {entry!r}: expected name or name{{opt=value,...}}"
+            )
+        name, opts = m.group(1), m.group(2)
+        if name not in PASSES:
+            raise PipelineError(f"unknown pass {name!r}; valid passes: {', '.join(sorted(PASSES))}")
+        cls = PASSES[name]
+        instance = cls()
+        for item in _split_top_level(opts or ""):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            valid = cls.option_names()
+            if not sep or key not in valid:
+                shown = ", ".join(valid) if valid else "none"
+                raise PipelineError(f"pass {name!r} has no option {key!r}; valid options: {shown}")
+            setattr(instance, key, _convert(value.strip(), getattr(instance, key), f"{name}.{key}"))
+        passes.append(instance)
+    return passes
+
+
+@dataclass
+class Stage:
+    """The IR text after one pass, and how long the pass took."""
+
+    name: str
+    text: str
+    seconds: float
+
+
+def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tuple[Module, list[Stage]]:
+    """Run ``passes`` in order on a copy of ``module``, verifying after each."""
+    stages = [Stage("input", print_module(module), 0.0)]
+    current = parse_ir(stages[0].text)
+    _forget_numbers(current)
+    for p in passes:
+        start = time.perf_counter()
+        try:
+            p.run(current, remarks)
+        except (PipelineError, VerifyError):
+            raise
+        except Exception as exc:
+            raise PipelineError(f"pass {p.name} failed: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        try:
+            verify_module(current)
+        except VerifyError as exc:
+            raise VerifyError(f"after pass {p.name}: {exc}") from None
+        _forget_numbers(current)
+        stages.append(Stage(p.name, print_module(current), seconds))
+    return current, stages
+
+
+def _forget_numbers(module: Module) -> None:
+    """Drop numbered names so each stage is numbered afresh in program order."""
+    for func in module.funcs:
+        for value in list(func.args) + [r for op in func.body.walk() for r in op.results]:
+            if value.name is not None and value.name.isdigit():
+                value.name = None
+        for op in func.body.walk():
+            for region in op.regions:
+                for arg in region.args:
+                    if arg.name is not None and arg.name.isdigit():
+                        arg.name = None

@@ -1,0 +1,289 @@
+"""mask-elimination: skip, or drop the mask of, key tiles from the mask itself.
+
+For every key-block loop made by flash-tiling, interval arithmetic over the
+positions a tile covers (see :mod:`attncomp.passes.intervals`) classifies
+each tile at run time, before its work:
+
+    0  skipped   no key of the tile is visible to any query of the block
+    1  masked    some are: the mask is evaluated per element
+    2  full      all are: the mask is not evaluated
+
+The loop body becomes an ``ac.switch {tile_class = true}`` over those three
+cases.  Masks that read captured tensors (document ids, lengths) are bounded
+through a per-block min/max summary of the tensor (``ac.block_reduce``, built
+once per call in O(T)).  For conditions affine in the key position ``j``
+(causal, windows, prefix, lengths) the loop bounds are also tightened, so
+skipped tiles past them cost nothing.  No dense mask is ever built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attncomp.ir.core import Block, Func, Module, Op, Value
+from attncomp.ir.graph import remove_dead_ops
+from attncomp.passes.base import Pass, register_pass
+from attncomp.passes.builder import Builder, clone_block
+from attncomp.passes.intervals import Bounds, IntervalEmitter
+from attncomp.passes.patterns import constant_value, producer
+from attncomp.passes.rewrite import replace_uses
+
+SKIPPED, MASKED, FULL = 0, 1, 2
+
+
+@dataclass
+class Summaries:
+    """Per-block min/max summaries of captured tensors, built before the grid."""
+
+    func: Func
+    grid: Op
+    made: dict[tuple, tuple[Value, Value]] = field(default_factory=dict)
+
+    def get(self, src: Value, axis: int, block: int) -> tuple[Value, Value]:
+        key = (src, axis, block)
+        if key not in self.made:
+            builder = Builder(self.func.body, self.func.body.ops.index(self.grid))
+            shape = list(src.type.shape)
+            shape[axis] = (shape[axis] + (block - 1)) // block
+            made = []
+            for kind in ("min", "max"):
+                attrs = {"axis": axis, "block": block, "kind": kind}
+                made.append(builder.op("ac.block_reduce", [src], attrs, [src.type.with_shape(shape)]).result)
+            self.made[key] = (made[0], made[1])
+        return self.made[key]
+
+
+@dataclass
+class TileContext:
+    """What the analysis of one key loop needs to know about its tiling."""
+
+    func: Func
+    grid: Op
+    loop: Op
+    mask: Op
+    summaries: Summaries
+
+    @property
+    def block_q(self) -> int:
+        return self.grid.attrs["block_q"]
+
+    @property
+    def block_k(self) -> int:
+        return self.loop.attrs["block_k"]
+
+    @property
+    def row_arg(self) -> Value:
+        return self.mask.regions[0].args[-2]
+
+    @property
+    def col_arg(self) -> Value:
+        return self.mask.regions[0].args[-1]
+
+    def emitter(self, builder: Builder, local: set[Op], with_columns: bool) -> IntervalEmitter:
+        region = self.mask.regions[0]
+        grid_i0 = self.grid.regions[0].args[-1]
+        kb = self.loop.regions[0].args[0]
+
+        def summarize(src: Value, axis: int, index: Value, points: list[Value | None]) -> Bounds | None:
+            if index is self.row_arg:
+                block, number = (
+                    self.block_q,
+                    builder.emit("ac.floordiv", grid_i0, builder.const(self.block_q, "i64")),
+                )
+            elif index is self.col_arg and with_columns:
+                block, number = self.block_k, kb
+            else:
+                return None
+            if not _visible_before(self.func, self.grid, src):
+                return None
+            lo, hi = self.summaries.get(src, axis, block)
+            at = [number if k == axis else p for k, p in enumerate(points)]
+            return builder.emit("ac.gather", lo, *at), builder.emit("ac.gather", hi, *at)
+
+        emitter = IntervalEmitter(builder, summarize=summarize, local_ops=local | set(region.ops))
+        args = region.args if with_columns else region.args[:-1]
+        for arg, operand in zip(args, self.mask.operands):
+            emitter.known[arg] = emitter.numeric(operand)
+        return emitter
+
+
+def _visible_before(func: Func, grid: Op, value: Value) -> bool:
+    """Whether ``value`` is a function argument or defined before ``grid`` at top level."""
+    if value in func.args:
+        return True
+    op = producer(value)
+    return op is not None and op in func.body.ops and func.body.ops.index(op) < func.body.ops.index(grid)
+
+
+# the per-tile switch ---------------------------------------------------------------
+def classify_tiles(ctx: TileContext) -> None:
+    body = ctx.loop.regions[0]
+    old_ops = body.ops
+    body.ops = []
+    new = Builder(body)
+    emitter = ctx.emitter(new, set(old_ops), with_columns=True)
+    visible = ctx.mask.regions[0].ops[-1].operands[0]
+    always, possible = emitter.boolean(visible)
+    partial = new.emit("ac.where", always, new.const(FULL, "i64"), new.const(MASKED, "i64"))
+    tile_class = new.emit("ac.where", possible, partial, new.const(SKIPPED, "i64"))
+    tile_class.name = "tile_class"
+
+    skipped = Block()
+    Builder(skipped).yield_(*body.args[1:])
+    masked = Block(ops=old_ops)
+    full = clone_block(masked)
+    mask_at = old_ops.index(ctx.mask)
+    full_mask = full.ops[mask_at]
+    true_tile = Op.create("ac.constant", [], [full_mask.results[0].type], {"value": True})
+    full.ops[mask_at] = true_tile
+    replace_uses(full, {full_mask.results[0]: true_tile.results[0]})
+    remove_dead_ops(full)
+    carried = [a.type for a in body.args[1:]]
+    switch = new.op("ac.switch", [tile_class], {"tile_class": True}, carried, [skipped, masked, full])
+    new.yield_(*switch.results)
+
+
+# loop bounds for conditions affine in j ---------------------------------------------
+Affine = tuple[int, list[tuple[int, Value]]]
+
+
+def _depends_on(region: Block, arg: Value) -> set[Value]:
+    found = {arg}
+    for op in region.ops:
+        if any(v in found for v in op.operands):
+            found.update(op.results)
+    return found
+
+
+def _affine(v: Value, j: Value, uses_j: set[Value]) -> Affine | None:
+    """``v`` as ``coef * j + sum(sign * term)`` with terms free of ``j``."""
+    if v is j:
+        return 1, []
+    if v not in uses_j:
+        return 0, [(1, v)]
+    op = producer(v)
+    if op is None or op.name not in ("ac.add", "ac.sub", "ac.neg", "ac.cast"):
+        return None
+    parts = [_affine(x, j, uses_j) for x in op.operands]
+    if any(p is None for p in parts):
+        return None
+    if op.name == "ac.cast":
+        return parts[0]
+    if op.name == "ac.neg":
+        c, terms = parts[0]
+        return -c, [(-s, t) for s, t in terms]
+    (ca, ta), (cb, tb) = parts
+    if op.name == "ac.add":
+        return ca + cb, ta + tb
+    return ca - cb, ta + [(-s, t) for s, t in tb]
+
+
+def _combine(builder: Builder, fn: str, a: Value | None, b: Value | None, keep_one: bool) -> Value | None:
+    if a is None or b is None:
+        return (a if b is None else b) if keep_one else None
+    return builder.emit(fn, a, b)
+
+
+def key_bounds(v: Value, j: Value, uses_j: set[Value], emitter: IntervalEmitter) -> Bounds:
+    """(lowest, highest) key position that condition ``v`` can allow in the tile; None: unbounded."""
+    b = emitter.builder
+    op = producer(v)
+    if op is None:
+        return None, None
+    if op.name == "ac.and":
+        (l1, h1), (l2, h2) = (key_bounds(x, j, uses_j, emitter) for x in op.operands)
+        return _combine(b, "ac.maximum", l1, l2, True), _combine(b, "ac.minimum", h1, h2, True)
+    if op.name == "ac.or":
+        (l1, h1), (l2, h2) = (key_bounds(x, j, uses_j, emitter) for x in op.operands)
+        return _combine(b, "ac.minimum", l1, l2, False), _combine(b, "ac.maximum", h1, h2, False)
+    if op.name != "ac.cmp":
+        return None, None
+    lhs, rhs = (_affine(x, j, uses_j) for x in op.operands)
+    if lhs is None or rhs is None:
+        return None, None
+    coef = lhs[0] - rhs[0]
+    terms = lhs[1] + [(-s, t) for s, t in rhs[1]]
+    if coef not in (1, -1) or any(t.type.dtype not in ("i32", "i64") for _, t in terms):
+        return None, None
+    # coef*j + r (pred) 0, with r in [r_lo, r_hi]
+    r_lo = r_hi = None
+    for sign, term in terms:
+        lo, hi = emitter.numeric(term)
+        if lo is None or hi is None:
+            return None, None
+        lo, hi = b.cast(lo, "i64"), b.cast(hi, "i64")
+        if sign < 0:
+            lo, hi = b.emit("ac.neg", hi), b.emit("ac.neg", lo)
+        r_lo = lo if r_lo is None else b.emit("ac.add", r_lo, lo)
+        r_hi = hi if r_hi is None else b.emit("ac.add", r_hi, hi)
+    if r_lo is None:
+        r_lo = r_hi = b.const(0, "i64")
+    pred = op.attrs["pred"]
+    if coef == -1:  # -j + r (pred) 0  <=>  j (flipped pred) r
+        flipped = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq", "ne": "ne"}[pred]
+        pred, low_ref, high_ref = flipped, r_lo, r_hi
+    else:  # j (pred) -r
+        low_ref, high_ref = b.emit("ac.neg", r_hi), b.emit("ac.neg", r_lo)
+    one = b.const(1, "i64")
+    return {
+        "le": (None, high_ref),
+        "lt": (None, b.emit("ac.sub", high_ref, one)),
+        "ge": (low_ref, None),
+        "gt": (b.emit("ac.add", low_ref, one), None),
+        "eq": (low_ref, high_ref),
+    }.get(pred, (None, None))
+
+
+def tighten_loop_bounds(ctx: TileContext) -> None:
+    grid_body = ctx.grid.regions[0]
+    builder = Builder(grid_body, grid_body.ops.index(ctx.loop))
+    emitter = ctx.emitter(builder, set(), with_columns=False)
+    region = ctx.mask.regions[0]
+    j = ctx.col_arg
+    lo, hi = key_bounds(region.ops[-1].operands[0], j, _depends_on(region, j), emitter)
+    block = builder.const(ctx.block_k, "i64")
+    if lo is not None:
+        first = builder.emit("ac.floordiv", lo, block)
+        lo_value = builder.emit("ac.maximum", ctx.loop.operands[0], first)
+        lo_value.name = "kb_first"
+        ctx.loop.operands[0] = lo_value
+    if hi is not None:
+        last = builder.emit("ac.add", builder.emit("ac.floordiv", hi, block), builder.const(1, "i64"))
+        hi_value = builder.emit("ac.minimum", ctx.loop.operands[1], last)
+        hi_value.name = "kb_end"
+        ctx.loop.operands[1] = hi_value
+
+
+def eliminate(func: Func, grid: Op, loop: Op, summaries: Summaries) -> None:
+    body = loop.regions[0]
+    masks = [op for op in body.ops if op.name == "ac.map" and op.attrs.get("role") == "mask"]
+    if len(masks) != 1:
+        return
+    mask = masks[0]
+    if constant_value(mask.regions[0].ops[-1].operands[0]) is True:
+        true_tile = Op.create("ac.constant", [], [mask.results[0].type], {"value": True})
+        body.ops[body.ops.index(mask)] = true_tile
+        replace_uses(body, {mask.results[0]: true_tile.results[0]})
+        loop.attrs["tile_class"] = FULL
+        remove_dead_ops(body)
+        return
+    ctx = TileContext(func, grid, loop, mask, summaries)
+    tighten_loop_bounds(ctx)
+    classify_tiles(ctx)
+
+
+@register_pass
+@dataclass
+class MaskElimination(Pass):
+    name = "mask-elimination"
+    summary = "classify key tiles as skipped, masked or full; tighten loop bounds"
+
+    def run(self, module: Module, remarks: list[str]) -> None:
+        for func in module.funcs:
+            grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+            if not grids and any(op.name == "ac.attention" for op in func.body.ops):
+                remarks.append("mask-elimination: nothing to do: run flash-tiling first")
+            for grid in grids:
+                summaries = Summaries(func, grid)
+                for loop in [op for op in grid.regions[0].ops if op.name == "ac.tile_for"]:
+                    eliminate(func, grid, loop, summaries)

@@ -1,0 +1,348 @@
+"""softmax-fusion: ``softmax(f(q kᵀ)) v`` becomes one ``ac.attention`` op.
+
+Recognised shapes of the same computation:
+- softmax written as ``ac.softmax`` or spelled out
+  (``e = exp(s - max(s)); e / sum(e)``, with or without the max);
+- the scale applied to q, to k, or to the scores (a 0-d factor on q or k is
+  moved into the score function);
+- keys and values through ``ac.repeat_kv`` (kept as the index mapping
+  ``h // kv_repeat`` instead of a copy);
+- ``ac.logsumexp`` of the same masked scores, which becomes a second result.
+
+The score function (everything elementwise between ``q @ kᵀ`` and the
+softmax) and the mask (the outermost ``where(cond, s, -inf)`` conditions,
+and-ed) become the op's two regions, which see one score element at a time.
+When the probabilities are used for anything but ``p @ v`` nothing is fused
+and a remark says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from attncomp.ir.core import Block, Func, Module, Op, Value
+from attncomp.ir.dims import dim
+from attncomp.ir.graph import remove_dead_ops, use_def_graph, users
+from attncomp.ir.ops import Checker
+from attncomp.ir.ops.attention import attention_types
+from attncomp.ir.printer import Namer
+from attncomp.ir.types import TensorType, category
+from attncomp.passes.base import Pass, register_pass
+from attncomp.passes.builder import Builder
+from attncomp.passes.patterns import ELEMENTWISE, is_neg_inf, last_axis_reduction, producer
+from attncomp.passes.rewrite import replace_uses
+
+INDEX_NAMES = {2: ["i", "j"], 3: ["b", "i", "j"], 4: ["b", "h", "i", "j"]}
+
+
+class NotFusable(Exception):
+    """Why a softmax could not be fused (becomes a remark)."""
+
+
+def _insert_before(block: Block, anchor: Op, new_ops: list[Op]) -> None:
+    at = block.ops.index(anchor)
+    block.ops[at:at] = new_ops
+
+
+# spelled-out softmax ------------------------------------------------------------
+def canonicalize_softmax(block: Block) -> None:
+    """Rewrite ``exp(x - max(x)) / sum(...)`` (or ``exp(x) / sum(exp(x))``) to ``ac.softmax``."""
+    for op in list(block.ops):
+        if op.name != "ac.div":
+            continue
+        e, denominator = op.operands
+        if last_axis_reduction(denominator, "sum") is not e:
+            continue
+        exp_op = producer(e, "ac.exp")
+        if exp_op is None:
+            continue
+        x = exp_op.operands[0]
+        sub = producer(x, "ac.sub")
+        if sub is not None and last_axis_reduction(sub.operands[1], "max") is sub.operands[0]:
+            x = sub.operands[0]
+        if x.type.shape != op.result.type.shape or x.type.dtype != op.result.type.dtype:
+            continue
+        softmax = Op.create(
+            "ac.softmax", [x], [op.result.type], {"axis": x.type.rank - 1}, result_names=[op.result.name]
+        )
+        _insert_before(block, op, [softmax])
+        replace_uses(block, {op.result: softmax.result})
+        op.result.name = None
+
+
+# the score and mask regions -------------------------------------------------------
+class RegionBuilder:
+    """Builds a region computing one score element from graph values.
+
+    ``value(v)`` gives the region-local scalar for graph value ``v`` of a
+    shape that broadcasts against the scores: positions become the region's
+    index arguments, elementwise ops and gathers are cloned, 0-d values are
+    used from outside, and any other tensor is read element-wise by a gather.
+    """
+
+    def __init__(self, score_type: TensorType, with_score: bool):
+        self.rank = score_type.rank
+        self.block = Block()
+        names = INDEX_NAMES.get(self.rank, [f"x{k}" for k in range(self.rank)])
+        self.index = [self.block.add_arg(TensorType((), "i64"), n) for n in names]
+        self.score = self.block.add_arg(TensorType((), score_type.dtype), "s") if with_score else None
+        self.memo: dict[Value, Value] = {}
+        self.builder = Builder(self.block)
+
+    def emit(self, name: str, operands: list[Value], attrs: dict | None = None) -> Value:
+        return self.builder.op(name, operands, attrs).result
+
+    def cast(self, value: Value, dtype: str) -> Value:
+        return self.builder.cast(value, dtype)
+
+    def zero_index(self) -> Value:
+        return self.builder.const(0, "i64")
+
+    def value(self, v: Value) -> Value:
+        if v in self.memo:
+            return self.memo[v]
+        op = producer(v)
+        offset = self.rank - v.type.rank
+        if v.type.rank == 0:
+            result = v
+        elif op is not None and op.name == "ac.iota":
+            result = self.index[op.attrs["axis"] % v.type.rank + offset]
+        elif op is not None and op.name in ELEMENTWISE:
+            result = self.clone_elementwise(op)
+        elif op is not None and op.name == "ac.gather":
+            src, *indices = op.operands
+            result = self.emit("ac.gather", [src] + [self.value(i) for i in indices])
+        else:
+            indices = [
+                self.zero_index() if d.is_const and d.value == 1 else self.index[axis + offset]
+                for axis, d in enumerate(v.type.shape)
+            ]
+            result = self.emit("ac.gather", [v] + indices)
+        self.memo[v] = result
+        return result
+
+    def clone_elementwise(self, op: Op) -> Value:
+        want = op.result.type.dtype
+        operands = [self.value(x) for x in op.operands]
+        if op.name not in ("ac.cmp", "ac.cast"):
+            # In the graph a rank > 0 operand decides the width; scalars must agree explicitly.
+            first = 1 if op.name == "ac.where" else 0
+            operands[first:] = [
+                self.cast(x, want) if category(x.type.dtype) == category(want) else x
+                for x in operands[first:]
+            ]
+        if op.name == "ac.cast":
+            return self.cast(operands[0], want)
+        return self.emit(op.name, operands, op.attrs)
+
+    def finish(self, result: Value, dtype: str) -> Block:
+        self.block.ops.append(Op.create("ac.yield", [self.cast(result, dtype)], []))
+        return self.block
+
+
+# fusion ------------------------------------------------------------------------------
+@dataclass
+class Match:
+    softmax: Op
+    pv: Op
+    q: Value
+    k: Value
+    v: Value
+    kv_repeat: object
+    k_is_transposed: bool
+    qk: Op
+    q_scale: list[Value]
+    conds: list[Value]
+    score_input: Value
+
+
+def _peel_mask(scores: Value) -> tuple[list[tuple[Value, bool]], Value]:
+    """Outermost ``where(c, x, -inf)`` layers: [(cond, negate)], inner value."""
+    conds = []
+    while (op := producer(scores, "ac.where")) is not None:
+        cond, a, b = op.operands
+        if is_neg_inf(b) and a.type.shape == scores.type.shape:
+            conds.append((cond, False))
+            scores = a
+        elif is_neg_inf(a) and b.type.shape == scores.type.shape:
+            conds.append((cond, True))
+            scores = b
+        else:
+            break
+    return conds, scores
+
+
+def _find_qk(x: Value, score_shape) -> Op:
+    """The one ``q @ kᵀ`` matmul that the scores are elementwise functions of."""
+    found, seen, stack = [], set(), [x]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        op = producer(v)
+        if op is None:
+            continue
+        if op.name == "ac.matmul" and v.type.shape == score_shape:
+            found.append(op)
+        elif op.name in ELEMENTWISE:
+            stack.extend(op.operands)
+    if len(found) != 1:
+        raise NotFusable(
+            "no single q @ kᵀ product feeds the scores"
+            if not found
+            else "the scores add up several matmul products"
+        )
+    return found[0]
+
+
+def _peel_scale(value: Value) -> tuple[Value, list[Value]]:
+    """``x * c`` or ``x / c`` with a 0-d ``c`` -> (x, [c or 1/c factors])."""
+    factors = []
+    while (op := producer(value)) is not None and op.name in ("ac.mul", "ac.div"):
+        a, b = op.operands
+        if b.type.rank == 0 and a.type == value.type:
+            factors.append((b, op.name == "ac.div"))
+            value = a
+        elif op.name == "ac.mul" and a.type.rank == 0 and b.type == value.type:
+            factors.append((a, False))
+            value = b
+        else:
+            break
+    return value, factors
+
+
+def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], namer: Namer) -> Match:
+    p = softmax.result
+    rank = p.type.rank
+    if softmax.attrs["axis"] != rank - 1 or rank < 2:
+        raise NotFusable(f"the softmax of %{namer[p]} is not over the last axis")
+    uses = use_table.get(p, [])
+    if p in func.results:
+        raise NotFusable(f"the probabilities %{namer[p]} are also returned")
+    if len(uses) != 1 or uses[0].name != "ac.matmul" or uses[0].operands[0] is not p:
+        raise NotFusable(f"the probabilities %{namer[p]} are used by something other than p @ v")
+    pv = uses[0]
+    conds, x = _peel_mask(softmax.operands[0])
+    qk = _find_qk(x, p.type.shape)
+    block_ops = func.body.ops
+    graph = use_def_graph(func.body)
+    # Everything between qk and the softmax must be elementwise in the scores.
+    stack, seen = [x], set()
+    while stack:
+        v = stack.pop()
+        op = producer(v)
+        if v in seen or op is None or op is qk:
+            continue
+        seen.add(v)
+        if op.name in ELEMENTWISE:
+            stack.extend(op.operands)
+        elif op in block_ops and qk in nx.ancestors(graph, op):
+            raise NotFusable(f"the scores pass through {op.name} (%{namer[v]}) before the softmax")
+    for cond, _ in conds:
+        cond_op = producer(cond)
+        if cond_op is not None and (cond_op is qk or qk in nx.ancestors(graph, cond_op)):
+            raise NotFusable("the mask depends on the scores")
+    q, q_scale = _peel_scale(qk.operands[0])
+    k_t, k_scale = _peel_scale(qk.operands[1])
+    k, k_is_transposed = k_t, True
+    t_op = producer(k_t, "ac.transpose")
+    if t_op is not None and t_op.attrs["perm"] == _swap_last(k_t.type.rank):
+        k, k_is_transposed = t_op.operands[0], False
+        k, inner_scale = _peel_scale(k)
+        k_scale += inner_scale
+    v = pv.operands[1]
+    kv_repeat: object = 1
+    rk, rv = producer(k, "ac.repeat_kv"), producer(v, "ac.repeat_kv")
+    if rk is not None and rv is not None and dim(rk.attrs["n_rep"]) == dim(rv.attrs["n_rep"]):
+        k, v, kv_repeat = rk.operands[0], rv.operands[0], rk.attrs["n_rep"]
+    return Match(softmax, pv, q, k, v, kv_repeat, k_is_transposed, qk, q_scale + k_scale, conds, x)
+
+
+def _swap_last(rank: int) -> list[int]:
+    perm = list(range(rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return perm
+
+
+def build_regions(m: Match) -> list[Block]:
+    score_type = m.qk.result.type
+    score = RegionBuilder(score_type, with_score=True)
+    raw = score.score
+    for factor, divide in m.q_scale:
+        f = score.cast(factor, score_type.dtype)
+        raw = score.emit("ac.div" if divide else "ac.mul", [raw, f])
+    score.memo[m.qk.result] = raw
+    score_block = score.finish(score.value(m.score_input), score_type.dtype)
+
+    mask = RegionBuilder(score_type, with_score=False)
+    visible = None
+    for cond, negate in m.conds:
+        c = mask.value(cond)
+        if negate:
+            c = mask.emit("ac.not", [c])
+        visible = c if visible is None else mask.emit("ac.and", [visible, c])
+    if visible is None:
+        visible = mask.builder.const(True, "i1")
+    return [score_block, mask.finish(visible, "i1")]
+
+
+def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
+    block = func.body
+    new_ops: list[Op] = []
+    k = m.k
+    if m.k_is_transposed:
+        swap = _swap_last(k.type.rank)
+        t = Op.create(
+            "ac.transpose", [k], [k.type.with_shape([k.type.shape[p] for p in swap])], {"perm": swap}
+        )
+        new_ops.append(t)
+        k = t.result
+    lse_ops = [
+        op
+        for op in use_table.get(m.softmax.operands[0], [])
+        if op.name == "ac.logsumexp" and op.attrs["axis"] == op.operands[0].type.rank - 1
+    ]
+    attrs = {"kv_repeat": m.kv_repeat, "with_lse": bool(lse_ops)}
+    types = attention_types(m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion")
+    if types[0] != m.pv.result.type:
+        raise NotFusable(f"the fused result would be {types[0]}, not {m.pv.result.type}")
+    names = [m.pv.result.name] + ([lse_ops[0].result.name] if lse_ops else [])
+    attn = Op.create("ac.attention", [m.q, k, m.v], types, attrs, build_regions(m), result_names=names)
+    new_ops.append(attn)
+    mapping = {m.pv.result: attn.results[0]}
+    m.pv.result.name = None
+    anchor = min([m.pv] + lse_ops, key=block.ops.index)
+    for lse_op in lse_ops:
+        lse = attn.results[1]
+        if lse_op.attrs["keepdims"]:
+            reshape = Op.create("ac.reshape", [lse], [lse_op.result.type], result_names=[lse_op.result.name])
+            new_ops.append(reshape)
+            lse = reshape.result
+        elif lse.type != lse_op.result.type:
+            raise NotFusable("the log-sum-exp has an unexpected shape")
+        lse_op.result.name = None
+        mapping[lse_op.result] = lse
+    _insert_before(block, anchor, new_ops)
+    replace_uses(block, mapping)
+
+
+@register_pass
+@dataclass
+class SoftmaxFusion(Pass):
+    name = "softmax-fusion"
+    summary = "fuse softmax(f(q kᵀ)) v (and its log-sum-exp) into ac.attention"
+
+    def run(self, module: Module, remarks: list[str]) -> None:
+        for func in module.funcs:
+            canonicalize_softmax(func.body)
+            namer = Namer.for_func(func)
+            for op in [op for op in func.body.ops if op.name == "ac.softmax"]:
+                use_table = users(func.body)
+                try:
+                    fuse(func, match_attention(func, op, use_table, namer), use_table)
+                except NotFusable as why:
+                    remarks.append(f"softmax-fusion: not fused: {why}")
+            remove_dead_ops(func.body)

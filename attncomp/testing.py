@@ -1,0 +1,67 @@
+"""Random inputs and error measures for checking backends against the interpreter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from attncomp.ir.core import Func
+from attncomp.ir.types import NUMPY_DTYPES
+
+#: relative error bound of a result of each element type against float64
+TOLERANCE = {"f16": 2e-2, "f32": 2e-5, "f64": 1e-10}
+
+
+def random_inputs(func: Func, sizes: dict[str, int], seed: int = 0) -> list[np.ndarray]:
+    """Standard-normal floats, integers in [0, smallest size), random bools.
+
+    Raises ``KeyError`` naming the sizes that ``sizes`` lacks.
+    """
+    needed = sorted({d.symbol for a in func.args for d in a.type.shape if d.is_symbol})
+    missing = [n for n in needed if n not in sizes]
+    if missing:
+        raise KeyError(f"give sizes for {', '.join(missing)} (the spec uses {', '.join(needed)})")
+    rng = np.random.default_rng(seed)
+    int_high = max(1, min(sizes[n] for n in needed)) if needed else 2
+    arrays = []
+    for arg in func.args:
+        shape = arg.type.concrete_shape(sizes)
+        dtype = arg.type.dtype
+        if dtype.startswith("f"):
+            arrays.append(rng.standard_normal(shape).astype(NUMPY_DTYPES[dtype]))
+        elif dtype == "i1":
+            arrays.append(rng.random(shape) < 0.5)
+        else:
+            arrays.append(rng.integers(0, int_high, size=shape).astype(NUMPY_DTYPES[dtype]))
+    return arrays
+
+
+def relative_error(result: np.ndarray, reference: np.ndarray) -> float:
+    """max |result - reference| / max |reference| over finite reference entries.
+
+    Entries where both are the same infinity, or both NaN, agree; an entry
+    where only one side is non-finite is an infinite error.
+    """
+    got = np.asarray(result, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    if got.shape != ref.shape:
+        raise ValueError(f"shapes differ: {got.shape} against {ref.shape}")
+    finite = np.isfinite(ref)
+    same_special = (~finite) & ((got == ref) | (np.isnan(got) & np.isnan(ref)))
+    if np.any(~finite & ~same_special) or np.any(finite & ~np.isfinite(got)):
+        return float("inf")
+    if not finite.any():
+        return 0.0
+    scale = max(float(np.max(np.abs(ref[finite]))), np.finfo(np.float64).tiny)
+    return float(np.max(np.abs(got[finite] - ref[finite]))) / scale
+
+
+def worst_error(results: Sequence[np.ndarray], references: Sequence[np.ndarray]) -> float:
+    return max((relative_error(r, e) for r, e in zip(results, references)), default=0.0)
+
+
+def tolerance_for(dtypes: Sequence[str]) -> float:
+    """The loosest bound among the float result types."""
+    floats = [TOLERANCE[d] for d in dtypes if d in TOLERANCE]
+    return max(floats) if floats else 0.0

@@ -1,0 +1,42 @@
+"""Exact IR text after each pass for small specs (tests/passes/golden/*.txt).
+
+To accept a deliberate change of output, run with ATTNCOMP_UPDATE_GOLDEN=1
+and review the diff of the golden files.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import attncomp as ac
+from tests.passes import specs
+
+GOLDEN = Path(__file__).parent / "golden"
+
+CASES = [
+    ("softmax_fusion_unmasked", specs.unmasked, "softmax-fusion", "softmax-fusion"),
+    ("softmax_fusion_alibi", specs.causal_alibi, "cse,softmax-fusion", "softmax-fusion"),
+    ("softmax_fusion_spelled_gqa_lse", specs.spelled_gqa_lse, "cse,softmax-fusion", "softmax-fusion"),
+    (
+        "flash_tiling_unmasked",
+        specs.unmasked,
+        "softmax-fusion,flash-tiling{block_q=16,block_k=32}",
+        "flash-tiling",
+    ),
+    (
+        "mask_elimination_causal_2d",
+        specs.causal_2d,
+        "softmax-fusion,flash-tiling{block_q=16,block_k=16},mask-elimination,canonicalize,cse,dce",
+        "final",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,spec,pipeline,stage", CASES, ids=[c[0] for c in CASES])
+def test_golden_ir(name, spec, pipeline, stage):
+    text = ac.compile(spec, backend="interp", pipeline=pipeline).ir(stage)
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("ATTNCOMP_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()

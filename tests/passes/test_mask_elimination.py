@@ -1,0 +1,85 @@
+"""mask-elimination: tile classes from interval reasoning on the mask."""
+
+import numpy as np
+
+import attncomp as ac
+from tests.passes import specs
+
+SKIPPED, MASKED, FULL = 0, 1, 2
+
+
+def counts(block_map):
+    return [int((block_map == c).sum()) for c in (SKIPPED, MASKED, FULL)]
+
+
+def test_causal_256_with_64_blocks():
+    x = np.random.default_rng(0).standard_normal((1, 2, 256, 8)).astype(np.float32)
+    fn = ac.compile(specs.causal, backend="interp")
+    block_map = fn.block_map(x, x, x)
+    assert block_map.shape == (1, 2, 4, 4) and block_map.dtype == np.int8
+    assert counts(block_map[0, 0]) == [6, 4, 6]
+    np.testing.assert_array_equal(block_map[0, 1], np.tril(np.full((4, 4), FULL)) - np.eye(4, dtype=int))
+
+
+def test_window_of_64_at_1024_computes_under_a_quarter_of_the_tiles():
+    x = np.random.default_rng(0).standard_normal((1, 1, 1024, 8)).astype(np.float32)
+    fn = ac.compile(specs.window, backend="interp", size=64)
+    block_map = fn.block_map(x, x, x)
+    computed = int((block_map != SKIPPED).sum())
+    assert computed < block_map.size / 4
+    assert computed == 16 + 15  # the diagonal and the block below it
+
+
+def test_loop_bounds_are_tightened_for_affine_masks():
+    text = ac.compile(specs.window, backend="interp").ir("final")
+    assert "%kb_first = " in text and "%kb_end = " in text
+
+
+def test_without_mask_every_tile_is_full_and_no_switch_is_left():
+    fn = ac.compile(specs.unmasked, backend="interp")
+    assert "ac.switch" not in fn.ir("final")
+    x = np.zeros((100, 4), np.float32)
+    assert counts(fn.block_map(x, x, x)) == [0, 0, 4]
+
+
+def test_document_ids_are_summarised_per_block():
+    rng = np.random.default_rng(1)
+    T = 256
+    doc = np.repeat(np.arange(4), 64)[None].astype(np.int32)  # four documents of one block each
+    x = rng.standard_normal((1, 1, T, 8)).astype(np.float32)
+    fn = ac.compile(specs.document, backend="interp")
+    assert fn.ir("final").count("ac.block_reduce") == 2
+    block_map = fn.block_map(x, x, x, doc)[0, 0]
+    np.testing.assert_array_equal(block_map, np.diag([MASKED] * 4))
+    np.testing.assert_allclose(
+        fn(x, x, x, doc), ac.interpret(specs.document, x, x, x, doc), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_sizes_that_are_not_block_multiples():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 1, 70, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 70, 8)).astype(np.float32)
+    fn = ac.compile(specs.causal, backend="interp")
+    assert fn.block_map(q, k, k).shape == (1, 1, 2, 2)
+    np.testing.assert_allclose(fn(q, k, k), ac.interpret(specs.causal, q, k, k), rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_with_no_visible_key_gives_zeros_and_minus_infinite_lse():
+    @ac.spec
+    def shifted(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"]):
+        s = q @ k.mT
+        i, j = ac.index(s)
+        s = ac.where(j < i, s, -ac.inf)  # row 0 sees nothing
+        return ac.softmax(s) @ v, ac.logsumexp(s)
+
+    x = np.random.default_rng(3).standard_normal((9, 4)).astype(np.float32)
+    out, lse = ac.compile(
+        shifted,
+        backend="interp",
+        pipeline="softmax-fusion,flash-tiling{block_q=4,block_k=4},mask-elimination",
+    )(x, x, x)
+    assert np.all(out[0] == 0) and lse[0] == -np.inf
+    ref_out, ref_lse = ac.interpret(shifted, x, x, x)
+    np.testing.assert_allclose(out[1:], ref_out[1:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse[1:], ref_lse[1:], rtol=1e-5)

@@ -1,0 +1,72 @@
+"""The pass manager: pipeline strings, stages, verification after each pass."""
+
+import pytest
+
+import attncomp as ac
+from attncomp.passes import PASSES, parse_pipeline
+from tests.passes.specs import causal
+
+
+def test_pass_names_are_the_documented_ones():
+    assert {"softmax-fusion", "flash-tiling", "mask-elimination", "cse", "dce"} <= set(PASSES)
+
+
+def test_options_are_parsed_and_typed():
+    passes = parse_pipeline("softmax-fusion,flash-tiling{block_q=32,block_k=16},mask-elimination")
+    assert [p.name for p in passes] == ["softmax-fusion", "flash-tiling", "mask-elimination"]
+    assert (passes[1].block_q, passes[1].block_k) == (32, 16)
+
+
+def test_unknown_pass_lists_the_valid_ones():
+    with pytest.raises(ac.PipelineError, match=r"unknown pass 'fusion'; valid passes: .*softmax-fusion"):
+        parse_pipeline("cse,fusion")
+
+
+def test_unknown_option_lists_the_valid_ones():
+    with pytest.raises(ac.PipelineError, match=r"no option 'block'; valid options: block_q, block_k"):
+        parse_pipeline("flash-tiling{block=3}")
+
+
+def test_bad_option_value():
+    with pytest.raises(ac.PipelineError, match="flash-tiling.block_q"):
+        parse_pipeline("flash-tiling{block_q=big}")
+
+
+def test_stages_and_dump():
+    fn = ac.compile(causal, backend="interp")
+    assert fn.stages == ["cse", "softmax-fusion", "flash-tiling", "mask-elimination", "canonicalize", "cse", "dce"]
+    assert fn.ir("input") == str(causal.ir)
+    assert "ac.attention" in fn.ir("softmax-fusion")
+    assert "ac.tile_grid" in fn.ir("final")
+    dump = fn.dump()
+    assert (
+        dump.index("after input") < dump.index("after softmax-fusion") < dump.index("after mask-elimination")
+    )
+    assert len(fn.timings) == len(fn.stages)
+    with pytest.raises(KeyError, match="stages: input, cse"):
+        fn.ir("nope")
+
+
+def test_empty_pipeline_runs_the_graph_unfused():
+    fn = ac.compile(causal, backend="interp", pipeline="")
+    assert fn.stages == []
+    assert fn.ir("final") == str(causal.ir)
+
+
+def test_every_stage_parses_back_to_the_same_text():
+    fn = ac.compile(causal, backend="interp")
+    for stage in ["input", *fn.stages]:
+        text = fn.ir(stage)
+        assert str(ac.parse_ir(text)) == text
+
+
+def test_a_pass_that_breaks_the_ir_is_named(monkeypatch):
+    from attncomp.passes.dce import DeadCodeElimination
+
+    def broken(self, module, remarks):
+        body = module.main.body
+        body.ops.insert(0, body.ops.pop(1))  # a use before its definition
+
+    monkeypatch.setattr(DeadCodeElimination, "run", broken)
+    with pytest.raises(ac.VerifyError, match=r"after pass dce: line \d+: .*used before it is defined"):
+        ac.compile(causal, backend="interp", pipeline="dce")
