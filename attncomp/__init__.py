@@ -13,6 +13,7 @@ from attncomp.errors import (
 from attncomp.functions import (
     abs,
     concat,
+    cos,
     exp,
     index,
     inf,
@@ -25,6 +26,7 @@ from attncomp.functions import (
     minimum,
     repeat_kv,
     rsqrt,
+    sin,
     softmax,
     sqrt,
     sum,
@@ -33,6 +35,10 @@ from attncomp.functions import (
 )
 
 __version__ = "0.1.0"
+
+SPEC_FUNCTIONS = (
+    "abs concat cos exp index log logsumexp max maximum mean min minimum repeat_kv rsqrt sin softmax sqrt sum tanh where"
+).split()
 
 __all__ = [
     "AttncompError",
@@ -47,6 +53,7 @@ __all__ = [
     "bool_",
     "compile",
     "concat",
+    "cos",
     "exp",
     "f16",
     "f32",
@@ -66,6 +73,7 @@ __all__ = [
     "parse_ir",
     "repeat_kv",
     "rsqrt",
+    "sin",
     "softmax",
     "spec",
     "sqrt",
@@ -77,6 +85,5 @@ __all__ = [
 
 def __getattr__(name: str):
     raise AttributeError(
-        f"attncomp has no name '{name}'; spec functions are: "
-        + ", ".join(n for n in __all__ if n[0].islower())
+        f"attncomp has no name '{name}'; spec functions are: " + ", ".join(SPEC_FUNCTIONS)
     )

@@ -15,25 +15,29 @@ from attncomp.errors import AttncompError
 from attncomp.testing import random_inputs, tolerance_for, worst_error
 
 
+class UsageError(AttncompError):
+    """A command line that cannot be carried out; printed, exit status 2."""
+
+
 def load_spec(target: str) -> Spec:
     """``FILE.py:SPEC`` -> the spec object named SPEC in FILE.py."""
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:
-        raise SystemExit(f"attncomp: expected FILE.py:SPEC, got {target!r}")
+        raise UsageError(f"expected FILE.py:SPEC, got {target!r}")
     path = Path(path_text)
     if not path.is_file():
-        raise SystemExit(f"attncomp: no such file: {path}")
+        raise UsageError(f"no such file: {path}")
     module_name = f"_attncomp_user_{abs(hash(path.resolve()))}"
     loader = importlib.util.spec_from_file_location(module_name, path)
     if loader is None or loader.loader is None:
-        raise SystemExit(f"attncomp: cannot import {path}")
+        raise UsageError(f"cannot import {path}")
     module = importlib.util.module_from_spec(loader)
     sys.modules[module_name] = module
     loader.loader.exec_module(module)
     found = getattr(module, name, None)
     if not isinstance(found, Spec):
         specs = [k for k, v in vars(module).items() if isinstance(v, Spec)]
-        raise SystemExit(f"attncomp: {path} has no spec {name!r}; specs there: {', '.join(specs) or 'none'}")
+        raise UsageError(f"{path} has no spec {name!r}; specs there: {', '.join(specs) or 'none'}")
     return found
 
 
@@ -45,9 +49,9 @@ def parse_assignments(text: str | None, what: str) -> dict[str, int]:
         try:
             out[key.strip()] = int(value)
         except ValueError:
-            raise SystemExit(f"attncomp: {what}: expected NAME=INT, got {item!r}") from None
+            raise UsageError(f"{what}: expected NAME=INT, got {item!r}") from None
         if not sep:
-            raise SystemExit(f"attncomp: {what}: expected NAME=INT, got {item!r}")
+            raise UsageError(f"{what}: expected NAME=INT, got {item!r}")
     return out
 
 
@@ -80,7 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         inputs = random_inputs(reference_module.main, sizes, seed=args.seed)
     except KeyError as exc:
-        raise SystemExit(f"attncomp: --dims: {exc.args[0]}") from None
+        raise UsageError(f"--dims: {exc.args[0]}") from None
     start = time.perf_counter()
     results = fn(*inputs)
     backend_s = time.perf_counter() - start

@@ -42,6 +42,8 @@ exp = _unary("ac.exp", "exp")
 log = _unary("ac.log", "log")
 tanh = _unary("ac.tanh", "tanh")
 sqrt = _unary("ac.sqrt", "sqrt")
+sin = _unary("ac.sin", "sin")
+cos = _unary("ac.cos", "cos")
 rsqrt = _unary("ac.rsqrt", "rsqrt")
 abs = _unary("ac.abs", "abs")  # noqa: A001 - the DSL's name
 

@@ -58,7 +58,12 @@ def bind_arguments(
         _bind_shape(array, arg.type, name, env, bound_by)
     for c in constraints:
         lhs, rhs = _eval_or_fail(c.lhs, env, c), _eval_or_fail(c.rhs, env, c)
-        if lhs != rhs:
+        if c.relation == "le" and lhs > rhs:
+            raise ShapeError(
+                f"sizes {_sizes(c.lhs.symbols() | c.rhs.symbols(), env)} do not fit the spec: "
+                f"{_shown(c.lhs, lhs)} exceeds {_shown(c.rhs, rhs)} ({c.reason})"
+            )
+        if c.relation == "eq" and lhs != rhs:
             raise ShapeError(
                 f"sizes {_sizes(c.lhs.symbols() | c.rhs.symbols(), env)} do not fit the spec: "
                 f"{c.lhs} = {lhs} but {c.rhs} = {rhs} ({c.reason})"
@@ -98,6 +103,10 @@ def _eval_or_fail(d, env: dict[str, int], c: DimConstraint) -> int:
         raise ShapeError(
             f"sizes {_sizes(d.symbols(), env)} divide by zero in {d} ({c.reason})"
         ) from None
+
+
+def _shown(d, value: int) -> str:
+    return str(value) if d.is_const else f"{d} = {value}"
 
 
 def _sizes(symbols: set[str], env: dict[str, int]) -> str:

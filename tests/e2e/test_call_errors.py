@@ -281,3 +281,14 @@ def test_constants_override_the_defaults(fn, rng):
         np.testing.assert_allclose(g, w, rtol=1e-12)
     # the spec's own IR keeps its defaults
     assert "attributes {window = 100}" in str(windowed.ir)
+
+
+@ac.spec
+def fixed_slice(x: ac.f32["N", "M"]):
+    return x[:, 4:8] * 2.0
+
+
+def test_a_slice_past_the_end_is_a_shape_error():
+    with pytest.raises(ac.ShapeError, match=r"sizes M = 6 do not fit the spec: 8 exceeds M = 6 \(ac.slice: stop 8"):
+        ac.interpret(fixed_slice, np.ones((2, 6), np.float32))
+    assert ac.interpret(fixed_slice, np.ones((2, 9), np.float32)).shape == (2, 4)

@@ -174,13 +174,14 @@ def test_and_or_not(rng):
 # unary float functions, maximum, minimum, where ----------------------------------------------
 @traced
 def unary_math(x: ac.f64["N"], p: ac.f64["N"], a: ac.i64["N"]):
-    return ac.exp(x), ac.log(p), ac.tanh(x), ac.sqrt(p), ac.rsqrt(p), ac.exp(a)
+    return ac.exp(x), ac.log(p), ac.tanh(x), ac.sqrt(p), ac.rsqrt(p), ac.exp(a), ac.sin(x), ac.cos(x)
 
 
-def test_exp_log_tanh_sqrt_rsqrt(rng):
+def test_exp_log_tanh_sqrt_rsqrt_sin_cos(rng):
     x, p, a = f64(rng, 7), positive(rng, 7), rng.integers(-3, 4, 7)
-    assert {"ac.exp", "ac.log", "ac.tanh", "ac.sqrt", "ac.rsqrt"} <= op_names(unary_math.ir)
-    want = (np.exp(x), np.log(p), np.tanh(x), np.sqrt(p), 1.0 / np.sqrt(p), np.exp(a.astype(np.float64)))
+    assert {"ac.exp", "ac.log", "ac.tanh", "ac.sqrt", "ac.rsqrt", "ac.sin", "ac.cos"} <= op_names(unary_math.ir)
+    want = (np.exp(x), np.log(p), np.tanh(x), np.sqrt(p), 1.0 / np.sqrt(p), np.exp(a.astype(np.float64)),
+            np.sin(x), np.cos(x))
     assert_same(ac.interpret(unary_math, x, p, a), want)
 
 

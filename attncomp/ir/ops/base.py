@@ -28,6 +28,8 @@ class DimConstraint:
     lhs: Dim
     rhs: Dim
     reason: str
+    #: "eq": lhs == rhs; "le": lhs <= rhs
+    relation: str = "eq"
 
 
 @dataclass
@@ -51,6 +53,15 @@ class Checker:
             raise TypeCheckError(f"{what}: dimension {a} does not match {b}")
         self.constraints.append(DimConstraint(a, b, what))
         return a if simple_a else b
+
+    def require_le(self, a: Dim, b: Dim, what: str) -> None:
+        """``a <= b``: checked now when decidable, else when sizes are bound."""
+        gap = b - a
+        if gap.is_const:
+            if gap.value < 0:
+                raise TypeCheckError(f"{what}: {a} exceeds {b}")
+            return
+        self.constraints.append(DimConstraint(a, b, what, "le"))
 
     def broadcast(self, shapes: list[tuple[Dim, ...]], what: str) -> tuple[Dim, ...]:
         rank = max((len(s) for s in shapes), default=0)

@@ -104,6 +104,8 @@ _unary("ac.exp", np.exp, "float", doc="e**x.")
 _unary("ac.log", np.log, "float", doc="Natural logarithm.")
 _unary("ac.tanh", np.tanh, "float", doc="Hyperbolic tangent.")
 _unary("ac.sqrt", np.sqrt, "float", doc="Square root.")
+_unary("ac.sin", np.sin, "float", doc="Sine (radians).")
+_unary("ac.cos", np.cos, "float", doc="Cosine (radians).")
 _unary("ac.rsqrt", _rsqrt, "float", doc="1 / sqrt(x).")
 _unary("ac.not", np.logical_not, "bool", "bool", doc="Logical not of a bool tensor.")
 

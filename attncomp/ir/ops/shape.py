@@ -99,6 +99,9 @@ class Slice(OpDef):
         size = (stop - start + (step - 1)) // step
         if size.is_const and size.value < 0:
             raise TypeCheckError(f"ac.slice: empty or reversed range {start}:{stop}")
+        checker.require_le(dim(0), start, f"ac.slice: start of axis {axis}")
+        checker.require_le(start, stop, f"ac.slice: range {start}:{stop} of axis {axis}")
+        checker.require_le(stop, src.shape[axis], f"ac.slice: stop {stop} of axis {axis} (size {src.shape[axis]})")
         shape = list(src.shape)
         shape[axis] = size
         return [src.with_shape(shape)]

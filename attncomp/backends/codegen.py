@@ -1,0 +1,157 @@
+"""Source-text generation shared by the backends.
+
+:class:`ScalarEmitter` turns 0-d ops (region bodies, tile prologues, the
+tile classification) into statements of straight-line Python that Numba
+(CPU) and Numba-CUDA both compile: one local variable per value, math from
+``math``, element types made explicit with ``np.float32(...)`` and friends.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from attncomp.ir.core import Block, Op, Value
+from attncomp.ir.dims import Dim, dim
+
+NUMPY_SCALAR = {"f16": "np.float32", "f32": "np.float32", "f64": "np.float64", "i32": "np.int64",
+                "i64": "np.int64", "i1": "np.bool_"}
+
+
+class SourceWriter:
+    """Lines of Python with indentation."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def line(self, text: str = "") -> None:
+        self.lines.append(("    " * self.depth + text) if text else "")
+
+    def indent(self) -> _Indent:
+        return _Indent(self)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class _Indent:
+    def __init__(self, writer: SourceWriter):
+        self.writer = writer
+
+    def __enter__(self) -> None:
+        self.writer.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.writer.depth -= 1
+
+
+def dim_var(name: str) -> str:
+    return f"d_{name}"
+
+
+def dim_expr(value: Dim | int) -> str:
+    """A dimension as a Python int expression over the ``d_NAME`` size variables."""
+    text = str(dim(value))
+    return re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: dim_var(m.group()), text)
+
+
+def literal(value: int | float | bool, dtype: str) -> str:
+    if isinstance(value, bool) or dtype == "i1":
+        return "True" if value else "False"
+    if dtype.startswith("i"):
+        return str(int(value))
+    if math.isnan(value):
+        text = "np.nan"
+    elif math.isinf(value):
+        text = "np.inf" if value > 0 else "-np.inf"
+    else:
+        text = repr(float(value))
+    return f"{NUMPY_SCALAR[dtype]}({text})"
+
+
+BINARY = {"ac.add": "+", "ac.sub": "-", "ac.mul": "*", "ac.floordiv": "//", "ac.mod": "%", "ac.pow": "**"}
+COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+UNARY_MATH = {"ac.exp": "math.exp", "ac.log": "math.log", "ac.tanh": "math.tanh", "ac.sqrt": "math.sqrt",
+              "ac.sin": "math.sin", "ac.cos": "math.cos"}
+
+
+class ScalarEmitter:
+    """Writes 0-d ops as assignments; ``names`` maps values to expressions."""
+
+    def __init__(self, writer: SourceWriter, names: dict[Value, str], fresh: Callable[[str], str],
+                 array_ref: Callable[[Value], str]):
+        self.writer = writer
+        self.names = names
+        self.fresh = fresh
+        self.array_ref = array_ref
+
+    def ref(self, value: Value) -> str:
+        if value in self.names:
+            return self.names[value]
+        if value.type.rank:
+            return self.array_ref(value)
+        raise KeyError(f"no expression for {value}")
+
+    def typed(self, expr: str, dtype: str) -> str:
+        return f"{NUMPY_SCALAR[dtype]}({expr})"
+
+    def op(self, op: Op) -> None:
+        if op.name in ("ac.yield", "ac.return"):
+            return
+        out = op.results[0]
+        dtype = out.type.dtype
+        a = [self.ref(v) for v in op.operands]
+        name = op.name
+        if name == "ac.constant":
+            expr = literal(op.attrs["value"], dtype)
+        elif name == "ac.dim":
+            expr = dim_expr(op.attrs["value"])
+        elif name in BINARY:
+            expr = self.typed(f"{a[0]} {BINARY[name]} {a[1]}", dtype)
+        elif name == "ac.div":
+            expr = self.typed(f"{a[0]} / {a[1]}", dtype)
+        elif name == "ac.neg":
+            expr = self.typed(f"-{a[0]}", dtype)
+        elif name == "ac.abs":
+            expr = self.typed(f"abs({a[0]})", dtype)
+        elif name in UNARY_MATH:
+            expr = self.typed(f"{UNARY_MATH[name]}({a[0]})", dtype)
+        elif name == "ac.rsqrt":
+            expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
+        elif name in ("ac.maximum", "ac.minimum"):
+            fn = "max" if name == "ac.maximum" else "min"
+            if dtype.startswith("f"):  # NaN propagates, as in np.maximum
+                expr = self.typed(f"({a[0]} if {a[0]} != {a[0]} else {fn}({a[0]}, {a[1]}))", dtype)
+            else:
+                expr = self.typed(f"{fn}({a[0]}, {a[1]})", dtype)
+        elif name == "ac.cmp":
+            expr = f"({a[0]} {COMPARE[op.attrs['pred']]} {a[1]})"
+        elif name == "ac.and":
+            expr = f"({a[0]} and {a[1]})"
+        elif name == "ac.or":
+            expr = f"({a[0]} or {a[1]})"
+        elif name == "ac.not":
+            expr = f"(not {a[0]})"
+        elif name == "ac.where":
+            expr = self.typed(f"({a[1]} if {a[0]} else {a[2]})", dtype)
+        elif name == "ac.cast":
+            expr = f"({a[0]} != 0)" if dtype == "i1" else self.typed(a[0], dtype)
+        elif name == "ac.gather":
+            src = self.array_ref(op.operands[0])
+            expr = f"{src}[{', '.join(a[1:])}]"
+            expr = self.typed(expr, dtype)
+        else:
+            raise NotImplementedError(f"no scalar lowering for {name}")
+        var = self.fresh(out.name or "t")
+        self.writer.line(f"{var} = {expr}")
+        self.names[out] = var
+
+    def block(self, block: Block, args: list[str]) -> list[str]:
+        """Emit a region's ops with its arguments bound; return the yielded expressions."""
+        for arg, expr in zip(block.args, args):
+            self.names[arg] = expr
+        for op in block.ops:
+            self.op(op)
+        return [self.ref(v) for v in block.ops[-1].operands]
