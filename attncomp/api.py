@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from attncomp.backends import BACKENDS
 from attncomp.blockmap import block_map
 from attncomp.dsl import Spec
 from attncomp.ir import parser as _parser
@@ -16,7 +17,6 @@ from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.ir.verifier import verify_module
 from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
 
-BACKENDS = ("interp",)
 
 
 def parse_ir(text: str) -> Module:
@@ -56,7 +56,17 @@ class CompiledFunction:
         self.pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
         self.remarks: list[str] = []
         self.module, self._stages = run_pipeline(module, parse_pipeline(self.pipeline), self.remarks)
+        if backend != "interp" and any(op.name == "ac.attention" for op in self.module.main.body.ops):
+            # Backends run attention tiled; a pipeline that stopped after fusion gets the default tiling.
+            self.remarks.append(f"{backend}: ac.attention was tiled with flash-tiling's defaults")
+            more, stages = run_pipeline(self.module, parse_pipeline("flash-tiling"), self.remarks)
+            self.module, self._stages = more, self._stages + stages[1:]
         self.constraints = verify_module(self.module)
+        self._impl = None
+        if backend == "cpu":
+            from attncomp.backends import numba_cpu
+
+            self._impl = numba_cpu.build(self.module)
 
     @property
     def func(self):
@@ -88,12 +98,28 @@ class CompiledFunction:
 
     @property
     def source(self) -> str:
-        """What the backend runs: for ``interp``, the final IR text."""
-        return self.ir("final")
+        """What the backend runs: generated Python/Numba source, or for ``interp`` the final IR."""
+        return self._impl.source if self._impl is not None else self.ir("final")
+
+    def inspect_llvm(self) -> str:
+        """Numba's LLVM IR of the kernels compiled so far (call the function first)."""
+        return self._compiled("inspect_llvm")
+
+    def inspect_asm(self) -> str:
+        """Numba's assembly of the kernels compiled so far (call the function first)."""
+        return self._compiled("inspect_asm")
+
+    def _compiled(self, what: str) -> str:
+        if self._impl is None:
+            raise ValueError(f"{what} needs a compiled backend, not {self.backend!r}")
+        return getattr(self._impl, what)()
 
     def __call__(self, *args: Any):
         arrays, env = bind_arguments(self.func, args, self.constraints)
-        outputs = Interpreter(self.func, env).run(arrays)
+        if self._impl is not None:
+            outputs = self._impl(arrays, env)
+        else:
+            outputs = Interpreter(self.func, env).run(arrays)
         cast = [
             np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype])
             for out, value in zip(outputs, self.func.results)

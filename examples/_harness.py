@@ -18,43 +18,29 @@ from typing import Any
 import numpy as np
 
 import attncomp as ac
+from attncomp import testing
 
 #: interpreter against numpy, both float64: only rounding may differ
-FLOAT64_TOLERANCE = 1e-10
+FLOAT64_TOLERANCE = testing.TOLERANCE["f64"]
 #: a compiled function returns its declared element type, f32 here
-FLOAT32_TOLERANCE = 2e-5
+FLOAT32_TOLERANCE = testing.TOLERANCE["f32"]
 
 
 def backend_from_argv(default: str = "interp") -> str:
     return sys.argv[1] if len(sys.argv) > 1 else default
 
 
-def relative_error(result: Any, reference: Any) -> float:
-    """max |result - reference| / max |reference|, over the finite reference entries.
-
-    Matching infinities (the -inf log-sum-exp of a fully masked row) agree; an
-    infinity or NaN on one side only is an infinite error.
-    """
-    got = np.asarray(result, dtype=np.float64)
-    want = np.asarray(reference, dtype=np.float64)
-    if got.shape != want.shape:
-        raise ValueError(f"shapes differ: {got.shape} against {want.shape}")
-    finite = np.isfinite(want)
-    if np.any(got[~finite] != want[~finite]) or not np.all(np.isfinite(got[finite])):
-        return float("inf")
-    if not finite.any():
-        return 0.0
-    scale = max(float(np.max(np.abs(want[finite]))), np.finfo(np.float64).tiny)
-    return float(np.max(np.abs(got[finite] - want[finite]))) / scale
-
-
 def worst_error(results: Any, references: Any) -> float:
-    """The largest relative error over a result or a tuple of results."""
+    """The largest relative error over one result or a tuple of results.
+
+    The measure is :func:`attncomp.testing.relative_error`; this only accepts
+    a single array as well as a tuple, and refuses tuples of different lengths.
+    """
     if not isinstance(results, tuple):
         results, references = (results,), (references,)
     if len(results) != len(references):
         raise ValueError(f"{len(results)} results against {len(references)} references")
-    return max(relative_error(r, e) for r, e in zip(results, references))
+    return testing.worst_error(results, references)
 
 
 def check_round_trip(spec: ac.Spec, **constants: Any) -> None:

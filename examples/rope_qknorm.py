@@ -8,40 +8,14 @@ RoPE rotates channel pairs (c, c + D/2) of the query or key at position p by
 the angle p * theta_c, so q_i . k_j depends only on i - j; the half-split and
 the signs are nanochat's ``apply_rotary_emb``.  The angles come from absolute
 positions (``ac.index``), so a KV-cached decode rotates new tokens correctly.
-
-attncomp has no ``ac.cos`` / ``ac.sin`` yet, so ``cos_and_sin`` builds them from
-arithmetic: reduce the angle into [-pi, pi), then a Taylor series (in Horner
-form) accurate to float64 rounding there.
 """
 
 # Dimension names such as ac.f32["B", "T"] are sizes, not forward references.
 # ruff: noqa: F821
 
-import math
-
 import numpy as np
 
 import attncomp as ac
-
-#: Taylor coefficients of cos and sin in powers of r*r; on [-pi, pi] the first term
-#: left out (pi**26 / 26!) is 2e-14, near float64 rounding
-COS_TAYLOR = [(-1) ** n / math.factorial(2 * n) for n in range(13)]
-SIN_TAYLOR = [(-1) ** n / math.factorial(2 * n + 1) for n in range(13)]
-
-
-def cos_and_sin(angle):
-    """cos(angle), sin(angle) elementwise, for a traced float tensor ``angle``."""
-    turns = (angle / (2 * math.pi) + 0.5) // 1.0
-    r = angle - turns * (2 * math.pi)  # same cos and sin, in [-pi, pi)
-    r2 = r * r
-    # Horner's rule in r*r, highest power first; cos and sin interleaved so the
-    # IR names their partial sums cos, sin, cos_1, sin_1, ...
-    cos, sin = COS_TAYLOR[-1], SIN_TAYLOR[-1]
-    for cos_coefficient, sin_coefficient in zip(COS_TAYLOR[-2::-1], SIN_TAYLOR[-2::-1]):
-        cos = cos * r2 + cos_coefficient
-        sin = sin * r2 + sin_coefficient
-    sin = r * sin
-    return cos, sin
 
 
 def apply_rotary_emb(x, base: float):
@@ -50,7 +24,8 @@ def apply_rotary_emb(x, base: float):
     x1, x2 = x[..., :d], x[..., d:]
     _, _, position, channel = ac.index(x1)
     inv_freq = base ** (-2 * channel / x.shape[-1])  # nanochat: 1 / base ** (arange(0, D, 2) / D)
-    cos, sin = cos_and_sin(position * inv_freq)
+    angle = position * inv_freq
+    cos, sin = ac.cos(angle), ac.sin(angle)
     y1 = x1 * cos + x2 * sin
     y2 = -x1 * sin + x2 * cos
     rotated = ac.concat([y1, y2], axis=-1)

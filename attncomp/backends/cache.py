@@ -1,0 +1,78 @@
+"""Generated source on disk: one file per kernel key, imported as a module.
+
+Numba's ``cache=True`` keeps compiled machine code beside the source file it
+was defined in, keyed by the file's timestamp; a file is only rewritten when
+its text changes, so a new process with the same spec imports it and skips
+Numba's compile.  Writes go to a temporary file renamed into place, so
+processes sharing the directory never see a partial file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+
+def cache_dir() -> Path:
+    """``$ATTNCOMP_CACHE_DIR``, else ``$XDG_CACHE_HOME/attncomp``, else ``~/.cache/attncomp``."""
+    explicit = os.environ.get("ATTNCOMP_CACHE_DIR")
+    if explicit:
+        path = Path(explicit)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "attncomp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def source_key(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:24]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_source(source: str, prefix: str) -> ModuleType:
+    """Import ``source`` from the cache directory (writing it if needed)."""
+    key = source_key(source)
+    name = f"attncomp_{prefix}_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = cache_dir() / f"{name}.py"
+    try:
+        current = path.read_text() if path.exists() else None
+    except OSError:
+        current = None
+    if current != source:
+        if current is not None:
+            warnings.warn(f"attncomp: cache entry {path} was corrupted; rebuilding it", stacklevel=2)
+        _write_atomically(path, source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

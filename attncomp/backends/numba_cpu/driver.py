@@ -1,0 +1,150 @@
+"""The generated driver: graph-level ops as numpy calls, tiled attention as kernel calls.
+
+Ops outside a tile grid (projections, norms, rotary embeddings, gathers, and
+every op of an unfused graph) are materialised with numpy, which calls BLAS
+for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
+"""
+
+from __future__ import annotations
+
+from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var
+from attncomp.backends.tiles import LoweringError
+from attncomp.ir.core import Func, Op, Value
+from attncomp.ir.dims import dim
+
+NUMPY_UNARY = {
+    "ac.neg": "np.negative", "ac.abs": "np.abs", "ac.exp": "np.exp", "ac.log": "np.log", "ac.tanh": "np.tanh",
+    "ac.sqrt": "np.sqrt", "ac.sin": "np.sin", "ac.cos": "np.cos", "ac.not": "np.logical_not",
+}
+NUMPY_BINARY = {
+    "ac.add": "np.add", "ac.sub": "np.subtract", "ac.mul": "np.multiply", "ac.div": "np.true_divide",
+    "ac.floordiv": "np.floor_divide", "ac.mod": "np.mod", "ac.pow": "np.power", "ac.maximum": "np.maximum",
+    "ac.minimum": "np.minimum", "ac.and": "np.logical_and", "ac.or": "np.logical_or",
+}
+NUMPY_COMPARE = {"lt": "np.less", "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
+                 "eq": "np.equal", "ne": "np.not_equal"}
+
+
+def py_literal(value: int | float | bool) -> str:
+    """A constant as Python source (``float('inf')`` for infinities, ``float('nan')``)."""
+    text = repr(value)
+    return f"float({text!r})" if text in ("inf", "-inf", "nan") else text
+
+
+def shape_expr(value: Value) -> str:
+    dims = [dim_expr(d) for d in value.type.shape]
+    return "(" + "".join(f"{d}, " for d in dims) + ")"
+
+
+class DriverWriter:
+    def __init__(self, func: Func, kernels: dict[Op, tuple[str, dict[Value, str]]]):
+        self.func = func
+        self.kernels = kernels
+        self.w = SourceWriter()
+        self.names: dict[Value, str] = {}
+        self.counter = 0
+
+    def fresh(self, value: Value) -> str:
+        self.counter += 1
+        hint = "".join(ch if ch.isalnum() else "_" for ch in (value.name or "v"))
+        name = f"{hint}_{self.counter}"
+        self.names[value] = name
+        return name
+
+    def ref(self, value: Value) -> str:
+        return self.names[value]
+
+    def assign(self, value: Value, expr: str) -> None:
+        self.w.line(f"{self.fresh(value)} = rt.cast({expr}, {value.type.dtype!r})")
+
+    def op(self, op: Op) -> None:
+        name, a = op.name, [self.ref(v) for v in op.operands]
+        out = op.results[0] if op.results else None
+        attrs = op.attrs
+        if name == "ac.return":
+            self.w.line(f"return ({''.join(x + ', ' for x in a)})")
+        elif name == "ac.tile_grid":
+            self.grid(op)
+        elif name == "ac.constant":
+            self.assign(out, f"np.full({shape_expr(out)}, {py_literal(attrs['value'])})")
+        elif name == "ac.dim":
+            self.assign(out, dim_expr(attrs["value"]))
+        elif name == "ac.iota":
+            self.assign(out, f"rt.iota({shape_expr(out)}, {attrs['axis']})")
+        elif name in NUMPY_UNARY:
+            self.assign(out, f"{NUMPY_UNARY[name]}({a[0]})")
+        elif name == "ac.rsqrt":
+            self.assign(out, f"1.0 / np.sqrt({a[0]})")
+        elif name in NUMPY_BINARY:
+            self.assign(out, f"{NUMPY_BINARY[name]}({a[0]}, {a[1]})")
+        elif name == "ac.cmp":
+            self.assign(out, f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})")
+        elif name == "ac.where":
+            self.assign(out, f"np.where({a[0]}, {a[1]}, {a[2]})")
+        elif name == "ac.cast":
+            self.assign(out, a[0])
+        elif name == "ac.matmul":
+            self.assign(out, f"np.matmul({a[0]}, {a[1]})")
+        elif name == "ac.transpose":
+            self.assign(out, f"np.transpose({a[0]}, {tuple(attrs['perm'])})")
+        elif name == "ac.reshape":
+            self.assign(out, f"{a[0]}.reshape({shape_expr(out)})")
+        elif name == "ac.slice":
+            index = ["slice(None)"] * op.operands[0].type.rank
+            start, stop = dim_expr(dim(attrs["start"])), dim_expr(dim(attrs["stop"]))
+            index[attrs["axis"]] = f"slice({start}, {stop}, {attrs['step']})"
+            self.assign(out, f"{a[0]}[{', '.join(index)},]")
+        elif name == "ac.concat":
+            self.assign(out, f"np.concatenate([{', '.join(a)}], axis={attrs['axis']})")
+        elif name == "ac.repeat_kv":
+            self.assign(out, f"np.repeat({a[0]}, {dim_expr(dim(attrs['n_rep']))}, axis=1)")
+        elif name == "ac.gather":
+            self.assign(out, f"rt.gather({', '.join(a)})")
+        elif name == "ac.reduce":
+            self.assign(out, f"rt.reduce({attrs['kind']!r}, {a[0]}, {attrs['axes']}, {attrs['keepdims']})")
+        elif name == "ac.softmax":
+            self.assign(out, f"rt.softmax({a[0]}, {attrs['axis']})")
+        elif name == "ac.logsumexp":
+            self.assign(out, f"rt.logsumexp({a[0]}, {attrs['axis']}, {attrs['keepdims']})")
+        elif name == "ac.block_reduce":
+            self.assign(out, f"rt.block_reduce({a[0]}, {attrs['axis']}, {attrs['block']}, {attrs['kind']!r})")
+        else:
+            raise LoweringError(f"the cpu backend cannot lower {name} outside a tile grid")
+
+    def grid(self, op: Op) -> None:
+        kernel, captured = self.kernels[op]
+        outs = []
+        for result in op.results:
+            name = self.fresh(result)
+            # kernels write float32 (or float64) rows; narrower results are cast after
+            dtype = "np.float64" if result.type.dtype == "f64" else "np.float32"
+            self.w.line(f"{name} = np.empty({shape_expr(result)}, dtype={dtype})")
+            outs.append(name)
+        args = []
+        for value in captured:
+            if value.type.rank == 0:
+                args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
+            else:
+                args.append(f"rt.kernel_array({self.ref(value)})")
+        dims = [dim_var(d) for d in self.dim_names()]
+        self.w.line("with rt.blas_one_thread:")
+        with self.w.indent():
+            self.w.line(f"{kernel}({', '.join(outs + args + dims)})")
+        for result in op.results:
+            self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
+
+    def dim_names(self) -> list[str]:
+        return sorted({d.symbol for a in self.func.args for d in a.type.shape if d.is_symbol})
+
+    def write(self) -> str:
+        w = self.w
+        params = [self.fresh(a) for a in self.func.args]
+        w.line(f"def run({', '.join(params + ['env'])}):")
+        with w.indent():
+            for d in self.dim_names():
+                w.line(f"{dim_var(d)} = env[{d!r}]")
+            w.line("with np.errstate(all='ignore'):")
+            with w.indent():
+                for op in self.func.body.ops:
+                    self.op(op)
+        return w.text()

@@ -1,0 +1,111 @@
+"""Helpers the generated CPU driver calls for graph-level ops (numpy, float64-safe)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
+
+
+def cast(x, dtype: str) -> np.ndarray:
+    return np.asarray(x, dtype=NUMPY[dtype])
+
+
+def kernel_array(x: np.ndarray) -> np.ndarray:
+    """C-contiguous, with float16 widened to float32 (kernels accumulate in f32)."""
+    x = np.asarray(x)
+    if x.dtype == np.float16:
+        x = x.astype(np.float32)
+    return np.ascontiguousarray(x)
+
+
+def kernel_scalar(x, dtype: str):
+    if dtype == "i1":
+        return bool(x)
+    if dtype.startswith("i"):
+        return np.int64(x)
+    return np.float64(x) if dtype == "f64" else np.float32(x)
+
+
+def iota(shape: tuple[int, ...], axis: int) -> np.ndarray:
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return np.arange(shape[axis], dtype=np.int64).reshape(view)
+
+
+def gather(src: np.ndarray, *indices: np.ndarray) -> np.ndarray:
+    for axis, idx in enumerate(indices):
+        idx = np.asarray(idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= src.shape[axis]):
+            bad = idx.min() if idx.min() < 0 else idx.max()
+            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
+    return src[tuple(np.asarray(i) for i in indices)]
+
+
+def reduce(kind: str, x: np.ndarray, axes: list[int], keepdims: bool) -> np.ndarray:
+    fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}[kind]
+    return fn(x, axis=tuple(axes), keepdims=keepdims)
+
+
+def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.where(m == -np.inf, 0.0, m).astype(x.dtype)
+
+
+def softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - _safe_max(x, axis))
+    total = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(total == 0, 1, total)
+
+
+def logsumexp(x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+    m = _safe_max(x, axis)
+    out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:
+    starts = np.arange(0, x.shape[axis], block)
+    if starts.size == 0:
+        return np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1 :], dtype=x.dtype)
+    return (np.minimum if kind == "min" else np.maximum).reduceat(x, starts, axis=axis)
+
+
+class _ScipyBlasThreads:
+    """Pins the BLAS that Numba's ``np.dot`` calls (SciPy's OpenBLAS) to one thread.
+
+    Kernels call BLAS from every worker of their ``prange``; a BLAS that also
+    starts threads oversubscribes the cores (measured: 10x slower tiles).
+    Without SciPy's OpenBLAS library found, this does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.lib = None
+        try:
+            import ctypes
+            import glob
+            import os
+
+            import scipy
+
+            pattern = os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "libscipy_openblas*")
+            for path in glob.glob(pattern):
+                lib = ctypes.CDLL(path)
+                if hasattr(lib, "scipy_openblas_set_num_threads"):
+                    self.lib = lib
+                    break
+        except Exception:  # an optional speed-up: never fail a call for it
+            self.lib = None
+        self.saved = 1
+
+    def __enter__(self) -> None:
+        if self.lib is not None:
+            self.saved = self.lib.scipy_openblas_get_num_threads()
+            self.lib.scipy_openblas_set_num_threads(1)
+
+    def __exit__(self, *exc) -> None:
+        if self.lib is not None:
+            self.lib.scipy_openblas_set_num_threads(self.saved)
+
+
+blas_one_thread = _ScipyBlasThreads()

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print ratios against the peers (not tests)."""

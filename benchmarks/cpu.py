@@ -1,0 +1,233 @@
+"""CPU benchmark: attncomp against numpy and PyTorch SDPA, side by side in one run.
+
+    python -m benchmarks.cpu                # the full table (float32, 2 threads)
+    python -m benchmarks.cpu --quick        # smaller sizes, for a smoke run
+    python -m benchmarks.cpu --plot cpu.png # also draw the times (needs the plot extra)
+
+Ratios are attncomp's time over the peer's: below 1.0 attncomp is faster.
+Peak memory is the growth of resident memory during one call, sampled every
+millisecond in a fresh process.  Compile time is measured in fresh processes
+with an empty and with a warm cache directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+import attncomp as ac  # noqa: E402
+from benchmarks import peers, specs  # noqa: E402
+
+
+@dataclass
+class Row:
+    case: str
+    seconds: dict[str, float | None] = field(default_factory=dict)
+    note: str = ""
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()  # warm-up: compiles, faults pages in
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def inputs(rng, b, h, t, s, d, kv=None):
+    kv = kv or h
+    q = rng.standard_normal((b, h, t, d), dtype=np.float32)
+    k = rng.standard_normal((b, kv, s, d), dtype=np.float32)
+    v = rng.standard_normal((b, kv, s, d), dtype=np.float32)
+    return q, k, v
+
+
+def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+    error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    if error > 1e-3:
+        raise AssertionError(f"{name}: attncomp differs from the peer by {error:.2e}")
+
+
+def time_case(name, spec, args, constants, torch_call, numpy_call, repeats, with_numpy=True) -> Row:
+    fn = ac.compile(spec, backend="cpu", **constants)
+    row = Row(name)
+    row.seconds["attncomp"] = best_of(lambda: fn(*args), repeats)
+    torch = peers.torch_or_none()
+    if torch is not None:
+        check(name, fn(*args), torch_call(torch))
+        row.seconds["torch"] = best_of(lambda: torch_call(torch), repeats)
+    row.seconds["numpy"] = best_of(numpy_call, 1) if with_numpy else None
+    return row
+
+
+def attention_cases(quick: bool, repeats: int) -> list[Row]:
+    rng = np.random.default_rng(0)
+    rows = []
+    t = 256 if quick else 1024
+    q, k, v = inputs(rng, 1, 8, t, t, 64)
+    rows.append(time_case(f"dense T=S={t} H=8 D=64", specs.dense, (q, k, v), {},
+                          lambda torch: peers.torch_attention(torch, q, k, v),
+                          lambda: peers.numpy_attention(q, k, v), repeats))
+    for t in ([512] if quick else [2048, 8192]):
+        q, k, v = inputs(rng, 1, 8, t, t, 64)
+        causal_mask = np.tril(np.ones((t, t), dtype=bool))
+        rows.append(time_case(f"causal T=S={t}", specs.causal, (q, k, v), {},
+                              lambda torch, q=q, k=k, v=v: peers.torch_attention(torch, q, k, v, causal=True),
+                              lambda q=q, k=k, v=v, m=causal_mask: peers.numpy_attention(q, k, v, m),
+                              repeats if t < 8192 else 1, with_numpy=t < 8192))
+    t = 1024 if quick else 8192
+    q, k, v = inputs(rng, 1, 8, t, t, 64)
+    i, j = np.ogrid[:t, :t]
+    window = (j <= i) & (i - j < 256)
+    rows.append(time_case(f"causal window 256 T=S={t}", specs.causal_window, (q, k, v), {"window": 256},
+                          lambda torch: peers.torch_attention(torch, q, k, v, mask=window),
+                          lambda: peers.numpy_attention(q, k, v, window), 1 if t == 8192 else repeats,
+                          with_numpy=False))
+    cache = 1024 if quick else 4096
+    q, k, v = inputs(rng, 1, 32, 1, cache, 128, kv=8)
+    rows.append(time_case(f"decode GQA 32/8 heads D=128 cache={cache}", specs.gqa_decode, (q, k, v), {},
+                          lambda torch: peers.torch_attention(torch, q, k, v, gqa=True),
+                          lambda: peers.numpy_attention(q, k, v), repeats * 5))
+    return rows
+
+
+# peak memory and compile time run in fresh processes -----------------------------------
+MEMORY_PROBE = r"""
+import json, os, sys, threading, time
+import numpy as np
+T = int(sys.argv[1]); who = sys.argv[2]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+rng = np.random.default_rng(0)
+small = [rng.standard_normal((1, 8, 64, 64), dtype=np.float32) for _ in range(3)]
+if who == "attncomp":
+    import attncomp as ac
+    from benchmarks import specs
+    fn = ac.compile(specs.causal, backend="cpu"); fn(*small)
+    call = lambda q, k, v: fn(q, k, v)
+else:
+    import torch; torch.set_num_threads(2)
+    def call(q, k, v):
+        with torch.no_grad():
+            return torch.nn.functional.scaled_dot_product_attention(
+                torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)
+    call(*small)
+q, k, v = (rng.standard_normal((1, 8, T, 64), dtype=np.float32) for _ in range(3))
+before = rss(); peak = [before]; done = []
+def sample():
+    while not done:
+        peak[0] = max(peak[0], rss()); time.sleep(0.001)
+thread = threading.Thread(target=sample); thread.start()
+out = call(q, k, v); done.append(1); thread.join()
+peak[0] = max(peak[0], rss())
+print(json.dumps({"growth": peak[0] - before, "io": 4 * q.nbytes}))
+"""
+
+COMPILE_PROBE = r"""
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+import attncomp as ac
+from benchmarks import specs
+imported = time.perf_counter()
+x = np.ones((1, 2, 100, 64), dtype=np.float32)
+fn = ac.compile(specs.causal, backend="cpu")
+fn(x, x, x)
+print(json.dumps({"import": imported - start, "first_call": time.perf_counter() - imported}))
+"""
+
+
+def run_probe(code: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
+                            env={**os.environ, **(env or {})}, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def memory_rows(quick: bool) -> list[str]:
+    t = 2048 if quick else 16384
+    lines = []
+    for who in ("attncomp", "torch"):
+        if who == "torch" and peers.torch_or_none() is None:
+            continue
+        probe = run_probe(MEMORY_PROBE, str(t), who)
+        lines.append(f"  peak memory, causal T=S={t} H=8 D=64, {who:<8}: {probe['growth'] / 2**20:8.1f} MiB growth, "
+                     f"{probe['growth'] / probe['io']:.2f}x the inputs+output ({probe['io'] / 2**20:.0f} MiB)")
+    return lines
+
+
+def compile_rows() -> list[str]:
+    with tempfile.TemporaryDirectory() as cache:
+        cold = run_probe(COMPILE_PROBE, env={"ATTNCOMP_CACHE_DIR": cache})
+        warm = run_probe(COMPILE_PROBE, env={"ATTNCOMP_CACHE_DIR": cache})
+    return [
+        f"  compile, empty cache: {cold['first_call']:6.2f} s to the first result (import {cold['import']:.2f} s)",
+        f"  compile, warm cache:  {warm['first_call']:6.2f} s to the first result (import {warm['import']:.2f} s)",
+    ]
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'case':<42} {'attncomp':>10} {'torch':>10} {'numpy':>10} {'vs torch':>9} {'vs numpy':>9}")
+    for row in rows:
+        s = row.seconds
+        cells = [f"{s[k] * 1e3:9.1f}ms" if s.get(k) else f"{'-':>10}" for k in ("attncomp", "torch", "numpy")]
+        ratios = [f"{s['attncomp'] / s[k]:9.2f}" if s.get(k) else f"{'-':>9}" for k in ("torch", "numpy")]
+        print(f"{row.case:<42} {' '.join(cells)} {' '.join(ratios)}")
+
+
+def plot(rows: list[Row], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'attncomp[plot]'") from None
+    peers_ = ["attncomp", "torch", "numpy"]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.27
+    for n, who in enumerate(peers_):
+        values = [(r.seconds.get(who) or 0) * 1e3 for r in rows]
+        ax.bar([x + n * width for x in range(len(rows))], values, width, label=who)
+    ax.set_xticks([x + width for x in range(len(rows))], [r.case for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("ms (lower is better)")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plot", metavar="PNG")
+    parser.add_argument("--skip-processes", action="store_true", help="skip the memory and compile probes")
+    args = parser.parse_args(argv)
+    torch = peers.torch_or_none()
+    print(f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
+          f"threads {os.environ['NUMBA_NUM_THREADS']}, float32")
+    rows = attention_cases(args.quick, args.repeats)
+    print_table(rows)
+    if not args.skip_processes:
+        for line in memory_rows(args.quick) + compile_rows():
+            print(line)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The specs the benchmarks time."""
+
+# ruff: noqa: F821
+import attncomp as ac
+
+
+@ac.spec
+def dense(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"]):
+    return ac.softmax((q @ k.mT) * q.shape[-1] ** -0.5, axis=-1) @ v
+
+
+@ac.spec
+def causal(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"]):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+
+@ac.spec
+def causal_window(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], *, window: int = 256
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where((j <= i) & (i - j < window), s, -ac.inf), axis=-1) @ v
+
+
+@ac.spec
+def gqa_decode(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v: ac.f32["B", "KV", "S", "D"]):
+    n_rep = q.shape[1] // k.shape[1]
+    s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5
+    return ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep)
