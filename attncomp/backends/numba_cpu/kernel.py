@@ -29,6 +29,8 @@ class KernelWriter:
 
     def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str]):
         self.name = name
+        #: the accumulation type: float64 for float64 specs, float32 otherwise
+        self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
         self.t = tiled
         self.captured = captured  # outside value -> kernel parameter name
         self.dims = dims
@@ -79,13 +81,13 @@ class KernelWriter:
                 w.line(f"for dd in range({width}):")
                 with w.indent():
                     target = f"{dest}[dd, rr]" if transposed else f"{dest}[rr, dd]"
-                    w.line(f"{target} = np.float32({src}[{prefix}{row0} + rr, dd])")
+                    w.line(f"{target} = ACC({src}[{prefix}{row0} + rr, dd])")
             w.line("else:")
             with w.indent():
                 w.line(f"for dd in range({width}):")
                 with w.indent():
                     target = f"{dest}[dd, rr]" if transposed else f"{dest}[rr, dd]"
-                    w.line(f"{target} = np.float32(0.0)")
+                    w.line(f"{target} = ACC(0.0)")
 
     def row_loop(self, compute: TileCompute, with_mask: bool) -> None:
         """Score, optional mask and the online-softmax update for each query row."""
@@ -104,7 +106,7 @@ class KernelWriter:
                 if with_mask and compute.mask is not None:
                     mask_batch = [self.scalar().ref(v) for v in compute.mask.operands[:-2]]
                     (visible,) = self.scalar().block(compute.mask.regions[0], mask_batch + [i, j])
-                    w.line(f"xv = {x} if {visible} else np.float32(-np.inf)")
+                    w.line(f"xv = {x} if {visible} else ACC(-np.inf)")
                 else:
                     w.line(f"xv = {x}")
                 w.line("s[r, c] = xv")
@@ -112,17 +114,17 @@ class KernelWriter:
                 with w.indent():
                     w.line("mx = xv")
             w.line("m_new = m[r] if m[r] > mx else mx")
-            w.line("m_safe = np.float32(0.0) if m_new == -np.inf else m_new")
-            w.line("alpha = np.exp(np.float32(m[r] - m_safe))")
-            w.line("row_sum = np.float32(0.0)")
+            w.line("m_safe = ACC(0.0) if m_new == -np.inf else m_new")
+            w.line("alpha = EXP(ACC(m[r] - m_safe))")
+            w.line("row_sum = ACC(0.0)")
             w.line("for c in range(nk):")
             with w.indent():
-                w.line("p = np.exp(np.float32(s[r, c] - m_safe))")
+                w.line("p = EXP(ACC(s[r, c] - m_safe))")
                 w.line("s[r, c] = p")
                 w.line("row_sum += p")
             w.line("for c in range(nk, BK):")
             with w.indent():
-                w.line("s[r, c] = np.float32(0.0)")
+                w.line("s[r, c] = ACC(0.0)")
             w.line("l[r] = alpha * l[r] + row_sum")
             w.line("m[r] = m_new")
             w.line("for e in range(n_e):")
@@ -157,6 +159,8 @@ class KernelWriter:
         w.line(decorator)
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
+            w.line(f"ACC = {self.acc}")
+            w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
             w.line(f"n_rows = out_0.shape[{nb}]")
@@ -175,14 +179,14 @@ class KernelWriter:
                 w.line("nq = min(BQ, n_rows - i0)")
                 for op in t.prologue:
                     self.scalar().op(op)
-                w.line("qt = np.empty((BQ, n_d), dtype=np.float32)")
-                w.line("kt = np.empty((n_d, BK), dtype=np.float32)")
-                w.line("vt = np.empty((BK, n_e), dtype=np.float32)")
-                w.line("s = np.empty((BQ, BK), dtype=np.float32)")
-                w.line("pv = np.empty((BQ, n_e), dtype=np.float32)")
-                w.line("m = np.full(BQ, -np.inf, dtype=np.float32)")
-                w.line("l = np.zeros(BQ, dtype=np.float32)")
-                w.line("acc = np.zeros((BQ, n_e), dtype=np.float32)")
+                w.line("qt = np.empty((BQ, n_d), dtype=ACC)")
+                w.line("kt = np.empty((n_d, BK), dtype=ACC)")
+                w.line("vt = np.empty((BK, n_e), dtype=ACC)")
+                w.line("s = np.empty((BQ, BK), dtype=ACC)")
+                w.line("pv = np.empty((BQ, n_e), dtype=ACC)")
+                w.line("m = np.full(BQ, -np.inf, dtype=ACC)")
+                w.line("l = np.zeros(BQ, dtype=ACC)")
+                w.line("acc = np.zeros((BQ, n_e), dtype=ACC)")
                 self.load_rows("qt", t.q_load, "i0", "nq", transposed=False)
                 lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
                 w.line(f"for kb in range({lo}, {hi}):")
@@ -212,7 +216,7 @@ class KernelWriter:
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         w.line("for r in range(nq):")
         with w.indent():
-            w.line("denominator = l[r] if l[r] != 0.0 else np.float32(1.0)")
+            w.line("denominator = l[r] if l[r] != 0.0 else ACC(1.0)")
             w.line("for e in range(n_e):")
             with w.indent():
                 w.line(f"out_0[{prefix}i0 + r, e] = acc[r, e] / denominator")
