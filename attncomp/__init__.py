@@ -33,6 +33,7 @@ from attncomp.functions import (
     tanh,
     where,
 )
+from attncomp.plot import plot_attention
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,7 @@ __all__ = [
     "min",
     "minimum",
     "parse_ir",
+    "plot_attention",
     "repeat_kv",
     "rsqrt",
     "sin",

@@ -8,6 +8,7 @@ import numpy as np
 
 from attncomp.backends import BACKENDS
 from attncomp.blockmap import block_map
+from attncomp.decoder import Decoder
 from attncomp.dsl import Spec
 from attncomp.ir import parser as _parser
 from attncomp.ir.binding import bind_arguments
@@ -16,6 +17,7 @@ from attncomp.ir.interpreter import Interpreter, interpret_func
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.ir.verifier import verify_module
 from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
+from attncomp.passes.manager import split_top_level
 
 
 
@@ -52,6 +54,7 @@ class CompiledFunction:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
         self.name = name
+        self._input = module
         self.backend = backend
         self.pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
         self.remarks: list[str] = []
@@ -115,16 +118,33 @@ class CompiledFunction:
         return getattr(self._impl, what)()
 
     def __call__(self, *args: Any):
-        arrays, env = bind_arguments(self.func, args, self.constraints)
+        outputs = self._run(args)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run(self, args, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
+        """Check ``args`` (with caller-known ``sizes``), run, return every result."""
+        arrays, env = bind_arguments(self.func, args, self.constraints, sizes)
         if self._impl is not None:
             outputs = self._impl(arrays, env)
         else:
             outputs = Interpreter(self.func, env).run(arrays)
-        cast = [
+        return [
             np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype])
             for out, value in zip(outputs, self.func.results)
         ]
-        return cast[0] if len(cast) == 1 else tuple(cast)
+
+    def decoder(self, max_len: int) -> Decoder:
+        """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""
+        entries = split_top_level(self.pipeline)
+        names = [e.split("{")[0].strip() for e in entries]
+        if "kv-cache-reuse" not in names:
+            if "softmax-fusion" in names:
+                entries.insert(names.index("softmax-fusion") + 1, "kv-cache-reuse")
+            else:
+                entries[0:0] = ["softmax-fusion", "kv-cache-reuse"]
+        pipeline = ",".join(entries)
+        decode = CompiledFunction(self._input, self.backend, pipeline, self.name)
+        return Decoder(decode, max_len)
 
     def block_map(self, *args: Any) -> np.ndarray:
         """int8 ``[*batch, q_blocks, kv_blocks]``: 0 skipped, 1 computed with its mask, 2 without."""

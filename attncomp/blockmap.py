@@ -3,7 +3,8 @@
 The final IR runs in the interpreter with a recorder attached: tiles that a
 key loop never visits (tightened bounds) stay 0, visited tiles take the class
 their ``ac.switch {tile_class = true}`` chose, or the loop's default (1, the
-mask is evaluated, or 2 when mask-elimination found no mask at all).
+mask is evaluated, or 2 when mask-elimination found no mask at all).  Only
+the classification runs, not the tiles' work, so a map at T = 8192 is cheap.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ SKIPPED, MASKED, FULL = 0, 1, 2
 class BlockRecorder:
     """Receives tile positions from the interpreter's tile ops."""
 
-    def __init__(self) -> None:
+    def __init__(self, classify_only: bool = True) -> None:
+        #: skip the tiles' work: only the classification is wanted, not the result
+        self.classify_only = classify_only
         self.grids: dict[Any, dict[tuple, int]] = {}
         self.shapes: dict[Any, tuple[int, ...]] = {}
         self.grid = None

@@ -9,9 +9,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from attncomp.api import compile, interpret
 from attncomp.dsl import Spec
 from attncomp.errors import AttncompError
+from attncomp.plot import plot_block_map
 from attncomp.testing import random_inputs, tolerance_for, worst_error
 
 
@@ -102,6 +105,84 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    spec = load_spec(args.target)
+    constants = parse_assignments(args.const, "--const")
+    sizes = parse_assignments(args.dims, "--dims")
+    start = time.perf_counter()
+    fn = compile(spec, backend=args.backend, pipeline=args.pipeline, **constants)
+    try:
+        inputs = random_inputs(fn.func, sizes, seed=args.seed)
+    except KeyError as exc:
+        raise UsageError(f"--dims: {exc.args[0]}") from None
+    fn(*inputs)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        fn(*inputs)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    print(f"{spec.name} on {args.backend} [{', '.join(fn.stages) or 'no passes'}]")
+    print(f"  sizes: {', '.join(f'{k}={v}' for k, v in sizes.items())}")
+    print(f"  compile and first call: {first * 1e3:.1f} ms")
+    print(f"  {args.repeats} calls: min {times[0] * 1e3:.3f} ms, median {times[len(times) // 2] * 1e3:.3f} ms")
+    return 0
+
+
+#: one character per tile class in ``attncomp blocks``: skipped, masked, full
+TILE_CHARS = ".m#"
+
+
+def block_sizes(func) -> tuple[int | None, int | None]:
+    """``block_q`` of the first ``ac.tile_grid`` and ``block_k`` of its key loop."""
+    for grid in (op for op in func.body.ops if op.name == "ac.tile_grid"):
+        loops = [op for region in grid.regions for op in region.walk() if op.name == "ac.tile_for"]
+        return grid.attrs.get("block_q"), loops[0].attrs.get("block_k") if loops else None
+    return None, None
+
+
+def tile_grid_text(tiles: np.ndarray) -> str:
+    """One line per query block, one character per key block."""
+    return "\n".join("".join(TILE_CHARS[c] for c in row) for row in tiles)
+
+
+def cmd_blocks(args: argparse.Namespace) -> int:
+    spec = load_spec(args.target)
+    constants = parse_assignments(args.const, "--const")
+    sizes = parse_assignments(args.dims, "--dims")
+    fn = compile(spec, backend="interp", pipeline=args.pipeline, **constants)
+    try:
+        inputs = random_inputs(fn.func, sizes, seed=args.seed)
+    except KeyError as exc:
+        raise UsageError(f"--dims: {exc.args[0]}") from None
+    tiles = fn.block_map(*inputs)
+    leading = tiles.ndim - 2
+    chosen = [("batch", args.batch), ("head", args.head)][:leading]
+    for axis, (what, index) in enumerate(chosen):
+        if not 0 <= index < tiles.shape[axis]:
+            raise UsageError(f"--{what} {index}: the block map has {tiles.shape[axis]} along {what}")
+    shown = tiles[tuple(index for _, index in chosen)]
+    block_q, block_k = block_sizes(fn.func)
+    counts = [int(np.count_nonzero(tiles == c)) for c in range(3)]
+    computed = (counts[1] + counts[2]) / max(tiles.size, 1)
+    where = ", ".join(f"{what} {index}" for what, index in chosen)
+    print(f"{spec.name} [{', '.join(fn.stages) or 'no passes'}]")
+    print(f"  sizes: {', '.join(f'{k}={v}' for k, v in sizes.items())}")
+    print(f"  blocks: {block_q} queries x {block_k} keys; map {'x'.join(map(str, tiles.shape))}")
+    print(
+        f"  tiles: {counts[0]} skipped (.), {counts[1]} masked (m), {counts[2]} full (#); "
+        f"{computed:.1%} computed"
+    )
+    print(f"{where or 'map'}: query blocks down, key blocks across")
+    print(tile_grid_text(shown))
+    if args.png:
+        title = f"{spec.name}: tiles" + (f", {where}" if where else "") + f" ({computed:.1%} computed)"
+        plot_block_map(shown, args.png, title, block_q, block_k)
+        print(f"wrote {args.png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attncomp", description="A compiler for attention kernels.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -124,6 +205,27 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--tol", type=float, help="relative error bound (default: by result type)")
     check.set_defaults(run=cmd_check)
+
+    bench = sub.add_parser("bench", help="time a spec on random inputs")
+    bench.add_argument("target", metavar="FILE.py:SPEC")
+    bench.add_argument("--dims", required=True, metavar="NAME=INT,...", help="sizes, e.g. B=1,H=8,T=1024")
+    bench.add_argument("--backend", default="cpu", help="backend to time (default: cpu)")
+    bench.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
+    bench.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
+    bench.add_argument("--repeats", type=int, default=10)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.set_defaults(run=cmd_bench)
+
+    blocks = sub.add_parser("blocks", help="print which tiles are skipped, masked or full (fn.block_map)")
+    blocks.add_argument("target", metavar="FILE.py:SPEC")
+    blocks.add_argument("--dims", required=True, metavar="NAME=INT,...", help="sizes, e.g. B=1,H=1,T=1024")
+    blocks.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
+    blocks.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
+    blocks.add_argument("--batch", type=int, default=0, help="batch entry to show (default: 0)")
+    blocks.add_argument("--head", type=int, default=0, help="head to show (default: 0)")
+    blocks.add_argument("--png", metavar="PATH", help="also draw the grid (needs the plot extra)")
+    blocks.add_argument("--seed", type=int, default=0)
+    blocks.set_defaults(run=cmd_blocks)
     return parser
 
 

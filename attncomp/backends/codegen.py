@@ -47,6 +47,16 @@ class _Indent:
         self.writer.depth -= 1
 
 
+def size_names(func) -> list[str]:
+    """The sizes a generated function takes: every name in the argument types,
+    and the sizes the caller binds (a decoder's cached length)."""
+    names = {d.symbol for a in func.args for d in a.type.shape if d.is_symbol}
+    cached = func.attrs.get("cached_length")
+    if isinstance(cached, Dim):
+        names |= cached.symbols()
+    return sorted(names)
+
+
 def dim_var(name: str) -> str:
     return f"d_{name}"
 

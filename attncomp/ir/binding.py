@@ -38,10 +38,14 @@ def check_dtype(array: np.ndarray, want: str, name: str) -> None:
 
 
 def bind_arguments(
-    func: Func, args: Sequence[Any], constraints: Sequence[DimConstraint] = ()
+    func: Func,
+    args: Sequence[Any],
+    constraints: Sequence[DimConstraint] = (),
+    sizes: dict[str, int] | None = None,
 ) -> tuple[list[np.ndarray], dict[str, int]]:
     """Check the arguments against ``func``'s signature; return arrays and sizes.
 
+    ``sizes`` are dimensions the caller knows (a decoder's cached length).
     Raises ``TypeError`` for a wrong count or element type and ``ShapeError``
     for a wrong rank or size, naming the argument and the dimension.
     """
@@ -51,11 +55,7 @@ def bind_arguments(
             f"@{func.name} takes {len(func.args)} arguments ({', '.join(names)}), got {len(args)}"
         )
     arrays = [as_array(value, name) for value, name in zip(args, names)]
-    env: dict[str, int] = {}
-    bound_by: dict[str, str] = {}
-    for array, name, arg in zip(arrays, names, func.args):
-        check_dtype(array, arg.type.dtype, name)
-        _bind_shape(array, arg.type, name, env, bound_by)
+    env = bind_shapes(func.args, arrays, sizes)
     for c in constraints:
         lhs, rhs = _eval_or_fail(c.lhs, env, c), _eval_or_fail(c.rhs, env, c)
         if c.relation == "le" and lhs > rhs:
@@ -69,6 +69,17 @@ def bind_arguments(
                 f"{c.lhs} = {lhs} but {c.rhs} = {rhs} ({c.reason})"
             )
     return arrays, env
+
+
+def bind_shapes(args: Sequence[Any], arrays: Sequence[np.ndarray], sizes: dict[str, int] | None = None) -> dict[str, int]:
+    """Check element types and shapes of ``arrays`` against argument values ``args``; return the sizes."""
+    env: dict[str, int] = dict(sizes or {})
+    bound_by: dict[str, str] = {name: "the caller" for name in env}
+    for k, (array, arg) in enumerate(zip(arrays, args)):
+        name = arg.name or f"arg{k}"
+        check_dtype(array, arg.type.dtype, name)
+        _bind_shape(array, arg.type, name, env, bound_by)
+    return env
 
 
 def _bind_shape(

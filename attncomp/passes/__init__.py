@@ -1,6 +1,6 @@
 """Passes: one file per pass, the pass manager and the pipeline parser."""
 
-from attncomp.passes import canonicalize, cse, dce, flash_tiling, mask_elimination, softmax_fusion
+from attncomp.passes import canonicalize, cse, dce, flash_tiling, kv_cache_reuse, mask_elimination, softmax_fusion
 from attncomp.passes.base import PASSES, Pass, register_pass
 from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, parse_pipeline, run_pipeline
 
@@ -13,6 +13,7 @@ __all__ = [
     "cse",
     "dce",
     "flash_tiling",
+    "kv_cache_reuse",
     "mask_elimination",
     "softmax_fusion",
     "parse_pipeline",

@@ -21,7 +21,7 @@ DEFAULT_PIPELINE = "cse,softmax-fusion,flash-tiling,mask-elimination,canonicaliz
 _ENTRY = re.compile(r"\s*([A-Za-z0-9_-]+)\s*(?:\{([^{}]*)\})?\s*$")
 
 
-def _split_top_level(text: str) -> list[str]:
+def split_top_level(text: str) -> list[str]:
     parts, depth, current = [], 0, ""
     for ch in text:
         depth += ch == "{"
@@ -53,7 +53,7 @@ def _convert(value: str, current: object, where: str) -> object:
 def parse_pipeline(text: str) -> list[Pass]:
     """Passes named by ``text``; an unknown pass or option lists the valid ones."""
     passes = []
-    for entry in _split_top_level(text):
+    for entry in split_top_level(text):
         m = _ENTRY.match(entry)
         if not m:
             raise PipelineError(
@@ -64,7 +64,7 @@ def parse_pipeline(text: str) -> list[Pass]:
             raise PipelineError(f"unknown pass {name!r}; valid passes: {', '.join(sorted(PASSES))}")
         cls = PASSES[name]
         instance = cls()
-        for item in _split_top_level(opts or ""):
+        for item in split_top_level(opts or ""):
             key, sep, value = item.partition("=")
             key = key.strip()
             valid = cls.option_names()

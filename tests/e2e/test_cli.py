@@ -69,6 +69,7 @@ def test_help_lists_the_commands(capsys):
     assert out.startswith("usage: attncomp")
     assert re.search(r"^\s+ir\s+print the IR of a spec", out, re.M)
     assert re.search(r"^\s+check\s+run a spec on random inputs", out, re.M)
+    assert re.search(r"^\s+bench\s+time a spec", out, re.M)
 
 
 def test_command_is_required(capsys):
@@ -196,3 +197,16 @@ def test_target_whose_spec_does_not_trace(tmp_path, capsys):
     assert err.startswith(
         f"attncomp: error: {path}:5: AttributeError: 'Tensor' object has no attribute 'bogus'"
     )
+
+
+def test_check_on_the_cpu_backend(target, capsys):
+    code = main(["check", target, "--dims", "B=1,T=20,S=30,D=8", "--backend", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "attn on cpu [cse, softmax-fusion, flash-tiling" in out and ": ok" in out
+
+
+def test_bench_times_a_spec(target, capsys):
+    assert main(["bench", target, "--dims", "B=1,T=20,S=30,D=8", "--backend", "interp", "--repeats", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 calls: min" in out and "median" in out

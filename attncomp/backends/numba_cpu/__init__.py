@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.cache import load_source
+from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.driver import DriverWriter
 from attncomp.backends.numba_cpu.kernel import write_kernel
 from attncomp.backends.tiles import read_tiled_attention
@@ -54,13 +55,15 @@ def exp_nonpositive_f32(x):
     p = p * f + np.float32(EXP_C[1])
     p = p * f + np.float32(EXP_C[0])
     k = np.int32(-n)
-    scale = np.float32(1.0)
-    bit = np.float32(0.5)
-    for _ in range(7):
-        scale = scale * (bit if k & 1 else np.float32(1.0))
-        k = k >> 1
-        bit = bit * bit
-    return np.float32(0.0) if x < np.float32(-87.0) else np.float32(p * scale)
+    one = np.float32(1.0)
+    p = p * (np.float32(2.0**-1) if k & 1 else one)
+    p = p * (np.float32(2.0**-2) if k & 2 else one)
+    p = p * (np.float32(2.0**-4) if k & 4 else one)
+    p = p * (np.float32(2.0**-8) if k & 8 else one)
+    p = p * (np.float32(2.0**-16) if k & 16 else one)
+    p = p * (np.float32(2.0**-32) if k & 32 else one)
+    p = p * (np.float32(2.0**-64) if k & 64 else one)
+    return np.float32(0.0) if x < np.float32(-87.0) else p
 """
 
 
@@ -88,7 +91,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
     fastmath = FASTMATH if fastmath is None else fastmath
     chunks = [HEADER.format(name=func.name, fastmath=sorted(fastmath))]
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
-    dims = sorted({d.symbol for a in func.args for d in a.type.shape if d.is_symbol})
+    dims = size_names(func)
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
         captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}

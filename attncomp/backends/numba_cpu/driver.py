@@ -7,7 +7,7 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var
+from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -43,6 +43,8 @@ class DriverWriter:
         self.w = SourceWriter()
         self.names: dict[Value, str] = {}
         self.counter = 0
+        #: cache views -> the whole cache: kernels read the buffer in place, bounded by the IR's sizes
+        self.buffers: dict[Value, Value] = {}
 
     def fresh(self, value: Value) -> str:
         self.counter += 1
@@ -106,6 +108,10 @@ class DriverWriter:
             self.assign(out, f"rt.softmax({a[0]}, {attrs['axis']})")
         elif name == "ac.logsumexp":
             self.assign(out, f"rt.logsumexp({a[0]}, {attrs['axis']}, {attrs['keepdims']})")
+        elif name == "ac.cache_append":
+            length = dim_expr(dim(attrs["length"]))
+            self.assign(out, f"rt.cache_append({a[0]}, {a[1]}, {attrs['axis']}, {length})")
+            self.buffers[out] = op.operands[0]
         elif name == "ac.block_reduce":
             self.assign(out, f"rt.block_reduce({a[0]}, {attrs['axis']}, {attrs['block']}, {attrs['kind']!r})")
         else:
@@ -121,11 +127,16 @@ class DriverWriter:
             self.w.line(f"{name} = np.empty({shape_expr(result)}, dtype={dtype})")
             outs.append(name)
         args = []
+        acc = "f64" if op.results[0].type.dtype == "f64" else "f32"
+        tiles = {o.operands[0] for o in op.regions[0].walk() if o.name == "ac.tile_load"}
         for value in captured:
+            value_ref = self.ref(self.buffers.get(value, value))
             if value.type.rank == 0:
                 args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
+            elif value in tiles:
+                args.append(f"rt.kernel_array({value_ref}, {acc!r})")
             else:
-                args.append(f"rt.kernel_array({self.ref(value)})")
+                args.append(f"rt.kernel_array({value_ref})")
         dims = [dim_var(d) for d in self.dim_names()]
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
@@ -134,7 +145,7 @@ class DriverWriter:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 
     def dim_names(self) -> list[str]:
-        return sorted({d.symbol for a in self.func.args for d in a.type.shape if d.is_symbol})
+        return size_names(self.func)
 
     def write(self) -> str:
         w = self.w

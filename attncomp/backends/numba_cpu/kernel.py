@@ -19,7 +19,7 @@ scalar ops.  Work buffers are per task and hold one tile each.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import ScalarEmitter, SourceWriter
+from attncomp.backends.codegen import ScalarEmitter, SourceWriter, dim_expr
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 
@@ -97,7 +97,7 @@ class KernelWriter:
         with w.indent():
             i = self.fresh("i")
             w.line(f"{i} = {element_expr(compute.score.operands[-3], self.names, 'r', '0')}")
-            w.line("mx = -np.inf")
+            w.line("mx = ACC(-np.inf)")
             w.line("for c in range(nk):")
             with w.indent():
                 j = self.fresh("j")
@@ -110,9 +110,7 @@ class KernelWriter:
                 else:
                     w.line(f"xv = {x}")
                 w.line("s[r, c] = xv")
-                w.line("if xv > mx:")
-                with w.indent():
-                    w.line("mx = xv")
+                w.line("mx = max(mx, xv)")
             w.line("m_new = m[r] if m[r] > mx else mx")
             w.line("m_safe = ACC(0.0) if m_new == -np.inf else m_new")
             w.line("alpha = EXP(ACC(m[r] - m_safe))")
@@ -127,27 +125,41 @@ class KernelWriter:
                 w.line("s[r, c] = ACC(0.0)")
             w.line("l[r] = alpha * l[r] + row_sum")
             w.line("m[r] = m_new")
-            w.line("for e in range(n_e):")
-            with w.indent():
-                w.line("acc[r, e] *= alpha")
+            w.line("alphas[r] = alpha")
 
     def key_tile(self, compute: TileCompute, with_mask: bool) -> None:
         w = self.w
         for op in compute.scalar_ops:
             self.scalar().op(op)
-        j0 = self.scalar().ref(compute.k_load.operands[-1])
-        w.line(f"j0 = {j0}")
+        w.line(f"j0 = {self.scalar().ref(compute.k_load.operands[-1])}")
         w.line("nk = min(BK, n_keys - j0)")
-        self.load_rows("kt", compute.k_load, "j0", "nk", transposed=True)
-        self.load_rows("vt", compute.v_load, "j0", "nk", transposed=False)
-        w.line("np.dot(qt[:nq], kt, s[:nq])")
+        # Keys and values are read in place: a C-contiguous slice, so BLAS takes kᵀ as a transpose flag.
+        w.line(f"ks = {self.tile_rows(compute.k_load)}")
+        w.line(f"vs = {self.tile_rows(compute.v_load)}")
+        w.line("if nk == BK:")
+        with w.indent():
+            w.line("np.dot(qt[:nq], ks.T, s[:nq])")
+        w.line("else:")
+        with w.indent():
+            w.line("s[:nq, :nk] = np.dot(qt[:nq], ks.T)")
         self.row_loop(compute, with_mask)
-        w.line("np.dot(s[:nq], vt, pv[:nq])")
+        w.line("if nk == BK:")
+        with w.indent():
+            w.line("np.dot(s[:nq], vs, pv[:nq])")
+        w.line("else:")
+        with w.indent():
+            w.line("pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)")
         w.line("for r in range(nq):")
         with w.indent():
             w.line("for e in range(n_e):")
             with w.indent():
-                w.line("acc[r, e] += pv[r, e]")
+                w.line("acc[r, e] = acc[r, e] * alphas[r] + pv[r, e]")
+
+    def tile_rows(self, load_op) -> str:
+        """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
+        src = self.array_ref(load_op.operands[0])
+        batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
+        return f"{src}[{''.join(b + ', ' for b in batch)}j0:j0 + nk]"
 
     # the kernel ---------------------------------------------------------------
     def write(self, decorator: str) -> str:
@@ -164,7 +176,8 @@ class KernelWriter:
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
             w.line(f"n_rows = out_0.shape[{nb}]")
-            w.line(f"n_keys = {k_src}.shape[{t.masked.k_load.operands[0].type.rank - 2}]")
+            # the keys' length from the IR's type: a decoder's cache buffer is longer than what it holds
+            w.line(f"n_keys = {dim_expr(t.masked.k_load.operands[0].type.shape[-2])}")
             w.line(f"n_d = {q_src}.shape[{t.q_load.operands[0].type.rank - 1}]")
             w.line(f"n_e = {v_src}.shape[{t.masked.v_load.operands[0].type.rank - 1}]")
             w.line("n_qb = (n_rows + BQ - 1) // BQ")
@@ -180,12 +193,11 @@ class KernelWriter:
                 for op in t.prologue:
                     self.scalar().op(op)
                 w.line("qt = np.empty((BQ, n_d), dtype=ACC)")
-                w.line("kt = np.empty((n_d, BK), dtype=ACC)")
-                w.line("vt = np.empty((BK, n_e), dtype=ACC)")
                 w.line("s = np.empty((BQ, BK), dtype=ACC)")
                 w.line("pv = np.empty((BQ, n_e), dtype=ACC)")
                 w.line("m = np.full(BQ, -np.inf, dtype=ACC)")
                 w.line("l = np.zeros(BQ, dtype=ACC)")
+                w.line("alphas = np.ones(BQ, dtype=ACC)")
                 w.line("acc = np.zeros((BQ, n_e), dtype=ACC)")
                 self.load_rows("qt", t.q_load, "i0", "nq", transposed=False)
                 lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])

@@ -11,10 +11,13 @@ def cast(x, dtype: str) -> np.ndarray:
     return np.asarray(x, dtype=NUMPY[dtype])
 
 
-def kernel_array(x: np.ndarray) -> np.ndarray:
-    """C-contiguous, with float16 widened to float32 (kernels accumulate in f32)."""
+def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """C-contiguous; in ``dtype`` when given (the tiles a kernel multiplies), else
+    with float16 widened to float32 (kernels accumulate in f32)."""
     x = np.asarray(x)
-    if x.dtype == np.float16:
+    if dtype is not None:
+        x = x.astype(NUMPY[dtype], copy=False)
+    elif x.dtype == np.float16:
         x = x.astype(np.float32)
     return np.ascontiguousarray(x)
 
@@ -62,6 +65,15 @@ def logsumexp(x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
     m = _safe_max(x, axis)
     out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
     return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def cache_append(cache: np.ndarray, new: np.ndarray, axis: int, length: int) -> np.ndarray:
+    """Write ``new`` after the ``length`` cached entries (in place); view what is now cached."""
+    index = [slice(None)] * cache.ndim
+    index[axis] = slice(length, length + new.shape[axis])
+    cache[tuple(index)] = new
+    index[axis] = slice(0, length + new.shape[axis])
+    return cache[tuple(index)]
 
 
 def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:

@@ -163,3 +163,44 @@ class RepeatKV(OpDef):
     def evaluate(self, op, args, ctx):
         n_rep = dim(op.attrs["n_rep"]).evaluate(ctx.env)
         return [np.repeat(args[0], n_rep, axis=1)]
+
+
+@register
+class CacheAppend(OpDef):
+    """The first ``length`` entries of ``cache`` along ``axis`` followed by ``new``.
+
+    The value a decoder's attention reads: cached keys (or values) for the
+    positions before this call, then the ones computed for the new tokens.
+    Backends write ``new`` into the preallocated cache in place and read the
+    cache directly, so nothing is concatenated; the interpreter builds the
+    concatenation.  ``length + new`` must fit the cache (checked on binding).
+
+    %kc = ac.cache_append %k_cache, %k {axis = 2, length = N_cached} : tensor<B x KV x (N_cached+T) x D x f32>
+    """
+
+    name = "ac.cache_append"
+    attributes = {"axis": "the sequence axis", "length": "entries already cached (a dimension)"}
+
+    def infer(self, operands, attrs, declared, checker):
+        if len(operands) != 2:
+            raise TypeCheckError(f"{self.name}: expects the cache and the new entries")
+        cache, new = operands
+        axis = normalize_axis(require_attr(attrs, "axis", int, self.name), cache.rank, self.name)
+        length = dim(require_attr(attrs, "length", (int, Dim), self.name))
+        if new.rank != cache.rank or new.dtype != cache.dtype:
+            raise TypeCheckError(f"{self.name}: the new entries {new} do not match the cache {cache}")
+        shape = []
+        for k, (c, n) in enumerate(zip(cache.shape, new.shape)):
+            if k != axis:
+                checker.unify(c, n, self.name)
+            shape.append(length + n if k == axis else n)  # the computed sizes, as the rest of the IR has them
+        checker.require_le(length + new.shape[axis], cache.shape[axis], f"{self.name}: cache capacity")
+        return [cache.with_shape(shape)]
+
+    def evaluate(self, op, args, ctx):
+        cache, new = args
+        axis = op.attrs["axis"] % cache.ndim
+        length = dim(op.attrs["length"]).evaluate(ctx.env)
+        index = [slice(None)] * cache.ndim
+        index[axis] = slice(0, length)
+        return [np.concatenate([cache[tuple(index)], new], axis=axis)]

@@ -147,10 +147,13 @@ class TileFor(OpDef):
 
     def evaluate(self, op, args, ctx):
         lo, hi, *carried = args
+        has_switch = any(o.name == "ac.switch" for o in op.regions[0].ops)
         for it in range(int(lo), int(hi)):
             if ctx.recorder is not None:
                 extent = dim(op.attrs.get("extent", 0)).evaluate(ctx.env)
                 ctx.recorder.enter_key_block(it, extent, op.attrs.get("tile_class", 1))
+                if ctx.recorder.classify_only and not has_switch:
+                    continue
             carried = ctx.run_block(op.regions[0], [np.asarray(it, dtype=np.int64), *carried])
         return carried
 
@@ -253,6 +256,8 @@ class Switch(OpDef):
             raise IndexError(f"{self.name}: case {case} out of range")
         if ctx.recorder is not None and op.attrs.get("tile_class"):
             ctx.recorder.record(case)
+            if ctx.recorder.classify_only:
+                case = 0  # the skipped case yields the carried values unchanged
         return ctx.run_block(op.regions[case], [])
 
 

@@ -1,0 +1,87 @@
+"""``fn.decoder(max_len)``: incremental decoding with a preallocated key/value cache.
+
+The decoder runs the spec compiled through kv-cache-reuse: each call takes
+the new tokens' inputs, computes their keys and values, attends over every
+cached position plus the new ones (positions are absolute), and appends the
+new keys and values to its cache.  Inputs are checked before any work; a
+call that would overflow ``max_len`` or has wrong shapes leaves the cache
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attncomp.ir.binding import as_array, bind_shapes
+from attncomp.ir.types import NUMPY_DTYPES
+
+if TYPE_CHECKING:
+    from attncomp.api import CompiledFunction
+
+
+class Decoder:
+    """Callable decoder over one cache.  See ``CompiledFunction.decoder``."""
+
+    def __init__(self, fn: CompiledFunction, max_len: int):
+        if max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        self.fn = fn
+        self.max_len = int(max_len)
+        func = fn.func
+        self._cached = func.attrs["cached_length"]
+        self._n_inputs = len(func.args) - 2
+        self._cache_args = func.args[self._n_inputs :]
+        self._n_outputs = len(func.results) - func.attrs["cache_results"]
+        self._axis = self._cache_args[0].type.rank - 2
+        self._new_keys = func.results[self._n_outputs]  # the spec's k: its sequence size is the new count
+        self._buffers: list[np.ndarray] | None = None
+        self.length = 0
+
+    @property
+    def cache(self) -> dict[str, np.ndarray]:
+        """The cached keys and values (views of the first ``length`` positions)."""
+        if self._buffers is None:
+            return {}
+        index = [slice(None)] * (self._axis + 1)
+        index[self._axis] = slice(0, self.length)
+        return {arg.name: buf[tuple(index)] for arg, buf in zip(self._cache_args, self._buffers)}
+
+    def reset(self) -> None:
+        """Forget every cached position (the buffers are kept)."""
+        self.length = 0
+
+    def __call__(self, *inputs: Any):
+        if len(inputs) != self._n_inputs:
+            names = ", ".join(a.name for a in self.fn.func.args[: self._n_inputs])
+            raise TypeError(f"the decoder takes {self._n_inputs} inputs ({names}), got {len(inputs)}")
+        arrays = [as_array(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
+        sizes = {self._cached.symbol: self.length}
+        env = bind_shapes(self.fn.func.args[: self._n_inputs], arrays, sizes)
+        new = self._new_keys.type.shape[self._axis].evaluate(env)
+        if self.length + new > self.max_len:
+            raise ValueError(
+                f"appending {new} positions to a cache holding {self.length} exceeds max_len = {self.max_len}; "
+                "the cache is unchanged"
+            )
+        if self._buffers is None:
+            new_entries = self.fn.func.results[self._n_outputs :]
+            self._buffers = [self._allocate(value, env) for value in new_entries]
+        results = self.fn._run([*arrays, *self._buffers], sizes)
+        outputs, new_kv = results[: self._n_outputs], results[self._n_outputs :]
+        index = [slice(None)] * (self._axis + 1)
+        index[self._axis] = slice(self.length, self.length + new)
+        for buf, value in zip(self._buffers, new_kv):
+            buf[tuple(index)] = value
+        self.length += new
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _allocate(self, new_entries, env: dict[str, int]) -> np.ndarray:
+        """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""
+        shape = [d.evaluate(env) for d in new_entries.type.shape]
+        shape[self._axis] = self.max_len
+        return np.zeros(tuple(shape), dtype=NUMPY_DTYPES[new_entries.type.dtype])
+
+    def __repr__(self) -> str:
+        return f"<attncomp decoder {self.fn.name}: {self.length}/{self.max_len} positions cached>"
