@@ -14,7 +14,7 @@ import numpy as np
 from attncomp.api import compile, interpret
 from attncomp.dsl import Spec
 from attncomp.errors import AttncompError
-from attncomp.plot import plot_block_map
+from attncomp.plot import plot_block_map, require_matplotlib
 from attncomp.testing import random_inputs, tolerance_for, worst_error
 
 
@@ -148,6 +148,11 @@ def tile_grid_text(tiles: np.ndarray) -> str:
 
 
 def cmd_blocks(args: argparse.Namespace) -> int:
+    if args.png:
+        try:
+            require_matplotlib("attncomp blocks --png")
+        except ImportError as exc:
+            raise UsageError(str(exc)) from None
     spec = load_spec(args.target)
     constants = parse_assignments(args.const, "--const")
     sizes = parse_assignments(args.dims, "--dims")

@@ -77,30 +77,141 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
     rows = []
     t = 256 if quick else 1024
     q, k, v = inputs(rng, 1, 8, t, t, 64)
-    rows.append(time_case(f"dense T=S={t} H=8 D=64", specs.dense, (q, k, v), {},
-                          lambda torch: peers.torch_attention(torch, q, k, v),
-                          lambda: peers.numpy_attention(q, k, v), repeats))
-    for t in ([512] if quick else [2048, 8192]):
+    rows.append(
+        time_case(
+            f"dense T=S={t} H=8 D=64",
+            specs.dense,
+            (q, k, v),
+            {},
+            lambda torch: peers.torch_attention(torch, q, k, v),
+            lambda: peers.numpy_attention(q, k, v),
+            repeats,
+        )
+    )
+    for t in [512] if quick else [2048, 8192]:
         q, k, v = inputs(rng, 1, 8, t, t, 64)
         causal_mask = np.tril(np.ones((t, t), dtype=bool))
-        rows.append(time_case(f"causal T=S={t}", specs.causal, (q, k, v), {},
-                              lambda torch, q=q, k=k, v=v: peers.torch_attention(torch, q, k, v, causal=True),
-                              lambda q=q, k=k, v=v, m=causal_mask: peers.numpy_attention(q, k, v, m),
-                              repeats if t < 8192 else 1, with_numpy=t < 8192))
+        rows.append(
+            time_case(
+                f"causal T=S={t}",
+                specs.causal,
+                (q, k, v),
+                {},
+                lambda torch, q=q, k=k, v=v: peers.torch_attention(torch, q, k, v, causal=True),
+                lambda q=q, k=k, v=v, m=causal_mask: peers.numpy_attention(q, k, v, m),
+                repeats if t < 8192 else 1,
+                with_numpy=t < 8192,
+            )
+        )
     t = 1024 if quick else 8192
     q, k, v = inputs(rng, 1, 8, t, t, 64)
     i, j = np.ogrid[:t, :t]
     window = (j <= i) & (i - j < 256)
-    rows.append(time_case(f"causal window 256 T=S={t}", specs.causal_window, (q, k, v), {"window": 256},
-                          lambda torch: peers.torch_attention(torch, q, k, v, mask=window),
-                          lambda: peers.numpy_attention(q, k, v, window), 1 if t == 8192 else repeats,
-                          with_numpy=False))
+    rows.append(
+        time_case(
+            f"causal window 256 T=S={t}",
+            specs.causal_window,
+            (q, k, v),
+            {"window": 256},
+            lambda torch: peers.torch_attention(torch, q, k, v, mask=window),
+            lambda: peers.numpy_attention(q, k, v, window),
+            1 if t == 8192 else repeats,
+            with_numpy=False,
+        )
+    )
     cache = 1024 if quick else 4096
     q, k, v = inputs(rng, 1, 32, 1, cache, 128, kv=8)
-    rows.append(time_case(f"decode GQA 32/8 heads D=128 cache={cache}", specs.gqa_decode, (q, k, v), {},
-                          lambda torch: peers.torch_attention(torch, q, k, v, gqa=True),
-                          lambda: peers.numpy_attention(q, k, v), repeats * 5))
+    rows.append(
+        time_case(
+            f"decode GQA 32/8 heads D=128 cache={cache}",
+            specs.gqa_decode,
+            (q, k, v),
+            {},
+            lambda torch: peers.torch_attention(torch, q, k, v, gqa=True),
+            lambda: peers.numpy_attention(q, k, v),
+            repeats * 5,
+        )
+    )
     return rows
+
+
+# decoding with the kv cache -------------------------------------------------------------
+def copy_bandwidth() -> float:
+    """Bytes per second of a large array copy (read + write), the machine's practical ceiling."""
+    src = np.ones(128 * 2**20 // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    seconds = best_of(lambda: np.copyto(dst, src), 5)
+    return 2 * src.nbytes / seconds
+
+
+def decode_step_rows(quick: bool, repeats: int) -> list[str]:
+    """(a) one decoder step over a 4096-token GQA cache, against torch and the bandwidth."""
+    cache = 1024 if quick else 4096
+    rng = np.random.default_rng(1)
+    q, k, v = inputs(rng, 1, 32, cache, cache, 128, kv=8)
+    dec = ac.compile(specs.gqa_decode, backend="cpu").decoder(max_len=cache)
+    dec(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1])  # prefill all but the last token
+
+    def step():
+        dec.length = cache - 1  # the same step again: append the last token, attend over all
+        return dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
+
+    seconds = best_of(step, repeats * 5)
+    cached = dec.cache
+    read = cached["k_cache"].nbytes + cached["v_cache"].nbytes
+    bandwidth = copy_bandwidth()
+    lines = [
+        f"  decode step, GQA 32/8 heads D=128, {cache} cached: {seconds * 1e3:.2f} ms, "
+        f"{read / seconds / 1e9:.1f} GB/s = {read / seconds / bandwidth:.0%} of a large copy "
+        f"({bandwidth / 1e9:.1f} GB/s)"
+    ]
+    torch = peers.torch_or_none()
+    if torch is not None:
+        kc, vc = cached["k_cache"], cached["v_cache"]
+        last = q[:, :, -1:]
+        check("decode step", step(), peers.torch_attention(torch, last, kc, vc, gqa=True))
+        t = best_of(lambda: peers.torch_attention(torch, last, kc, vc, gqa=True), repeats * 5)
+        lines.append(f"    torch SDPA over the same cache: {t * 1e3:.2f} ms, ratio {seconds / t:.2f}")
+    return lines
+
+
+def generation_rows(quick: bool) -> list[str]:
+    """(b) generating tokens with the decoder against recomputing the whole prefix each step."""
+    import importlib.util
+
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "nanochat_attention.py"
+    )
+    loader = importlib.util.spec_from_file_location("nanochat_attention", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    steps = 256 if quick else 1024
+    rng = np.random.default_rng(2)
+    x, *weights = module.make_inputs(rng, B=1, T=steps, C=256, n_head=4, n_kv_head=2)
+    fn = ac.compile(module.nanochat_attention, backend="cpu", n_head=4, n_kv_head=2)
+    dec = fn.decoder(max_len=steps)
+    dec(x[:, :1], *weights)
+    fn(x[:, :2], *weights)  # compile both before timing
+    dec.reset()
+    step_times = []
+    start = time.perf_counter()
+    for t in range(steps):
+        s0 = time.perf_counter()
+        dec(x[:, t : t + 1], *weights)
+        step_times.append(time.perf_counter() - s0)
+    cached = time.perf_counter() - start
+    start = time.perf_counter()
+    for t in range(steps):
+        fn(x[:, : t + 1], *weights)[:, -1:]
+    recompute = time.perf_counter() - start
+    quarter = np.median(step_times[steps // 4 - 16 : steps // 4 + 16])
+    full = np.median(step_times[-32:])
+    return [
+        f"  generating {steps} tokens (nanochat layer, C=256, 4/2 heads): decoder {cached:.2f} s, "
+        f"recomputing the prefix {recompute:.2f} s, speed-up {recompute / cached:.1f}x",
+        f"    median step at {steps // 4} cached: {quarter * 1e3:.3f} ms, at {steps}: {full * 1e3:.3f} ms "
+        f"(x{full / quarter:.2f} for 4x the length: linear would be <= 4, quadratic 16)",
+    ]
 
 
 # peak memory and compile time run in fresh processes -----------------------------------
@@ -152,8 +263,14 @@ print(json.dumps({"import": imported - start, "first_call": time.perf_counter() 
 
 def run_probe(code: str, *args: str, env: dict[str, str] | None = None) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=root,
-                            env={**os.environ, **(env or {})}, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, **(env or {})},
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -164,8 +281,10 @@ def memory_rows(quick: bool) -> list[str]:
         if who == "torch" and peers.torch_or_none() is None:
             continue
         probe = run_probe(MEMORY_PROBE, str(t), who)
-        lines.append(f"  peak memory, causal T=S={t} H=8 D=64, {who:<8}: {probe['growth'] / 2**20:8.1f} MiB growth, "
-                     f"{probe['growth'] / probe['io']:.2f}x the inputs+output ({probe['io'] / 2**20:.0f} MiB)")
+        lines.append(
+            f"  peak memory, causal T=S={t} H=8 D=64, {who:<8}: {probe['growth'] / 2**20:8.1f} MiB growth, "
+            f"{probe['growth'] / probe['io']:.2f}x the inputs+output ({probe['io'] / 2**20:.0f} MiB)"
+        )
     return lines
 
 
@@ -211,17 +330,23 @@ def plot(rows: list[Row], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plot", metavar="PNG")
     parser.add_argument("--skip-processes", action="store_true", help="skip the memory and compile probes")
     args = parser.parse_args(argv)
     torch = peers.torch_or_none()
-    print(f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
-          f"threads {os.environ['NUMBA_NUM_THREADS']}, float32")
+    print(
+        f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
+        f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
+    )
     rows = attention_cases(args.quick, args.repeats)
     print_table(rows)
+    for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
+        print(line)
     if not args.skip_processes:
         for line in memory_rows(args.quick) + compile_rows():
             print(line)

@@ -18,7 +18,11 @@ def causal(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f
 
 @ac.spec
 def causal_window(
-    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], *, window: int = 256
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    *,
+    window: int = 256,
 ):
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)

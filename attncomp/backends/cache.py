@@ -14,6 +14,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -51,17 +52,28 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+_LOCK = threading.Lock()
+
+
 def load_source(source: str, prefix: str) -> ModuleType:
-    """Import ``source`` from the cache directory (writing it if needed)."""
+    """Import ``source`` from the cache directory (writing it if needed).
+
+    Threads compiling the same spec share one module, so Numba compiles once.
+    """
     key = source_key(source)
     name = f"attncomp_{prefix}_{key}"
-    if name in sys.modules:
-        return sys.modules[name]
+    with _LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        return _import(source, name)
+
+
+def _import(source: str, name: str) -> ModuleType:
     path = cache_dir() / f"{name}.py"
     try:
         current = path.read_text() if path.exists() else None
-    except OSError:
-        current = None
+    except (OSError, ValueError):  # unreadable or not text: rewritten below
+        current = ""
     if current != source:
         if current is not None:
             warnings.warn(f"attncomp: cache entry {path} was corrupted; rebuilding it", stacklevel=2)
@@ -76,3 +88,29 @@ def load_source(source: str, prefix: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def from_numba_cache(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while Numba read its on-disk cache (a damaged entry)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(os.path.join("numba", "core", "caching.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def rebuild(module: ModuleType, prefix: str) -> ModuleType:
+    """Drop ``module`` and Numba's cached code for it, warn, and import it again."""
+    path = Path(module.__file__ or "")
+    warnings.warn(f"attncomp: the compiled-code cache of {path.name} was damaged; rebuilding it", stacklevel=3)
+    pycache = path.parent / "__pycache__"
+    for entry in pycache.glob(f"{path.stem}.*"):
+        try:
+            entry.unlink()
+        except OSError:
+            pass
+    source = path.read_text()
+    with _LOCK:
+        sys.modules.pop(module.__name__, None)
+        return _import(source, module.__name__)

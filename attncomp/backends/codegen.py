@@ -88,14 +88,21 @@ UNARY_MATH = {"ac.exp": "math.exp", "ac.log": "math.log", "ac.tanh": "math.tanh"
 
 
 class ScalarEmitter:
-    """Writes 0-d ops as assignments; ``names`` maps values to expressions."""
+    """Writes 0-d ops as assignments; ``names`` maps values to expressions.
+
+    ``functions`` replaces the callables of the unary math ops (and of
+    ``ac.rsqrt``, else ``1.0 / math.sqrt``): the CUDA backend calls helpers
+    that give ``log 0 = -inf`` and ``sqrt(-1) = nan`` explicitly, where
+    Python's ``math`` (which Numba's CUDA simulator runs) raises.
+    """
 
     def __init__(self, writer: SourceWriter, names: dict[Value, str], fresh: Callable[[str], str],
-                 array_ref: Callable[[Value], str]):
+                 array_ref: Callable[[Value], str], functions: dict[str, str] | None = None):
         self.writer = writer
         self.names = names
         self.fresh = fresh
         self.array_ref = array_ref
+        self.functions = {**UNARY_MATH, **(functions or {})}
 
     def ref(self, value: Value) -> str:
         if value in self.names:
@@ -126,8 +133,8 @@ class ScalarEmitter:
             expr = self.typed(f"-{a[0]}", dtype)
         elif name == "ac.abs":
             expr = self.typed(f"abs({a[0]})", dtype)
-        elif name in UNARY_MATH:
-            expr = self.typed(f"{UNARY_MATH[name]}({a[0]})", dtype)
+        elif name in self.functions:
+            expr = self.typed(f"{self.functions[name]}({a[0]})", dtype)
         elif name == "ac.rsqrt":
             expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
         elif name in ("ac.maximum", "ac.minimum"):

@@ -183,10 +183,13 @@ def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
         tiles.append(named(b.cast(lse, attn.results[1].type.dtype), "lse_tile"))
     b.yield_(*tiles)
     at = block.ops.index(attn)
+    grid_attrs = {"block_q": block_q}
+    if kv_repeat != dim(1):
+        grid_attrs["kv_repeat"] = attn.attrs["kv_repeat"]
     grid_op = Builder(block, at).op(
         "ac.tile_grid",
         [],
-        {"block_q": block_q},
+        grid_attrs,
         [r.type for r in attn.results],
         [grid],
         [r.name for r in attn.results],

@@ -84,3 +84,16 @@ def test_float16_and_float64_specs():
     out64 = ac.compile(double, backend="cpu")(x64, x64, x64)
     assert out64.dtype == np.float64
     assert worst_error([out64], [ac.interpret(double, x64, x64, x64)]) < 1e-5
+
+
+def test_flash_decoding_splits_the_keys_of_a_single_query():
+    """One query row of one head is one unit: its keys are split across threads and merged."""
+    rng = np.random.default_rng(3)
+    fn = ac.compile(pass_specs.spelled_gqa_lse, backend="cpu")
+    q = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 517, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 517, 8)).astype(np.float32)
+    out, lse = fn(q, k, v)
+    want_out, want_lse = ac.interpret(pass_specs.spelled_gqa_lse, q, k, v)
+    assert worst_error([out, lse], [want_out, want_lse]) < 1e-5
+    assert "n_split" in fn.source and "part_acc" in fn.source

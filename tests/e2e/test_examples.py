@@ -35,10 +35,11 @@ class Case:
     inputs: Inputs | None = None  # default: the module's make_inputs
     reference: Callable[..., Any] | None = None  # default: the module's numpy_reference
     constants: dict[str, Any] = field(default_factory=dict)
+    label: str = ""  # tells apart cases of one spec with the same constants
 
     @property
     def id(self) -> str:
-        settings = ",".join(f"{k}={v}" for k, v in self.constants.items())
+        settings = ",".join([*(f"{k}={v}" for k, v in self.constants.items()), *filter(None, [self.label])])
         return f"{self.example}:{self.spec}" + (f"[{settings}]" if settings else "")
 
     def build(self, rng: np.random.Generator) -> tuple[ac.Spec, list[np.ndarray], Any]:
@@ -73,19 +74,13 @@ def seed_walkthrough_cases() -> list[Case]:
     walk = load_example("seed_walkthrough")
     cat_sat = worked_example(walk.CAT_SAT_Q, walk.CAT_SAT_K, walk.CAT_SAT_V)
     one_query = worked_example(walk.ONE_QUERY_Q, walk.ONE_QUERY_K, walk.ONE_QUERY_V)
+    causal, unscaled = reference("seed_walkthrough", causal=True), reference("seed_walkthrough", scaled=False)
     return [
-        Case("seed_walkthrough", "cat_sat", cat_sat),
-        Case("seed_walkthrough", "cat_sat", make("seed_walkthrough", T=70, S=90)),
-        Case("seed_walkthrough", "cat_sat_causal", cat_sat, reference("seed_walkthrough", causal=True)),
-        Case(
-            "seed_walkthrough",
-            "cat_sat_causal",
-            make("seed_walkthrough", T=130, S=130),
-            reference("seed_walkthrough", causal=True),
-        ),
-        Case(
-            "seed_walkthrough", "one_query_unscaled", one_query, reference("seed_walkthrough", scaled=False)
-        ),
+        Case("seed_walkthrough", "cat_sat", cat_sat, label="worked"),
+        Case("seed_walkthrough", "cat_sat", make("seed_walkthrough", T=70, S=90), label="random"),
+        Case("seed_walkthrough", "cat_sat_causal", cat_sat, causal, label="worked"),
+        Case("seed_walkthrough", "cat_sat_causal", make("seed_walkthrough", T=130, S=130), causal, label="random"),
+        Case("seed_walkthrough", "one_query_unscaled", one_query, unscaled, label="worked"),
     ]
 
 
@@ -106,8 +101,8 @@ CASES: dict[str, list[Case]] = {
         Case("document_mask", "causal_document_mask", make("document_mask", B=2, H=2, T=200, n_docs=4)),
     ],
     "gqa": [
-        Case("gqa", "grouped_query_attention", make("gqa", B=1, H=4, KV=2, T=100, S=100)),
-        Case("gqa", "grouped_query_attention", make("gqa", B=1, H=4, KV=1, T=100, S=100)),
+        Case("gqa", "grouped_query_attention", make("gqa", B=1, H=4, KV=2, T=100, S=100), label="KV=2"),
+        Case("gqa", "grouped_query_attention", make("gqa", B=1, H=4, KV=1, T=100, S=100), label="KV=1"),
         Case("gqa", "multi_query_attention", make("gqa", B=1, H=4, KV=1, T=100, S=100)),
     ],
     "lse": [

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from attncomp.backends.cache import load_source
+from attncomp.backends.cache import from_numba_cache, load_source, rebuild
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.driver import DriverWriter
 from attncomp.backends.numba_cpu.kernel import write_kernel
@@ -28,7 +28,7 @@ HEADER = """\
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from attncomp.backends.numba_cpu import runtime as rt
 
@@ -110,7 +110,13 @@ class CpuFunction:
     module: Any = field(repr=False)
 
     def __call__(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
-        return list(self.module.run(*arrays, env))
+        try:
+            return list(self.module.run(*arrays, env))
+        except Exception as exc:
+            if not from_numba_cache(exc):
+                raise
+            self.module = rebuild(self.module, "cpu")
+            return list(self.module.run(*arrays, env))
 
     @property
     def kernels(self) -> list[Any]:

@@ -140,7 +140,7 @@ class DriverWriter:
         dims = [dim_var(d) for d in self.dim_names()]
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
-            self.w.line(f"{kernel}({', '.join(outs + args + dims)})")
+            self.w.line(f"{kernel}({', '.join(outs + args + dims + ['get_num_threads()'])})")
         for result in op.results:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 

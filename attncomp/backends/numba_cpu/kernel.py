@@ -1,20 +1,28 @@
 """Lowering an ``ac.tile_grid`` to a parallel Numba kernel.
 
-One ``prange`` task per (batch position, query block).  Inside it:
+One ``prange`` task per (batch position, query block) -- a unit; with grouped-query
+attention, per (batch, key/value head, query block), the task handling the
+``G`` query heads that share a key/value head together, so every key and
+value tile is read from memory once and used ``G`` times:
 
-    load the query tile (f32)           m = -inf, l = 0, acc = 0
-    for kb in [kb_first, kb_end):       # bounds from the IR
-        tile_class = ...                # the IR's classification code, or its default
-        if tile_class == 0: continue    # skipped: nothing is loaded
-        load k (transposed) and v tiles
-        s = q_tile @ k_tile              # BLAS
-        per row: score(s), mask only when tile_class == 1, online softmax
-        acc += p @ v_tile                # BLAS
-    out = acc / l, lse = m + log(l)     # rows with no visible key: 0 and -inf
+    for each head g of the group: prologue, load its query tile, m = -inf, l = 0, acc = 0
+    for kb in [first, end):                 # the union of the heads' loop bounds (from the IR)
+        for each head g:
+            tile_class = ...                # the IR's classification code, or its default
+            skipped: nothing; otherwise
+            s = q_tile @ k_tileᵀ            # BLAS, keys read in place
+            per row: score(s), mask only when tile_class == 1, online softmax
+            acc += p @ v_tile               # BLAS
+    out = acc / l, lse = m + log(l)         # rows with no visible key: 0 and -inf
+
+When there are fewer units than threads (one token decoded for few heads),
+each unit's key blocks are split into chunks computed in parallel, and a
+second loop merges the chunks' (m, l, acc) by their log-sum-exp.
 
 The score and mask functions are the ``ac.map`` regions of the IR written as
 scalar code; loop bounds, head mapping and classification are the IR's own
-scalar ops.  Work buffers are per task and hold one tile each.
+scalar ops, recomputed per head where they are needed.  Work buffers are per
+task and hold one tile per head of the group.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 from attncomp.backends.codegen import ScalarEmitter, SourceWriter, dim_expr
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
+from attncomp.ir.dims import dim
 
 
 class KernelWriter:
@@ -37,6 +46,9 @@ class KernelWriter:
         self.w = SourceWriter()
         self.counter = 0
         self.names: dict[Value, str] = {v: p for v, p in captured.items() if v.type.rank == 0}
+        repeat = tiled.grid.attrs.get("kv_repeat", 1)
+        #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
+        self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
@@ -51,43 +63,41 @@ class KernelWriter:
 
     def params(self) -> list[str]:
         outs = ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
-        return outs + list(self.captured.values()) + [f"d_{d}" for d in self.dims]
+        return outs + list(self.captured.values()) + [f"d_{d}" for d in self.dims] + ["n_threads"]
 
     # pieces -------------------------------------------------------------------
     def batch_decode(self, rank: int) -> list[str]:
-        """Task index -> batch indices (row-major) and the query block."""
+        """Task index -> batch indices (row-major, heads counted in groups) and the query block."""
         w = self.w
-        w.line("qb = task % n_qb")
-        rest = "task // n_qb"
+        w.line("qb = unit % n_qb")
+        rest = "unit // n_qb"
         names = [f"bi_{k}" for k in range(rank)]
         for k in reversed(range(rank)):
+            extent = "n_groups" if rank == 2 and k == 1 else f"out_0.shape[{k}]"
             w.line(f"rest_{k} = {rest}")
-            w.line(f"{names[k]} = rest_{k} % out_0.shape[{k}]")
-            rest = f"rest_{k} // out_0.shape[{k}]"
+            w.line(f"{names[k]} = rest_{k} % {extent}")
+            rest = f"rest_{k} // {extent}"
         return names
 
-    def load_rows(self, dest: str, load_op, row0: str, n: str, transposed: bool) -> None:
-        """Copy ``n`` rows of a tile load into ``dest`` (f32), zero the rest."""
+    def head(self) -> None:
+        """Set the head index of group member ``g`` and run the grid's scalar prologue for it."""
+        if len(self.t.batch_args) == 2:
+            self.w.line("bi_1 = group * G + g")
+        for op in self.t.prologue:
+            self.scalar().op(op)
+
+    def load_query(self) -> None:
+        """Copy the query tile of head ``g`` (rows past the end are zero)."""
         w = self.w
-        src = self.array_ref(load_op.operands[0])
-        batch = [self.names[v] if v in self.names else self.scalar().ref(v) for v in load_op.operands[1:-1]]
+        load = self.t.q_load
+        src = self.array_ref(load.operands[0])
+        batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
         prefix = "".join(f"{b}, " for b in batch)
-        rows = load_op.attrs["rows"]
-        width = f"{src}.shape[{load_op.operands[0].type.rank - 1}]"
-        w.line(f"for rr in range({rows}):")
+        w.line("for rr in range(BQ):")
         with w.indent():
-            w.line(f"if rr < {n}:")
+            w.line("for dd in range(n_d):")
             with w.indent():
-                w.line(f"for dd in range({width}):")
-                with w.indent():
-                    target = f"{dest}[dd, rr]" if transposed else f"{dest}[rr, dd]"
-                    w.line(f"{target} = ACC({src}[{prefix}{row0} + rr, dd])")
-            w.line("else:")
-            with w.indent():
-                w.line(f"for dd in range({width}):")
-                with w.indent():
-                    target = f"{dest}[dd, rr]" if transposed else f"{dest}[rr, dd]"
-                    w.line(f"{target} = ACC(0.0)")
+                w.line(f"qt[g, rr, dd] = ACC({src}[{prefix}i0 + rr, dd]) if rr < nq else ACC(0.0)")
 
     def row_loop(self, compute: TileCompute, with_mask: bool) -> None:
         """Score, optional mask and the online-softmax update for each query row."""
@@ -111,9 +121,9 @@ class KernelWriter:
                     w.line(f"xv = {x}")
                 w.line("s[r, c] = xv")
                 w.line("mx = max(mx, xv)")
-            w.line("m_new = m[r] if m[r] > mx else mx")
+            w.line("m_new = m[g, r] if m[g, r] > mx else mx")
             w.line("m_safe = ACC(0.0) if m_new == -np.inf else m_new")
-            w.line("alpha = EXP(ACC(m[r] - m_safe))")
+            w.line("alpha = EXP(ACC(m[g, r] - m_safe))")
             w.line("row_sum = ACC(0.0)")
             w.line("for c in range(nk):")
             with w.indent():
@@ -123,8 +133,8 @@ class KernelWriter:
             w.line("for c in range(nk, BK):")
             with w.indent():
                 w.line("s[r, c] = ACC(0.0)")
-            w.line("l[r] = alpha * l[r] + row_sum")
-            w.line("m[r] = m_new")
+            w.line("l[g, r] = alpha * l[g, r] + row_sum")
+            w.line("m[g, r] = m_new")
             w.line("alphas[r] = alpha")
 
     def key_tile(self, compute: TileCompute, with_mask: bool) -> None:
@@ -136,14 +146,39 @@ class KernelWriter:
         # Keys and values are read in place: a C-contiguous slice, so BLAS takes kᵀ as a transpose flag.
         w.line(f"ks = {self.tile_rows(compute.k_load)}")
         w.line(f"vs = {self.tile_rows(compute.v_load)}")
-        w.line("if nk == BK:")
+        # A few query rows (decoding) are matrix-vector work: plain loops beat a BLAS call's overhead.
+        w.line("if nq <= FEW_ROWS:")
         with w.indent():
-            w.line("np.dot(qt[:nq], ks.T, s[:nq])")
+            w.line("for r in range(nq):")
+            with w.indent():
+                w.line("for c in range(nk):")
+                with w.indent():
+                    w.line("total = ACC(0.0)")
+                    w.line("for dd in range(n_d):")
+                    with w.indent():
+                        w.line("total += qt[g, r, dd] * ks[c, dd]")
+                    w.line("s[r, c] = total")
+        w.line("elif nk == BK:")
+        with w.indent():
+            w.line("np.dot(qt[g, :nq], ks.T, s[:nq])")
         w.line("else:")
         with w.indent():
-            w.line("s[:nq, :nk] = np.dot(qt[:nq], ks.T)")
+            w.line("s[:nq, :nk] = np.dot(qt[g, :nq], ks.T)")
         self.row_loop(compute, with_mask)
-        w.line("if nk == BK:")
+        w.line("if nq <= FEW_ROWS:")
+        with w.indent():
+            w.line("for r in range(nq):")
+            with w.indent():
+                w.line("for e in range(n_e):")
+                with w.indent():
+                    w.line("pv[r, e] = ACC(0.0)")
+                w.line("for c in range(nk):")
+                with w.indent():
+                    w.line("weight = s[r, c]")
+                    w.line("for e in range(n_e):")
+                    with w.indent():
+                        w.line("pv[r, e] += weight * vs[c, e]")
+        w.line("elif nk == BK:")
         with w.indent():
             w.line("np.dot(s[:nq], vs, pv[:nq])")
         w.line("else:")
@@ -153,7 +188,7 @@ class KernelWriter:
         with w.indent():
             w.line("for e in range(n_e):")
             with w.indent():
-                w.line("acc[r, e] = acc[r, e] * alphas[r] + pv[r, e]")
+                w.line("acc[g, r, e] = acc[g, r, e] * alphas[r] + pv[r, e]")
 
     def tile_rows(self, load_op) -> str:
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
@@ -166,7 +201,6 @@ class KernelWriter:
         t, w = self.t, self.w
         nb = len(t.batch_args)
         q_src = self.array_ref(t.q_load.operands[0])
-        k_src = self.array_ref(t.masked.k_load.operands[0])
         v_src = self.array_ref(t.masked.v_load.operands[0])
         w.line(decorator)
         w.line(f"def {self.name}({', '.join(self.params())}):")
@@ -175,38 +209,132 @@ class KernelWriter:
             w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
+            w.line(f"G = {self.group}")
+            w.line("FEW_ROWS = 4")
+            w.line("MAX_SPLIT = 16")
             w.line(f"n_rows = out_0.shape[{nb}]")
             # the keys' length from the IR's type: a decoder's cache buffer is longer than what it holds
             w.line(f"n_keys = {dim_expr(t.masked.k_load.operands[0].type.shape[-2])}")
             w.line(f"n_d = {q_src}.shape[{t.q_load.operands[0].type.rank - 1}]")
             w.line(f"n_e = {v_src}.shape[{t.masked.v_load.operands[0].type.rank - 1}]")
             w.line("n_qb = (n_rows + BQ - 1) // BQ")
-            w.line("n_tasks = n_qb" + "".join(f" * out_0.shape[{k}]" for k in range(nb)))
-            w.line("for task in prange(n_tasks):")
+            if nb == 2:
+                w.line("n_groups = out_0.shape[1] // G")
+            w.line("n_units = n_qb" + "".join(f" * out_0.shape[{k}]" for k in range(nb)) + " // G")
+            # Too few units to fill the cores (decoding one token for few heads): split each
+            # unit's keys into chunks done in parallel, merged by their log-sum-exp (flash-decoding).
+            w.line("n_split = 1")
+            w.line("if 0 < n_units < n_threads:")
             with w.indent():
-                batch = self.batch_decode(nb)
-                for arg, name in zip(t.batch_args, batch):
-                    self.names[arg] = name
-                w.line("i0 = qb * BQ")
-                self.names[t.i0] = "i0"
-                w.line("nq = min(BQ, n_rows - i0)")
-                for op in t.prologue:
-                    self.scalar().op(op)
-                w.line("qt = np.empty((BQ, n_d), dtype=ACC)")
+                w.line("n_split = min(MAX_SPLIT, (2 * n_threads + n_units - 1) // n_units)")
+            w.line("n_parts = n_units * n_split if n_split > 1 else 0")
+            w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
+            w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
+            w.line("part_acc = np.empty((n_parts, G, BQ, n_e), dtype=ACC)")
+            w.line("for task in prange(n_units * n_split):")
+            with w.indent():
+                w.line("unit = task // n_split")
+                w.line("split = task % n_split")
+                self.unit_start(nb)
+                w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
                 w.line("s = np.empty((BQ, BK), dtype=ACC)")
                 w.line("pv = np.empty((BQ, n_e), dtype=ACC)")
-                w.line("m = np.full(BQ, -np.inf, dtype=ACC)")
-                w.line("l = np.zeros(BQ, dtype=ACC)")
+                w.line("m = np.full((G, BQ), -np.inf, dtype=ACC)")
+                w.line("l = np.zeros((G, BQ), dtype=ACC)")
                 w.line("alphas = np.ones(BQ, dtype=ACC)")
-                w.line("acc = np.zeros((BQ, n_e), dtype=ACC)")
-                self.load_rows("qt", t.q_load, "i0", "nq", transposed=False)
-                lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
-                w.line(f"for kb in range({lo}, {hi}):")
+                w.line("acc = np.zeros((G, BQ, n_e), dtype=ACC)")
+                w.line("first = np.int64(1) << 62")
+                w.line("end = np.int64(0)")
+                w.line("for g in range(G):")
+                with w.indent():
+                    self.head()
+                    self.load_query()
+                    lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
+                    w.line(f"first = min(first, {lo})")
+                    w.line(f"end = max(end, {hi})")
+                w.line("if n_split > 1:")
+                with w.indent():
+                    w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
+                    w.line("first = first + split * chunk")
+                    w.line("end = min(end, first + chunk)")
+                w.line("for kb in range(first, end):")
                 with w.indent():
                     self.names[t.loop.regions[0].args[0]] = "kb"
-                    self.loop_body()
-                self.finish()
+                    w.line("for g in range(G):")
+                    with w.indent():
+                        self.head()
+                        lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
+                        w.line(f"if kb < {lo} or kb >= {hi}:")
+                        with w.indent():
+                            w.line("continue")
+                        self.loop_body()
+                w.line("if n_split == 1:")
+                with w.indent():
+                    w.line("for g in range(G):")
+                    with w.indent():
+                        if nb == 2:
+                            w.line("bi_1 = group * G + g")
+                        self.finish()
+                w.line("else:")
+                with w.indent():
+                    w.line("part = unit * n_split + split")
+                    w.line("for g in range(G):")
+                    with w.indent():
+                        w.line("for r in range(nq):")
+                        with w.indent():
+                            w.line("part_m[part, g, r] = m[g, r]")
+                            w.line("part_l[part, g, r] = l[g, r]")
+                            w.line("for e in range(n_e):")
+                            with w.indent():
+                                w.line("part_acc[part, g, r, e] = acc[g, r, e]")
+            w.line("for unit in prange(n_units if n_split > 1 else 0):")
+            with w.indent():
+                self.unit_start(nb)
+                self.merge(nb)
         return w.text()
+
+    def unit_start(self, nb: int) -> None:
+        """Decode ``unit`` into batch indices and the query block; bind the grid's arguments."""
+        w, t = self.w, self.t
+        batch = self.batch_decode(nb)
+        if nb == 2:
+            w.line("group = bi_1")
+        for arg, name in zip(t.batch_args, batch):
+            self.names[arg] = name
+        w.line("i0 = qb * BQ")
+        self.names[t.i0] = "i0"
+        w.line("nq = min(BQ, n_rows - i0)")
+
+    def merge(self, nb: int) -> None:
+        """Combine the splits' partial (m, l, acc) of one unit by their log-sum-exp."""
+        w, t = self.w, self.t
+        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
+        w.line("base = unit * n_split")
+        w.line("for g in range(G):")
+        with w.indent():
+            if nb == 2:
+                w.line("bi_1 = group * G + g")
+            w.line("for r in range(nq):")
+            with w.indent():
+                w.line("top = ACC(-np.inf)")
+                w.line("for sp in range(n_split):")
+                with w.indent():
+                    w.line("top = max(top, part_m[base + sp, g, r])")
+                w.line("top_safe = ACC(0.0) if top == -np.inf else top")
+                w.line("total = ACC(0.0)")
+                w.line("for sp in range(n_split):")
+                with w.indent():
+                    w.line("total += EXP(ACC(part_m[base + sp, g, r] - top_safe)) * part_l[base + sp, g, r]")
+                w.line("denominator = total if total != 0.0 else ACC(1.0)")
+                w.line("for e in range(n_e):")
+                with w.indent():
+                    w.line("value = ACC(0.0)")
+                    w.line("for sp in range(n_split):")
+                    with w.indent():
+                        w.line("value += EXP(ACC(part_m[base + sp, g, r] - top_safe)) * part_acc[base + sp, g, r, e]")
+                    w.line(f"out_0[{prefix}i0 + r, e] = value / denominator")
+                if t.with_lse:
+                    w.line(f"out_1[{prefix}i0 + r] = -np.inf if total == 0.0 else top_safe + math.log(total)")
 
     def loop_body(self) -> None:
         t, w = self.t, self.w
@@ -228,15 +356,14 @@ class KernelWriter:
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         w.line("for r in range(nq):")
         with w.indent():
-            w.line("denominator = l[r] if l[r] != 0.0 else ACC(1.0)")
+            w.line("denominator = l[g, r] if l[g, r] != 0.0 else ACC(1.0)")
             w.line("for e in range(n_e):")
             with w.indent():
-                w.line(f"out_0[{prefix}i0 + r, e] = acc[r, e] / denominator")
+                w.line(f"out_0[{prefix}i0 + r, e] = acc[g, r, e] / denominator")
             if t.with_lse:
-                w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[r] == 0.0 else m[r] + math.log(l[r])")
+                w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[g, r] == 0.0 else m[g, r] + math.log(l[g, r])")
 
 
 def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str],
                  decorator: str) -> str:
     return KernelWriter(name, tiled, captured, dims).write(decorator)
-

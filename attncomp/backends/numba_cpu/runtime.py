@@ -47,10 +47,16 @@ def gather(src: np.ndarray, *indices: np.ndarray) -> np.ndarray:
 
 def reduce(kind: str, x: np.ndarray, axes: list[int], keepdims: bool) -> np.ndarray:
     fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}[kind]
+    if kind in ("max", "min") and x.size == 0:
+        return fn(x, axis=tuple(axes), keepdims=keepdims, initial=-np.inf if kind == "max" else np.inf)
     return fn(x, axis=tuple(axes), keepdims=keepdims)
 
 
 def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
+    if x.shape[axis] == 0:
+        shape = list(x.shape)
+        shape[axis] = 1
+        return np.zeros(shape, dtype=x.dtype)
     m = np.max(x, axis=axis, keepdims=True)
     return np.where(m == -np.inf, 0.0, m).astype(x.dtype)
 

@@ -48,6 +48,10 @@ def _reduced_shape(src: TensorType, axes: list[int], keepdims: bool) -> list:
 
 def _safe_max(x: np.ndarray, axis: tuple[int, ...] | int) -> np.ndarray:
     """Row maximum with -inf rows mapped to 0, so ``x - m`` stays -inf, not NaN."""
+    if x.shape[axis] == 0:  # no keys at all: every row is empty, as if fully masked
+        shape = list(x.shape)
+        shape[axis] = 1
+        return np.zeros(shape)
     m = np.max(x, axis=axis, keepdims=True)
     return np.where(m == -np.inf, 0.0, m)
 
@@ -57,7 +61,7 @@ REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
 
 @register
 class Reduce(OpDef):
-    """Reduce ``axes`` with ``kind`` one of sum, max, min, mean."""
+    """Reduce ``axes`` with ``kind`` one of sum, max, min, mean; max of nothing is -inf, min +inf."""
 
     name = "ac.reduce"
     attributes = {"kind": "sum, max, min or mean", "axes": "sorted axes", "keepdims": "bool"}
@@ -79,8 +83,15 @@ class Reduce(OpDef):
     def evaluate(self, op, args, ctx):
         x = args[0]
         axes = tuple(a % x.ndim for a in op.attrs["axes"])
+        kind, keepdims = op.attrs["kind"], op.attrs["keepdims"]
         with np.errstate(all="ignore"):
-            out = REDUCTIONS[op.attrs["kind"]](x, axis=axes, keepdims=op.attrs["keepdims"])
+            if x.size == 0 and kind in ("max", "min"):
+                # over no elements, max is -inf and min +inf (their identities): an empty key
+                # axis behaves like a fully masked one
+                initial = -np.inf if kind == "max" else np.inf
+                out = REDUCTIONS[kind](x.astype(np.float64), axis=axes, keepdims=keepdims, initial=initial)
+            else:
+                out = REDUCTIONS[kind](x, axis=axes, keepdims=keepdims)
         return [np.asarray(out)]
 
 

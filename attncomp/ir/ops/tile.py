@@ -58,7 +58,10 @@ class TileGrid(OpDef):
     name = "ac.tile_grid"
     num_operands = 0
     declared_result = True
-    attributes = {"block_q": "rows per block"}
+    attributes = {
+        "block_q": "rows per block",
+        "kv_repeat": "query heads per key/value head (GQA), for backends that group them",
+    }
 
     def infer(self, operands, attrs, declared, checker):
         block_q = require_attr(attrs, "block_q", int, self.name)

@@ -1,0 +1,135 @@
+"""The Numba-CUDA backend: the final IR as ``numba.cuda.jit`` kernels and a host driver.
+
+Each tiled attention becomes a fused flash-attention kernel (``kernel.py``:
+one thread block per batch position and query block, key/value chunks in
+shared memory, the online-softmax state in registers, tiles skipped,
+masked or unmasked as mask-elimination decided); every other op becomes a
+small generated kernel (``graph_kernels.py``) launched by the generated
+driver (``driver.py``).  Needs the ``cuda`` extra (numba-cuda); runs on a
+GPU or under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before
+Numba is imported), and compiles to PTX with neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from attncomp.errors import AttncompError
+from attncomp.ir.core import Func, Module
+
+
+class CudaUnavailable(AttncompError):
+    """numba-cuda is not installed."""
+
+
+def _require_numba_cuda() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise CudaUnavailable("the cuda backend needs numba-cuda: pip install 'attncomp[cuda]'")
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One generated kernel: its Python function, the Numba signature its PTX is made for, its source."""
+
+    name: str
+    py_func: Any
+    signature: str
+    source: str
+
+
+@dataclass
+class CudaFunction:
+    """The built function: ``fn(arrays, env)`` gives the outputs.
+
+    Numpy arguments are copied to the device and the results back; when any
+    argument is device memory, the results stay on the device.
+    """
+
+    driver_source: str
+    module: ModuleType = field(repr=False)
+    graph_kernels: list[Any] = field(repr=False)
+    attention: list[Any] = field(repr=False)
+
+    def __call__(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
+        return list(self.module.run(*arrays, env, self.attention))
+
+    def call(self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (),
+             sizes: dict[str, int] | None = None) -> Any:
+        """Bind (device arrays are not copied), run, and return one result or a tuple."""
+        from attncomp.backends.numba_cuda.arguments import bind_device_arguments
+
+        arrays, env = bind_device_arguments(func, args, constraints, sizes)
+        outputs = self(arrays, env)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _head_dims(self, kernels: Any, head_dim: int | None, value_dim: int | None) -> tuple[int, int]:
+        done = kernels.specialised
+        if head_dim is None and done:
+            return done[-1]
+        head_dim = 64 if head_dim is None else head_dim
+        return head_dim, head_dim if value_dim is None else value_dim
+
+    @property
+    def source(self) -> str:
+        """The driver module, then each attention kernel as specialised so far (D = E = 64 before any call)."""
+        chunks = [self.driver_source]
+        for kernels in self.attention:
+            for dims in kernels.specialised or [(64, 64)]:
+                chunks.append(kernels.source(*dims))
+        return "\n\n".join(chunks)
+
+    def kernels(self, head_dim: int | None = None, value_dim: int | None = None) -> list[KernelInfo]:
+        """Every kernel; attention kernels for these head dims (default: the last ones called, else 64)."""
+        found = []
+        for kernel in self.graph_kernels:
+            py_func = getattr(self.module, kernel.name).py_func
+            found.append(KernelInfo(kernel.name, py_func, kernel.signature, kernel.source))
+        for kernels in self.attention:
+            dims = self._head_dims(kernels, head_dim, value_dim)
+            name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
+            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
+        return found
+
+    def ptx_for(self, cc: tuple[int, int] | None = None, head_dim: int | None = None,
+                value_dim: int | None = None) -> dict[str, str]:
+        """PTX text of every kernel for compute capability ``cc`` (default: this GPU's, else 8.0)."""
+        from attncomp.backends.numba_cuda.ptx import DEFAULT_CC, compile_ptx
+
+        if cc is None:
+            cc = DEFAULT_CC
+            try:
+                from numba import cuda
+
+                if cuda.is_available():
+                    cc = cuda.get_current_device().compute_capability
+            except Exception:  # no driver: PTX for the default target
+                pass
+        return {k.name: compile_ptx(k.py_func, k.signature, cc) for k in self.kernels(head_dim, value_dim)}
+
+    @property
+    def ptx(self) -> dict[str, str]:
+        """PTX of every kernel, by kernel name (see :meth:`ptx_for`)."""
+        return self.ptx_for()
+
+
+def build(module: Module, lanes: int | None = None) -> CudaFunction:
+    """Generate and load the driver and graph kernels; attention kernels are made per head dims on use.
+
+    ``lanes`` fixes the threads per query row of the attention kernels (the
+    default chooses by head dim; tests use it to cover every layout at small sizes).
+    """
+    _require_numba_cuda()
+    from attncomp.backends.cache import load_source
+    from attncomp.backends.numba_cuda.attention import AttentionKernels
+    from attncomp.backends.numba_cuda.driver import generate_driver
+
+    func = module.main
+    grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+    attention = {op: AttentionKernels(k, op, func, lanes) for k, op in enumerate(grids)}
+    source, graph_kernels = generate_driver(func, attention)
+    return CudaFunction(source, load_source(source, "cuda"), graph_kernels, list(attention.values()))

@@ -1,0 +1,38 @@
+"""Binding call arguments that may live on the GPU.
+
+The shared binding code checks element types and shapes of numpy arrays.  A
+device argument (``__cuda_array_interface__``: Numba device arrays, CuPy,
+torch CUDA tensors) is checked through a zero-stride numpy stand-in of its
+shape and dtype, so it is never copied to the host, and is then passed on as
+a Numba view of the same memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attncomp.backends.numba_cuda import runtime
+from attncomp.ir.binding import bind_arguments
+from attncomp.ir.core import Func
+
+
+def _stand_in(device: Any) -> np.ndarray:
+    """A numpy array with ``device``'s shape and dtype that owns one element."""
+    return np.lib.stride_tricks.as_strided(
+        np.zeros(1, dtype=device.dtype), shape=tuple(device.shape), strides=(0,) * len(device.shape)
+    )
+
+
+def bind_device_arguments(
+    func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
+) -> tuple[list[Any], dict[str, int]]:
+    """``bind_arguments`` for host or device arguments: the same checks and errors, no copies."""
+    views = [runtime.device_view(a) if runtime.is_device(a) else a for a in args]
+    checked = [_stand_in(v) if runtime.is_device(a) else v for a, v in zip(args, views)]
+    extra = {} if sizes is None else {"sizes": sizes}
+    arrays, env = bind_arguments(func, checked, constraints, **extra)
+    bound = [v if runtime.is_device(a) else array for a, v, array in zip(args, views, arrays)]
+    return bound, env

@@ -1,0 +1,102 @@
+"""How one attention kernel maps onto a thread block: lanes, key chunks, shared memory.
+
+A thread block computes one block of ``block_q`` query rows.  Each row is
+owned by ``lanes`` consecutive threads; lane ``g`` keeps the head-dimension
+entries ``g, g + lanes, g + 2 lanes, ...`` of its row's query and of its
+output accumulator in registers, so a thread holds at most
+``MAX_SLICE`` of each, whatever the head dimension.  Interleaving the lanes
+(rather than giving each a contiguous range) makes the lanes of a warp read
+consecutive words of a shared-memory row: no bank conflicts.
+
+Keys and values are staged in shared memory ``chunk`` keys at a time (a
+chunk never straddles two IR tiles, so tile classes are kept exactly).  When
+a row has several lanes, their partial dot products meet in a shared
+``partials[chunk, threads]`` buffer: Numba's CUDA simulator has no warp
+shuffles, and exchanging through shared memory keeps one kernel for the
+simulator and the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncomp.backends.tiles import LoweringError
+
+#: registers per thread for the query slice, and again for the accumulator slice
+MAX_SLICE = 32
+#: keys staged per chunk, at most (the scores of a chunk are registers too)
+MAX_CHUNK = 16
+#: static shared memory a block may use (CUDA's limit without opting in is 48 KiB)
+SHARED_BUDGET = 48 * 1024
+MAX_THREADS = 1024
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    block_q: int
+    block_k: int
+    head_dim: int  # D: query/key features
+    value_dim: int  # E: value/output features
+    lanes: int  # threads per query row
+    chunk: int  # keys staged in shared memory at a time
+    acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
+
+    @property
+    def threads(self) -> int:
+        return self.block_q * self.lanes
+
+    @property
+    def q_slice(self) -> int:
+        """Query entries per lane (registers)."""
+        return _ceil_div(self.head_dim, self.lanes)
+
+    @property
+    def acc_slice(self) -> int:
+        """Output entries per lane (registers)."""
+        return _ceil_div(self.value_dim, self.lanes)
+
+    @property
+    def head_pad(self) -> int:
+        """Columns of the staged key tile: D rounded up to whole lane slices (zero padded)."""
+        return self.q_slice * self.lanes
+
+    @property
+    def value_pad(self) -> int:
+        return self.acc_slice * self.lanes
+
+    @property
+    def shared_bytes(self) -> int:
+        partials = self.chunk * self.threads if self.lanes > 1 else 0
+        scores = self.chunk * self.block_q
+        return self.acc_bytes * (self.chunk * (self.head_pad + self.value_pad) + partials + scores)
+
+
+def plan_attention(
+    block_q: int, block_k: int, head_dim: int, value_dim: int, acc_bytes: int = 4, lanes: int | None = None
+) -> AttentionPlan:
+    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it)."""
+    if lanes is None:
+        lanes = 1
+        while lanes < 32 and (_ceil_div(head_dim, lanes) > MAX_SLICE or _ceil_div(value_dim, lanes) > MAX_SLICE):
+            lanes *= 2
+    if lanes < 1 or 32 % lanes:
+        raise LoweringError(f"cuda: lanes per row must divide 32, got {lanes}")
+    if block_q * lanes > MAX_THREADS:
+        raise LoweringError(
+            f"cuda: block_q = {block_q} with {lanes} threads per row needs {block_q * lanes} threads "
+            f"(at most {MAX_THREADS}); use a smaller block_q in flash-tiling"
+        )
+    chunk = max(1, min(MAX_CHUNK, block_k))
+    plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, chunk, acc_bytes)
+    while plan.shared_bytes > SHARED_BUDGET and plan.chunk > 1:
+        plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, plan.chunk // 2, acc_bytes)
+    if plan.shared_bytes > SHARED_BUDGET:
+        raise LoweringError(
+            f"cuda: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared memory "
+            f"per block, over the {SHARED_BUDGET} available"
+        )
+    return plan

@@ -1,0 +1,141 @@
+"""Helpers the generated CUDA driver calls: transfers, allocation, launch shapes, checks.
+
+Values of rank >= 1 live on the device as Numba device arrays; 0-d values
+(scales, sizes, constants) live on the host as numpy 0-d arrays and reach
+kernels as scalar arguments.  Under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) every thread is a Python thread, so 1-d
+launches use few threads and blocks there; the kernels loop grid-stride, so
+the same code runs either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from attncomp.ir.types import NUMPY_DTYPES
+
+SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
+#: threads per block and the most blocks of a 1-d (grid-stride) launch
+THREADS, MAX_BLOCKS = (32, 2) if SIMULATED else (256, 8192)
+MATMUL_TILE = 16
+MAX_GRID_Z = 65535
+
+
+def _simulated_array_type() -> type | None:
+    if not SIMULATED:
+        return None
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray
+
+
+def is_device(x: Any) -> bool:
+    """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
+    torch CUDA tensors), or a simulator device array."""
+    fake = _simulated_array_type()
+    return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
+
+
+def device_view(x: Any) -> Any:
+    """A Numba device array over ``x``'s memory (no copy)."""
+    fake = _simulated_array_type()
+    if fake is not None:
+        return x
+    if isinstance(x, cuda.cudadrv.devicearray.DeviceNDArray):
+        return x
+    return cuda.as_cuda_array(x)
+
+
+def to_device(x: Any) -> Any:
+    """An argument on the device: device memory as it is, host arrays copied in."""
+    if is_device(x):
+        return device_view(x)
+    return cuda.to_device(np.ascontiguousarray(x))
+
+
+def host_value(x: Any, dtype: str) -> np.ndarray:
+    """A 0-d value on the host (copied back if it is on the device)."""
+    if is_device(x):
+        x = device_view(x).copy_to_host()
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype]).reshape(())
+
+
+def cast(x: Any, dtype: str) -> np.ndarray:
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
+
+
+def kernel_scalar(x: Any, dtype: str):
+    """A host 0-d value as a kernel argument (the types ``graph_kernels.SCALAR_ARG`` declares)."""
+    if dtype == "i1":
+        return bool(x)
+    if dtype.startswith("i"):
+        return np.int64(x)
+    return np.float64(x) if dtype == "f64" else np.float32(x)
+
+
+def empty(shape: tuple[int, ...], dtype: str) -> Any:
+    """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
+    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES[dtype])
+
+
+def from_host(x: Any, shape: tuple[int, ...]) -> Any:
+    return cuda.to_device(np.ascontiguousarray(np.reshape(x, shape)))
+
+
+def work(array: Any, axis: int | None = None) -> int:
+    """Iterations of a 1-d kernel: the elements of ``array``, or its rows along ``axis``."""
+    if axis is None:
+        return int(array.size)
+    n = array.shape[axis]
+    return int(array.size // n) if n else 0
+
+
+def launch_map(kernel, count: int, *args: Any) -> None:
+    if count <= 0:
+        return
+    blocks = min(-(-count // THREADS), MAX_BLOCKS)
+    kernel[blocks, THREADS](*args)
+
+
+def launch_matmul(kernel, out: Any, *args: Any) -> None:
+    shape = tuple(out.shape)  # the simulator's shapes take no negative indices
+    m, n = shape[-2], shape[-1]
+    batch = int(np.prod(shape[:-2], dtype=np.int64))
+    if m == 0 or n == 0 or batch == 0:
+        return
+    grid = (-(-n // MATMUL_TILE), -(-m // MATMUL_TILE), min(batch, MAX_GRID_Z))
+    kernel[grid, (MATMUL_TILE, MATMUL_TILE)](out, *args)
+
+
+def gather_flags(n_axes: int) -> Any:
+    """Per index axis: a flag and an offending index, set by a gather kernel."""
+    return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64))
+
+
+def check_gather(flags: Any, src: Any) -> None:
+    found = flags.copy_to_host()
+    for axis in range(len(found) // 2):
+        if found[2 * axis]:
+            bad = int(found[2 * axis + 1])
+            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
+
+
+def is_contiguous(x: Any) -> bool:
+    return bool(x.is_c_contiguous())
+
+
+def prefix(x: Any, axis: int, stop: int) -> Any:
+    """The view ``x[..., :stop, ...]`` along ``axis``."""
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(0, stop)
+    return x[tuple(index)]
+
+
+def result(x: Any, dtype: str, to_host: bool) -> Any:
+    """A function result: a device array (or copied to the host), or a 0-d host value."""
+    if is_device(x):
+        return device_view(x).copy_to_host() if to_host else x
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype])

@@ -1,0 +1,219 @@
+"""Differential fuzzing of the whole compiler.
+
+    python -m attncomp.fuzz --cases 10000 --seed 0            # interpreter, every stage
+    python -m attncomp.fuzz --cases 300 --seed 1 --cpu-every 25
+
+Hypothesis draws random specs from a grammar of score modifications (scales,
+per-head biases from a captured tensor, soft-capping, a relative-position
+table, an additive bias tensor) and masks (affine conditions on i and j
+combined with & | ~, key lengths and document ids from captured tensors),
+random sizes (not multiples of the blocks, single rows, rows that see no
+key) and random pipelines.  Each case runs the reference interpreter on the
+traced graph and on the IR after every pass, and, every ``--cpu-every``
+cases, the CPU backend (a new spec is a new Numba compile, seconds each, so
+the backend sees a sample).  A mismatch is shrunk by Hypothesis and printed
+as a spec file that reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import attncomp as ac
+from attncomp.testing import worst_error
+
+BLOCKS = [(4, 4), (4, 8), (8, 4), (16, 16), (64, 64)]
+
+SCORE_MODS = {
+    "scale": "s = s * {c}",
+    "alibi": "s = s + slopes[h] * (j - i)",
+    "softcap": "s = {c} * ac.tanh(s / {c})",
+    "relative": "s = s + table[ac.minimum(ac.maximum(i - j + 3, 0), 6)]",
+    "bias": "s = s + bias[b, h, i, j]",
+}
+AFFINE_ATOMS = ["j <= i + {c}", "i - j < {w}", "j >= {c}", "j < i + {w}", "(i // 4) == (j // 4)", "j > i - {w}"]
+DATA_ATOMS = {"lengths": "j < lengths[b]", "doc": "doc[b, i] == doc[b, j]"}
+
+
+@dataclass
+class Case:
+    """One random spec, its sizes and the pipeline it is compiled with."""
+
+    score: list[str]
+    mask: str | None
+    sizes: dict[str, int]
+    pipeline: str
+    constants: dict[str, float] = field(default_factory=dict)
+    lse: bool = False
+
+    @property
+    def captured(self) -> list[str]:
+        text = "\n".join(self.score) + (self.mask or "")
+        return [name for name in ("slopes", "table", "bias", "lengths", "doc") if name + "[" in text]
+
+    def source(self) -> str:
+        args = {
+            "slopes": 'slopes: ac.f32["H"]',
+            "table": 'table: ac.f32[7]',
+            "bias": 'bias: ac.f32["B", "H", "T", "S"]',
+            "lengths": 'lengths: ac.i32["B"]',
+            "doc": 'doc: ac.i32["B", "T"]',
+        }
+        params = ['q: ac.f32["B", "H", "T", "D"]', 'k: ac.f32["B", "H", "S", "D"]', 'v: ac.f32["B", "H", "S", "D"]']
+        params += [args[name] for name in self.captured]
+        body = ["s = (q @ k.mT) * q.shape[-1] ** -0.5", "b, h, i, j = ac.index(s)", *self.score]
+        if self.mask:
+            body.append(f"s = ac.where({self.mask}, s, -ac.inf)")
+        body.append("return (ac.softmax(s, axis=-1) @ v, ac.logsumexp(s, axis=-1))" if self.lse
+                    else "return ac.softmax(s, axis=-1) @ v")
+        signature = ",\n    ".join(params)
+        return (
+            "# ruff: noqa: F821\nimport attncomp as ac\n\n\n@ac.spec\n"
+            f"def fuzzed(\n    {signature},\n):\n" + textwrap.indent("\n".join(body), "    ") + "\n"
+        )
+
+    def inputs(self, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        B, H, T, S, D = (self.sizes[n] for n in "BHTSD")
+        arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((B, H, T, D), (B, H, S, D), (B, H, S, D))]
+        makers = {
+            "slopes": lambda: rng.uniform(0.0, 0.5, H).astype(np.float32),
+            "table": lambda: rng.standard_normal(7).astype(np.float32),
+            "bias": lambda: rng.standard_normal((B, H, T, S)).astype(np.float32),
+            "lengths": lambda: rng.integers(0, S + 1, B).astype(np.int32),
+            "doc": lambda: np.sort(rng.integers(0, 3, (B, T)), axis=1).astype(np.int32),
+        }
+        return arrays + [makers[name]() for name in self.captured]
+
+
+def load_case(case: Case, directory: Path) -> ac.Spec:
+    path = directory / f"fuzzed_{abs(hash(case.source()))}.py"
+    path.write_text(case.source())
+    loader = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module.fuzzed
+
+
+def _as_list(result) -> list[np.ndarray]:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def run_case(case: Case, directory: Path, backends: tuple[str, ...] = ("interp",), seed: int = 0) -> str | None:
+    """None when every stage and backend agrees with the reference; else what differed."""
+    spec = load_case(case, directory)
+    inputs = case.inputs(seed)
+    reference = _as_list(ac.interpret(spec, *inputs))
+    for backend in backends:
+        fn = ac.compile(spec, backend=backend, pipeline=case.pipeline)
+        if backend == "interp":
+            for stage in fn.stages:
+                got = _as_list(ac.interpret(ac.parse_ir(fn.ir(stage)), *inputs))
+                error = worst_error(got, reference)
+                if error > 1e-9:
+                    return f"interpreting the IR after {stage}: relative error {error:.3e}"
+        error = worst_error(_as_list(fn(*inputs)), reference)
+        if error > 1e-4:
+            return f"backend {backend}: relative error {error:.3e}"
+    return None
+
+
+def strategies():
+    """The Hypothesis strategy of cases (imported lazily: hypothesis is a test dependency)."""
+    from hypothesis import strategies as st
+
+    constant = st.sampled_from([0.5, 2.0, 5.0, 30.0])
+    small = st.integers(0, 6)
+    atom = st.one_of(
+        st.builds(lambda t, c, w: t.format(c=c, w=w + 1), st.sampled_from(AFFINE_ATOMS), small, small),
+        st.sampled_from(["lengths", "doc"]).map(lambda k: DATA_ATOMS[k]),
+    )
+    mask = st.recursive(
+        atom,
+        lambda inner: st.one_of(
+            st.builds(lambda a, b: f"({a}) & ({b})", inner, inner),
+            st.builds(lambda a, b: f"({a}) | ({b})", inner, inner),
+            inner.map(lambda a: f"~({a})"),
+        ),
+        max_leaves=3,
+    )
+    score = st.lists(st.sampled_from(sorted(SCORE_MODS)), max_size=3).flatmap(
+        lambda names: st.tuples(*[constant for _ in names]).map(
+            lambda cs: [SCORE_MODS[n].format(c=c) for n, c in zip(names, cs)]
+        )
+    )
+    sizes = st.fixed_dictionaries(
+        {"B": st.integers(1, 2), "H": st.integers(1, 3), "T": st.integers(1, 19), "S": st.integers(1, 19),
+         "D": st.sampled_from([2, 4, 8])}
+    )
+    pipeline = st.one_of(
+        st.just(""),
+        st.just("softmax-fusion"),
+        st.sampled_from(BLOCKS).map(lambda bq_bk: "cse,softmax-fusion,flash-tiling{block_q=%d,block_k=%d}" % bq_bk),
+        st.sampled_from(BLOCKS).map(
+            lambda bq_bk: "cse,softmax-fusion,flash-tiling{block_q=%d,block_k=%d},mask-elimination,"
+            "canonicalize,cse,dce" % bq_bk
+        ),
+    )
+
+    def fix(case: Case) -> Case:
+        if "doc[" in (case.mask or ""):  # document ids index both axes: self-attention
+            case.sizes["S"] = case.sizes["T"]
+        return case
+
+    return st.builds(lambda sc, m, sz, p, lse: fix(Case(sc, m, dict(sz), p, lse=lse)),
+                     score, st.one_of(st.none(), mask), sizes, pipeline, st.booleans())
+
+
+def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False) -> int:
+    """Run ``cases`` random cases; returns the number that ran.  Raises on a mismatch."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    count = [0]
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+
+        @hypothesis_seed(seed)
+        @settings(max_examples=cases, deadline=None, database=None, derandomize=False,
+                  suppress_health_check=list(HealthCheck))
+        @given(strategies())
+        def check(case: Case) -> None:
+            count[0] += 1
+            backends = ("interp", "cpu") if cpu_every and count[0] % cpu_every == 0 else ("interp",)
+            problem = run_case(case, directory, backends, seed=count[0])
+            if verbose:
+                print(f"case {count[0]}: {'ok' if problem is None else problem}", file=sys.stderr)
+            if problem is not None:
+                raise AssertionError(
+                    f"{problem}\npipeline: {case.pipeline!r}\nsizes: {case.sizes}\n"
+                    f"--- spec file ---\n{case.source()}"
+                )
+
+        check()
+    return count[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attncomp.fuzz", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-every", type=int, default=0, metavar="N", help="also run the CPU backend every N cases")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    ran = fuzz(args.cases, args.seed, args.cpu_every, args.verbose)
+    print(f"{ran} cases, 0 mismatches (seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Every kernel of every example compiles to PTX for sm_80 and sm_90, without local memory.
+
+Needs the ``cuda`` extra (numba-cuda and NVVM from wheels), no GPU.  ``.local``
+in PTX is an array the compiler kept in local memory; with nvJitLink
+installed (``cuda-toolkit[nvjitlink]``, also in the extra) the PTX is also
+assembled for each target and ptxas must report no spill stores or loads.
+Attention kernels are checked at the default block sizes (64 x 64) with
+head dims 64 (every example) and 128 (a few).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import attncomp as ac
+from tests.conftest import example_names, load_example
+
+TARGETS = [(8, 0), (9, 0)]
+TRIGONOMETRY = ("ac_sin", "ac_cos")
+
+
+def _toolchain_missing() -> str | None:
+    if importlib.util.find_spec("numba_cuda") is None:
+        return "the cuda extra (numba-cuda) is not installed: pip install -e '.[cuda]'"
+    try:
+        from numba import cuda
+
+        def probe(out):
+            out[0] = 1.0
+
+        cuda.compile_ptx(probe, "void(float32[::1])", cc=(8, 0))
+    except Exception as error:  # NVVM missing or unusable
+        return f"numba.cuda.compile_ptx does not work here (NVVM from the cuda extra?): {error}"
+    return None
+
+
+MISSING = _toolchain_missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+
+def _example_specs():
+    cases = []
+    for name in example_names():
+        module = load_example(name)
+        for attr, value in sorted(vars(module).items()):
+            if isinstance(value, ac.Spec):
+                cases.append(pytest.param(value, id=f"{name}.{attr}"))
+    return cases
+
+
+def _check(impl, head_dim: int) -> dict[str, dict]:
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines, nvjitlink_available, ptxas_report
+
+    reports = {}
+    for kernel in impl.kernels(head_dim, head_dim):
+        name = kernel.name
+        for cc, ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).items():
+            assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx, name
+            local = local_memory_lines(ptx)
+            if any(f"{f}(" in kernel.source for f in TRIGONOMETRY):
+                # libdevice's accurate sinf/cosf reduce huge arguments (|x| > 105615) through a small
+                # local array (Payne-Hanek); rotary angles need the accuracy, so this depot is expected.
+                assert all("__local_depot" in line or "local.u32" in line or ".local" in line for line in local)
+            else:
+                assert local == [], f"{name} uses local memory on sm_{cc[0]}{cc[1]}: {local[:3]}"
+            if nvjitlink_available():
+                report = ptxas_report(ptx, cc)
+                assert not report.spills, f"{name} spills on sm_{cc[0]}{cc[1]}:\n{report.log}"
+                reports[f"{name}@sm_{cc[0]}{cc[1]}"] = report
+    return reports
+
+
+def _build(spec, pipeline=None):
+    from attncomp.backends import numba_cuda
+
+    return numba_cuda.build(ac.compile(spec, backend="interp", pipeline=pipeline).module)
+
+
+@pytest.mark.parametrize("spec", _example_specs())
+def test_example_kernels_compile_without_local_memory(spec):
+    impl = _build(spec)
+    assert impl.attention or any(k.name.endswith("matmul") for k in impl.graph_kernels)
+    _check(impl, 64)
+
+
+@pytest.mark.parametrize("example,name", [("causal", "causal"), ("alibi", "causal_alibi")])
+def test_attention_kernels_for_head_dim_128(example, name):
+    impl = _build(getattr(load_example(example), name))
+    reports = _check(impl, 128)
+    assert all(k for k in impl.attention)
+    for label, report in reports.items():
+        if "attention" in label:
+            assert report.registers <= 255, label
+
+
+def test_unfused_and_decoder_kernels_cover_every_graph_op():
+    """Unfused graphs and a decoder's graph: together they use every op kind outside attention."""
+    cases = [("mha_projections", "gpt2_attention", ""), ("rope_qknorm", "rope_qknorm", ""),
+             ("lse", "causal_with_lse", ""), ("gqa", "grouped_query_attention", ""),
+             ("relative_bias", "relative_bias", ""), ("softcap", "causal_softcap", ""),
+             ("document_mask", "causal_document_mask", None), ("nanochat_attention", "nanochat_attention", ""),
+             ("nanochat_attention", "nanochat_attention", DECODER)]
+    seen = set()
+    for example, name, pipeline in cases:
+        fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline=pipeline)
+        seen |= {op.name for op in fn.module.main.body.ops if any(r.type.rank for r in op.results)}
+        from attncomp.backends import numba_cuda
+
+        _check(numba_cuda.build(fn.module), 64)
+    wanted = {"ac.matmul", "ac.softmax", "ac.logsumexp", "ac.reduce", "ac.gather", "ac.transpose", "ac.slice",
+              "ac.concat", "ac.repeat_kv", "ac.reshape", "ac.block_reduce", "ac.cache_append", "ac.where",
+              "ac.cmp", "ac.iota", "ac.cos", "ac.sin", "ac.rsqrt", "ac.tanh"}
+    assert wanted <= seen, sorted(wanted - seen)
+
+
+DECODER = "cse,softmax-fusion,kv-cache-reuse,flash-tiling,mask-elimination,canonicalize,cse,dce"

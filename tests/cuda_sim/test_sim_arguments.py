@@ -1,0 +1,122 @@
+"""Arguments and results of the CUDA backend under the simulator: device arrays in and
+out, float16 storage, float64 specs, rows with no visible key, gather bounds, checks."""
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.backends.numba_cuda import runtime
+from attncomp.testing import TOLERANCE, worst_error
+from tests.conftest import load_example
+from tests.cuda_sim.conftest import PIPELINE, as_list, build_cuda, host, run_cuda
+from tests.passes import specs as pass_specs
+
+
+def _causal_inputs(rng, t=13, s=11, d=8):
+    q = rng.standard_normal((1, 3, t, d)).astype(np.float32)
+    k = rng.standard_normal((1, 3, s, d)).astype(np.float32)
+    v = rng.standard_normal((1, 3, s, d)).astype(np.float32)
+    return q, k, v
+
+
+def test_device_arrays_stay_on_the_device():
+    from numba import cuda
+
+    q, k, v = _causal_inputs(np.random.default_rng(0))
+    fn, impl = build_cuda(pass_specs.causal)
+    on_host = impl.call(fn.func, [q, k, v], fn.constraints)
+    on_device = impl.call(fn.func, [cuda.to_device(x) for x in (q, k, v)], fn.constraints)
+    assert isinstance(on_host, np.ndarray)
+    assert runtime.is_device(on_device) and not isinstance(on_device, np.ndarray)
+    np.testing.assert_array_equal(host(on_device), on_host)
+    assert worst_error([on_host], [ac.interpret(pass_specs.causal, q, k, v)]) < 5 * TOLERANCE["f32"]
+
+
+def test_device_arguments_are_checked_without_copies():
+    from numba import cuda
+
+    q, k, v = _causal_inputs(np.random.default_rng(0))
+    fn, impl = build_cuda(pass_specs.causal)
+    with pytest.raises(ac.ShapeError, match="dimension D is 4"):
+        impl.call(fn.func, [cuda.to_device(q), cuda.to_device(np.ascontiguousarray(k[..., :4])), cuda.to_device(v)], fn.constraints)
+    with pytest.raises(TypeError, match="f32"):
+        impl.call(fn.func, [cuda.to_device(q.astype(np.float64)), k, v], fn.constraints)
+
+
+def test_float16_storage_with_float32_accumulation():
+    @ac.spec
+    def half(q: ac.f16["T", "D"], k: ac.f16["S", "D"], v: ac.f16["S", "E"]):
+        return ac.softmax(q @ k.mT * 0.5, axis=-1) @ v
+
+    rng = np.random.default_rng(2)
+    q, k = (rng.standard_normal((n, 8)).astype(np.float16) for n in (19, 17))
+    v = rng.standard_normal((17, 6)).astype(np.float16)
+    for pipeline in (PIPELINE, ""):
+        (out,) = run_cuda(half, [q, k, v], pipeline)
+        assert out.dtype == np.float16
+        assert worst_error([out], [ac.interpret(half, q, k, v)]) < TOLERANCE["f16"]
+
+
+def test_float64_specs_accumulate_in_float64():
+    @ac.spec
+    def double(q: ac.f64["T", "D"], k: ac.f64["S", "D"], v: ac.f64["S", "D"]):
+        return ac.softmax(q @ k.mT, axis=-1) @ v
+
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((19, 8)), rng.standard_normal((17, 8))
+    (out,) = run_cuda(double, [q, k, k])
+    assert out.dtype == np.float64
+    assert worst_error([out], [ac.interpret(double, q, k, k)]) < 1e-10
+
+
+@pytest.mark.parametrize("pipeline", [PIPELINE, ""], ids=["tiled", "unfused"])
+def test_rows_with_no_visible_key_give_zeros_and_minus_inf(pipeline):
+    spec = load_example("lse").key_padding_with_lse
+    rng = np.random.default_rng(4)
+    q, k, v = _causal_inputs(rng, t=13, s=19)
+    lengths = np.array([0], dtype=np.int32)  # batch 0 sees no key at all
+    inputs = [q, k, v, lengths] if len(spec.ir.main.args) == 4 else None
+    assert inputs is not None, "lse.key_padding_with_lse takes (q, k, v, lengths)"
+    out, lse = run_cuda(spec, inputs, pipeline)
+    assert np.all(out == 0) and np.all(lse == -np.inf)
+    lengths[0] = 12  # keys 0..11 visible: two key blocks of 8, the second partly
+    got = run_cuda(spec, inputs, pipeline)
+    assert worst_error(got, as_list(ac.interpret(spec, *inputs))) < 5 * TOLERANCE["f32"]
+
+
+def test_gather_out_of_range_is_an_index_error():
+    @ac.spec
+    def pick(table: ac.f32["N"], idx: ac.i32["T"]):
+        return table[idx] * 2.0
+
+    table = np.arange(4, dtype=np.float32)
+    (ok,) = run_cuda(pick, [table, np.array([3, 0, 2], np.int32)], "")
+    np.testing.assert_array_equal(ok, table[[3, 0, 2]] * 2)
+    with pytest.raises(IndexError, match="index 4 is out of range for axis 0 of size 4"):
+        run_cuda(pick, [table, np.array([1, 4], np.int32)], "")
+
+
+def test_new_sizes_reuse_kernels_and_new_head_dims_specialise():
+    fn, impl = build_cuda(pass_specs.causal)
+    rng = np.random.default_rng(6)
+    for t, s in [(1, 1), (9, 17), (24, 5)]:
+        q, k, v = _causal_inputs(rng, t, s)
+        got = impl.call(fn.func, [q, k, v], fn.constraints)
+        assert worst_error([got], [ac.interpret(pass_specs.causal, q, k, v)]) < 5 * TOLERANCE["f32"]
+    assert impl.attention[0].specialised == [(8, 8)]
+    q, k, v = _causal_inputs(rng, 5, 6, d=4)
+    impl.call(fn.func, [q, k, v], fn.constraints)
+    assert impl.attention[0].specialised == [(8, 8), (4, 4)]
+    assert "D = 4, E = 4" in impl.source
+
+
+def test_compile_with_backend_cuda():
+    from attncomp.backends import BACKENDS
+
+    if "cuda" not in BACKENDS:
+        pytest.skip("attncomp/api.py does not register the cuda backend yet")
+    q, k, v = _causal_inputs(np.random.default_rng(7))
+    fn = ac.compile(pass_specs.causal, backend="cuda", pipeline=PIPELINE)
+    got = fn(q, k, v)
+    assert worst_error([got], [ac.interpret(pass_specs.causal, q, k, v)]) < 5 * TOLERANCE["f32"]
+    assert "cuda.jit" in fn.source

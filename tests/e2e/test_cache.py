@@ -1,0 +1,122 @@
+"""The on-disk kernel cache under concurrency and damage."""
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import sys
+import numpy as np
+import attncomp as ac
+
+@ac.spec
+def windowed(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "T", "D"], v: ac.f32["B", "H", "T", "D"],
+             *, window: int = 5):
+    s = q @ k.mT
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where((j <= i) & (i - j < window), s, -ac.inf)) @ v
+
+window = int(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((1, 2, 37, 8)).astype(np.float32)
+out = ac.compile(windowed, backend="cpu", window=window)(x, x, x)
+error = float(np.abs(out - ac.interpret(windowed, x, x, x, window=window)).max())
+print("error", error)
+assert error < 1e-5
+"""
+
+
+def run_probe(cache: Path, window: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def unique_window() -> int:
+    return 1000 + uuid.uuid4().int % 100_000  # a spec no earlier run has compiled
+
+
+def test_eight_threads_compile_once_and_agree(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNCOMP_CACHE_DIR", str(tmp_path))
+
+    @ac.spec
+    def scaled(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"], *, factor: int = 1):
+        return ac.softmax(q @ k.mT * factor) @ v
+
+    factor = unique_window()
+    x = np.random.default_rng(1).standard_normal((19, 4)).astype(np.float32) / factor
+    want = ac.interpret(scaled, x, x, x, factor=factor)
+    results, functions, errors = [], [], []
+
+    def work():
+        try:
+            fn = ac.compile(scaled, backend="cpu", factor=factor)
+            functions.append(fn)
+            results.append(fn(x, x, x))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(np.abs(r - want).max() < 1e-5 for r in results)
+    assert len({id(fn._impl.module) for fn in functions}) == 1  # one module, so one Numba compile
+    assert len(functions[0]._impl.kernels[0].signatures) == 1
+    assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
+
+
+def test_two_processes_share_one_cache_directory(tmp_path):
+    window = unique_window()
+    env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(tmp_path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
+    again = run_probe(tmp_path, window)  # a third process finds a valid cache
+    assert again.returncode == 0, again.stderr
+    assert "damaged" not in again.stderr and "corrupted" not in again.stderr
+
+
+def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
+    window = unique_window()
+    assert run_probe(tmp_path, window).returncode == 0
+    (source,) = tmp_path.glob("attncomp_cpu_*.py")
+    data = list((tmp_path / "__pycache__").glob(f"{source.stem}.*.nbc"))
+    assert data, "Numba wrote no cache"
+    for entry in data:
+        entry.write_bytes(entry.read_bytes()[:50])  # truncated compiled code
+    damaged = run_probe(tmp_path, window)
+    assert damaged.returncode == 0, damaged.stderr
+    assert "was damaged; rebuilding it" in damaged.stderr
+    source.write_text(source.read_text()[:200])  # a truncated generated source
+    truncated = run_probe(tmp_path, window)
+    assert truncated.returncode == 0, truncated.stderr
+    assert "was corrupted; rebuilding it" in truncated.stderr
+    assert run_probe(tmp_path, window).stderr.count("rebuilding") == 0
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe not text", b""])
+def test_unreadable_source_entry(tmp_path, bad):
+    window = unique_window()
+    assert run_probe(tmp_path, window).returncode == 0
+    (source,) = tmp_path.glob("attncomp_cpu_*.py")
+    source.write_bytes(bad)
+    result = run_probe(tmp_path, window)
+    assert result.returncode == 0, result.stderr
