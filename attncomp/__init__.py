@@ -38,7 +38,8 @@ from attncomp.plot import plot_attention
 __version__ = "0.1.0"
 
 SPEC_FUNCTIONS = (
-    "abs concat cos exp index log logsumexp max maximum mean min minimum repeat_kv rsqrt sin softmax sqrt sum tanh where"
+    "abs concat cos exp index log logsumexp max maximum mean min minimum repeat_kv rsqrt sin softmax sqrt sum tanh "
+    "where"
 ).split()
 
 __all__ = [
@@ -86,6 +87,4 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    raise AttributeError(
-        f"attncomp has no name '{name}'; spec functions are: " + ", ".join(SPEC_FUNCTIONS)
-    )
+    raise AttributeError(f"attncomp has no name '{name}'; spec functions are: " + ", ".join(SPEC_FUNCTIONS))

@@ -20,7 +20,6 @@ from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
 from attncomp.passes.manager import split_top_level
 
 
-
 def parse_ir(text: str) -> Module:
     """Read IR text (any stage) into a verified module; ``str()`` prints it back."""
     return _parser.parse_ir(text)
@@ -38,13 +37,20 @@ def _module_of(target: Spec | Module | str, constants: dict[str, Any]) -> Module
     raise TypeError(f"expected a spec, an IR module or IR text, got {type(target).__name__}")
 
 
-def interpret(target: Spec | Module | str, *args: Any, trace: bool = False, **constants: Any):
+def interpret(
+    target: Spec | Module | str,
+    *args: Any,
+    trace: bool = False,
+    sizes: dict[str, int] | None = None,
+    **constants: Any,
+):
     """Run a spec or IR module of any stage in the float64 reference interpreter.
 
     Returns the result (a tuple for several); with ``trace=True`` also a dict
-    from SSA name to array of every value, in program order.
+    from SSA name to array of every value, in program order.  ``sizes`` binds
+    dimensions no argument carries (a decoder stage's ``N_cached``).
     """
-    return interpret_func(_module_of(target, constants).main, args, trace=trace)
+    return interpret_func(_module_of(target, constants).main, args, trace=trace, sizes=sizes)
 
 
 class CompiledFunction:
@@ -70,6 +76,10 @@ class CompiledFunction:
             from attncomp.backends import numba_cpu
 
             self._impl = numba_cpu.build(self.module)
+        elif backend == "cuda":
+            from attncomp.backends import numba_cuda
+
+            self._impl = numba_cuda.build(self.module)
 
     @property
     def func(self):
@@ -104,6 +114,13 @@ class CompiledFunction:
         """What the backend runs: generated Python/Numba source, or for ``interp`` the final IR."""
         return self._impl.source if self._impl is not None else self.ir("final")
 
+    @property
+    def ptx(self) -> dict[str, str]:
+        """The PTX of each CUDA kernel, by kernel name (the ``cuda`` backend)."""
+        if self.backend != "cuda":
+            raise ValueError(f"ptx needs the cuda backend, not {self.backend!r}")
+        return self._impl.ptx
+
     def inspect_llvm(self) -> str:
         """Numba's LLVM IR of the kernels compiled so far (call the function first)."""
         return self._compiled("inspect_llvm")
@@ -123,15 +140,14 @@ class CompiledFunction:
 
     def _run(self, args, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
         """Check ``args`` (with caller-known ``sizes``), run, return every result."""
+        if self.backend == "cuda":  # device arrays are bound in place and results may stay on the device
+            return self._impl.run(self.func, args, self.constraints, sizes)
         arrays, env = bind_arguments(self.func, args, self.constraints, sizes)
         if self._impl is not None:
             outputs = self._impl(arrays, env)
         else:
             outputs = Interpreter(self.func, env).run(arrays)
-        return [
-            np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype])
-            for out, value in zip(outputs, self.func.results)
-        ]
+        return [np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype]) for out, value in zip(outputs, self.func.results)]
 
     def decoder(self, max_len: int) -> Decoder:
         """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""

@@ -175,10 +175,7 @@ def cmd_blocks(args: argparse.Namespace) -> int:
     print(f"{spec.name} [{', '.join(fn.stages) or 'no passes'}]")
     print(f"  sizes: {', '.join(f'{k}={v}' for k, v in sizes.items())}")
     print(f"  blocks: {block_q} queries x {block_k} keys; map {'x'.join(map(str, tiles.shape))}")
-    print(
-        f"  tiles: {counts[0]} skipped (.), {counts[1]} masked (m), {counts[2]} full (#); "
-        f"{computed:.1%} computed"
-    )
+    print(f"  tiles: {counts[0]} skipped (.), {counts[1]} masked (m), {counts[2]} full (#); {computed:.1%} computed")
     print(f"{where or 'map'}: query blocks down, key blocks across")
     print(tile_grid_text(shown))
     if args.png:

@@ -15,8 +15,9 @@ import os
 import sys
 import textwrap
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from attncomp.errors import SpecError, TypeCheckError
 from attncomp.ir.core import Block, Func, Location, Module, Op
@@ -218,15 +219,11 @@ class Tracer:
             if isinstance(k, slice):
                 start, stop, step = self.slice_bounds(k, size)
                 if not (start == dim(0) and stop == size and step == 1):
-                    result = self.emit(
-                        "ac.slice", [result], {"axis": axis, "start": start, "stop": stop, "step": step}
-                    )
+                    result = self.emit("ac.slice", [result], {"axis": axis, "start": start, "stop": stop, "step": step})
                 final.append(result.type.shape[axis])
             else:
                 start = self.bound(k, size)
-                result = self.emit(
-                    "ac.slice", [result], {"axis": axis, "start": start, "stop": start + 1, "step": 1}
-                )
+                result = self.emit("ac.slice", [result], {"axis": axis, "start": start, "stop": start + 1, "step": 1})
             axis += 1
         if tuple(final) != result.type.shape:
             result = self.emit("ac.reshape", [result], declared=[result.type.with_shape(final)])
@@ -255,9 +252,7 @@ class Tracer:
             raise SpecError(f"spec {self.func.name} returns nothing")
         for k, out in enumerate(outputs):
             if not isinstance(out, Tensor):
-                raise SpecError(
-                    f"spec {self.func.name} must return tensors; result {k} is {type(out).__name__}"
-                )
+                raise SpecError(f"spec {self.func.name} must return tensors; result {k} is {type(out).__name__}")
         self.func.body.ops.append(Op.create("ac.return", [t.value for t in outputs], []))
         self.func.attrs = {k: v for k, v in constants.items() if _is_attr_value(v)}
         name_values(self.func)
@@ -322,8 +317,7 @@ class Spec:
         if any(isinstance(a, Tensor) for a in args):
             return self.fn(*args, **{**self.constants, **kwargs})
         raise TypeError(
-            f"spec {self.name} is not called directly: use ac.compile({self.name}) or "
-            f"ac.interpret({self.name}, ...)"
+            f"spec {self.name} is not called directly: use ac.compile({self.name}) or ac.interpret({self.name}, ...)"
         )
 
     def __repr__(self) -> str:

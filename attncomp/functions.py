@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from attncomp.errors import SpecError
 from attncomp.tensor import SymDim, Tensor

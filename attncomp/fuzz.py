@@ -2,6 +2,7 @@
 
     python -m attncomp.fuzz --cases 10000 --seed 0            # interpreter, every stage
     python -m attncomp.fuzz --cases 300 --seed 1 --cpu-every 25
+    NUMBA_ENABLE_CUDASIM=1 python -m attncomp.fuzz --cases 100 --cuda-every 5   # CUDA simulator
 
 Hypothesis draws random specs from a grammar of score modifications (scales,
 per-head biases from a captured tensor, soft-capping, a relative-position
@@ -11,7 +12,8 @@ random sizes (not multiples of the blocks, single rows, rows that see no
 key) and random pipelines.  Each case runs the reference interpreter on the
 traced graph and on the IR after every pass, and, every ``--cpu-every``
 cases, the CPU backend (a new spec is a new Numba compile, seconds each, so
-the backend sees a sample).  A mismatch is shrunk by Hypothesis and printed
+the backend sees a sample), and every ``--cuda-every`` cases the CUDA backend
+(on a GPU, or in Numba's simulator at these tiny sizes).  A mismatch is shrunk by Hypothesis and printed
 as a spec file that reproduces it.
 """
 
@@ -62,7 +64,7 @@ class Case:
     def source(self) -> str:
         args = {
             "slopes": 'slopes: ac.f32["H"]',
-            "table": 'table: ac.f32[7]',
+            "table": "table: ac.f32[7]",
             "bias": 'bias: ac.f32["B", "H", "T", "S"]',
             "lengths": 'lengths: ac.i32["B"]',
             "doc": 'doc: ac.i32["B", "T"]',
@@ -72,8 +74,11 @@ class Case:
         body = ["s = (q @ k.mT) * q.shape[-1] ** -0.5", "b, h, i, j = ac.index(s)", *self.score]
         if self.mask:
             body.append(f"s = ac.where({self.mask}, s, -ac.inf)")
-        body.append("return (ac.softmax(s, axis=-1) @ v, ac.logsumexp(s, axis=-1))" if self.lse
-                    else "return ac.softmax(s, axis=-1) @ v")
+        body.append(
+            "return (ac.softmax(s, axis=-1) @ v, ac.logsumexp(s, axis=-1))"
+            if self.lse
+            else "return ac.softmax(s, axis=-1) @ v"
+        )
         signature = ",\n    ".join(params)
         return (
             "# ruff: noqa: F821\nimport attncomp as ac\n\n\n@ac.spec\n"
@@ -151,16 +156,23 @@ def strategies():
         )
     )
     sizes = st.fixed_dictionaries(
-        {"B": st.integers(1, 2), "H": st.integers(1, 3), "T": st.integers(1, 19), "S": st.integers(1, 19),
-         "D": st.sampled_from([2, 4, 8])}
+        {
+            "B": st.integers(1, 2),
+            "H": st.integers(1, 3),
+            "T": st.integers(1, 19),
+            "S": st.integers(1, 19),
+            "D": st.sampled_from([2, 4, 8]),
+        }
     )
     pipeline = st.one_of(
         st.just(""),
         st.just("softmax-fusion"),
-        st.sampled_from(BLOCKS).map(lambda bq_bk: "cse,softmax-fusion,flash-tiling{block_q=%d,block_k=%d}" % bq_bk),
+        st.sampled_from(BLOCKS).map(lambda b: f"cse,softmax-fusion,flash-tiling{{block_q={b[0]},block_k={b[1]}}}"),
         st.sampled_from(BLOCKS).map(
-            lambda bq_bk: "cse,softmax-fusion,flash-tiling{block_q=%d,block_k=%d},mask-elimination,"
-            "canonicalize,cse,dce" % bq_bk
+            lambda b: (
+                f"cse,softmax-fusion,flash-tiling{{block_q={b[0]},block_k={b[1]}}},mask-elimination,"
+                "canonicalize,cse,dce"
+            )
         ),
     )
 
@@ -169,11 +181,17 @@ def strategies():
             case.sizes["S"] = case.sizes["T"]
         return case
 
-    return st.builds(lambda sc, m, sz, p, lse: fix(Case(sc, m, dict(sz), p, lse=lse)),
-                     score, st.one_of(st.none(), mask), sizes, pipeline, st.booleans())
+    return st.builds(
+        lambda sc, m, sz, p, lse: fix(Case(sc, m, dict(sz), p, lse=lse)),
+        score,
+        st.one_of(st.none(), mask),
+        sizes,
+        pipeline,
+        st.booleans(),
+    )
 
 
-def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False) -> int:
+def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False, cuda_every: int = 0) -> int:
     """Run ``cases`` random cases; returns the number that ran.  Raises on a mismatch."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -183,19 +201,23 @@ def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False) -> in
         directory = Path(tmp)
 
         @hypothesis_seed(seed)
-        @settings(max_examples=cases, deadline=None, database=None, derandomize=False,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=cases, deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck)
+        )
         @given(strategies())
         def check(case: Case) -> None:
             count[0] += 1
-            backends = ("interp", "cpu") if cpu_every and count[0] % cpu_every == 0 else ("interp",)
+            backends = ("interp",)
+            if cpu_every and count[0] % cpu_every == 0:
+                backends += ("cpu",)
+            if cuda_every and count[0] % cuda_every == 0:
+                backends += ("cuda",)
             problem = run_case(case, directory, backends, seed=count[0])
             if verbose:
                 print(f"case {count[0]}: {'ok' if problem is None else problem}", file=sys.stderr)
             if problem is not None:
                 raise AssertionError(
-                    f"{problem}\npipeline: {case.pipeline!r}\nsizes: {case.sizes}\n"
-                    f"--- spec file ---\n{case.source()}"
+                    f"{problem}\npipeline: {case.pipeline!r}\nsizes: {case.sizes}\n--- spec file ---\n{case.source()}"
                 )
 
         check()
@@ -203,14 +225,22 @@ def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attncomp.fuzz", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m attncomp.fuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-every", type=int, default=0, metavar="N", help="also run the CPU backend every N cases")
+    parser.add_argument(
+        "--cuda-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run the CUDA backend every N cases (a GPU, or NUMBA_ENABLE_CUDASIM=1 for the simulator)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    ran = fuzz(args.cases, args.seed, args.cpu_every, args.verbose)
+    ran = fuzz(args.cases, args.seed, args.cpu_every, args.verbose, args.cuda_every)
     print(f"{ran} cases, 0 mismatches (seed {args.seed})")
     return 0
 

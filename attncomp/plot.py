@@ -80,9 +80,7 @@ def _one_head(weights: np.ndarray, batch: int, head: int) -> tuple[np.ndarray, s
     if weights.ndim == 2:
         return weights, ""
     if weights.ndim not in (3, 4):
-        raise ValueError(
-            f"attention weights of rank {weights.ndim}: expected [B, H, T, S], [B, T, S] or [T, S]"
-        )
+        raise ValueError(f"attention weights of rank {weights.ndim}: expected [B, H, T, S], [B, T, S] or [T, S]")
     axes = [("batch", batch, weights.shape[0])]
     if weights.ndim == 4:
         axes.append(("head", head, weights.shape[1]))
@@ -175,9 +173,7 @@ def plot_block_map(
     figure = _new_figure(feature, (max(3.5, 1.5 + cols * scale), max(3.0, 1.2 + rows * scale)))
     ax = figure.add_subplot()
     colours = ListedColormap(TILE_COLOURS)
-    ax.imshow(
-        tiles, cmap=colours, norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5], colours.N), interpolation="nearest"
-    )
+    ax.imshow(tiles, cmap=colours, norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5], colours.N), interpolation="nearest")
     ax.set_xlabel("key block" + (f" ({block_k} keys)" if block_k else ""))
     ax.set_ylabel("query block" + (f" ({block_q} queries)" if block_q else ""))
     ax.set_title(title)

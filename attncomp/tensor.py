@@ -78,14 +78,10 @@ class Tensor:
         raise self.tracer.located(SpecError("iterating over a tensor is not supported"))
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        raise self.tracer.located(
-            SpecError(f"numpy's {ufunc.__name__} cannot trace a tensor; use the ac. function")
-        )
+        raise self.tracer.located(SpecError(f"numpy's {ufunc.__name__} cannot trace a tensor; use the ac. function"))
 
     def __array_function__(self, func, types, args, kwargs):
-        raise self.tracer.located(
-            SpecError(f"numpy's {func.__name__} cannot trace a tensor; use the ac. function")
-        )
+        raise self.tracer.located(SpecError(f"numpy's {func.__name__} cannot trace a tensor; use the ac. function"))
 
     # arithmetic ---------------------------------------------------------
     def _binary(self, name: str, other: Any, reverse: bool = False, **attrs) -> Tensor:
@@ -340,4 +336,3 @@ class SymDim:
     __gt__ = __lt__
     __ge__ = __lt__
     __hash__ = object.__hash__
-

@@ -57,9 +57,7 @@ def nanochat_attention(
     return y @ w_o
 
 
-def numpy_reference(
-    x, w_q, w_k, w_v, w_o, *, n_head=6, n_kv_head=6, base=10000.0, eps=2.0**-23
-) -> np.ndarray:
+def numpy_reference(x, w_q, w_k, w_v, w_o, *, n_head=6, n_kv_head=6, base=10000.0, eps=2.0**-23) -> np.ndarray:
     x, w_q, w_k, w_v, w_o = (np.asarray(a, dtype=np.float64) for a in (x, w_q, w_k, w_v, w_o))
     B, T, C = x.shape
     head_dim = w_q.shape[1] // n_head

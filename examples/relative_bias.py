@@ -45,9 +45,7 @@ def numpy_reference(q, k, v, table, *, max_distance: int = 16) -> np.ndarray:
     return weights @ v
 
 
-def make_inputs(
-    rng: np.random.Generator, *, B=1, H=2, T=48, S=48, D=8, E=8, max_distance=16
-) -> list[np.ndarray]:
+def make_inputs(rng: np.random.Generator, *, B=1, H=2, T=48, S=48, D=8, E=8, max_distance=16) -> list[np.ndarray]:
     q = rng.standard_normal((B, H, T, D), dtype=np.float32)
     k = rng.standard_normal((B, H, S, D), dtype=np.float32)
     v = rng.standard_normal((B, H, S, E), dtype=np.float32)

@@ -1,3 +1,3 @@
 """Backends: lowering of the final IR to runnable code."""
 
-BACKENDS = ("interp", "cpu")
+BACKENDS = ("interp", "cpu", "cuda")

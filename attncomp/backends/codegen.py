@@ -15,8 +15,14 @@ from collections.abc import Callable
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import Dim, dim
 
-NUMPY_SCALAR = {"f16": "np.float32", "f32": "np.float32", "f64": "np.float64", "i32": "np.int64",
-                "i64": "np.int64", "i1": "np.bool_"}
+NUMPY_SCALAR = {
+    "f16": "np.float32",
+    "f32": "np.float32",
+    "f64": "np.float64",
+    "i32": "np.int64",
+    "i64": "np.int64",
+    "i1": "np.bool_",
+}
 
 
 class SourceWriter:
@@ -83,8 +89,14 @@ def literal(value: int | float | bool, dtype: str) -> str:
 
 BINARY = {"ac.add": "+", "ac.sub": "-", "ac.mul": "*", "ac.floordiv": "//", "ac.mod": "%", "ac.pow": "**"}
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-UNARY_MATH = {"ac.exp": "math.exp", "ac.log": "math.log", "ac.tanh": "math.tanh", "ac.sqrt": "math.sqrt",
-              "ac.sin": "math.sin", "ac.cos": "math.cos"}
+UNARY_MATH = {
+    "ac.exp": "math.exp",
+    "ac.log": "math.log",
+    "ac.tanh": "math.tanh",
+    "ac.sqrt": "math.sqrt",
+    "ac.sin": "math.sin",
+    "ac.cos": "math.cos",
+}
 
 
 class ScalarEmitter:
@@ -96,8 +108,14 @@ class ScalarEmitter:
     Python's ``math`` (which Numba's CUDA simulator runs) raises.
     """
 
-    def __init__(self, writer: SourceWriter, names: dict[Value, str], fresh: Callable[[str], str],
-                 array_ref: Callable[[Value], str], functions: dict[str, str] | None = None):
+    def __init__(
+        self,
+        writer: SourceWriter,
+        names: dict[Value, str],
+        fresh: Callable[[str], str],
+        array_ref: Callable[[Value], str],
+        functions: dict[str, str] | None = None,
+    ):
         self.writer = writer
         self.names = names
         self.fresh = fresh

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,14 +27,11 @@ def check_dtype(array: np.ndarray, want: str, name: str) -> None:
     """Accept the declared element type or one that converts to it without loss."""
     got = dtype_of_numpy(array.dtype)
     ok = got is not None and (
-        got == want
-        or category(got) == category(want)
-        and np.can_cast(array.dtype, NUMPY_DTYPES[want], casting="safe")
+        got == want or category(got) == category(want) and np.can_cast(array.dtype, NUMPY_DTYPES[want], casting="safe")
     )
     if not ok:
         raise TypeError(
-            f"{name}: expected {want} ({np.dtype(NUMPY_DTYPES[want]).name}) elements, "
-            f"got {array.dtype.name}"
+            f"{name}: expected {want} ({np.dtype(NUMPY_DTYPES[want]).name}) elements, got {array.dtype.name}"
         )
 
 
@@ -51,9 +49,7 @@ def bind_arguments(
     """
     names = [a.name or f"arg{k}" for k, a in enumerate(func.args)]
     if len(args) != len(func.args):
-        raise TypeError(
-            f"@{func.name} takes {len(func.args)} arguments ({', '.join(names)}), got {len(args)}"
-        )
+        raise TypeError(f"@{func.name} takes {len(func.args)} arguments ({', '.join(names)}), got {len(args)}")
     arrays = [as_array(value, name) for value, name in zip(args, names)]
     env = bind_shapes(func.args, arrays, sizes)
     for c in constraints:
@@ -71,7 +67,9 @@ def bind_arguments(
     return arrays, env
 
 
-def bind_shapes(args: Sequence[Any], arrays: Sequence[np.ndarray], sizes: dict[str, int] | None = None) -> dict[str, int]:
+def bind_shapes(
+    args: Sequence[Any], arrays: Sequence[np.ndarray], sizes: dict[str, int] | None = None
+) -> dict[str, int]:
     """Check element types and shapes of ``arrays`` against argument values ``args``; return the sizes."""
     env: dict[str, int] = dict(sizes or {})
     bound_by: dict[str, str] = {name: "the caller" for name in env}
@@ -88,8 +86,7 @@ def _bind_shape(
     if array.ndim != declared.rank:
         dims = ", ".join(map(str, declared.shape))
         raise ShapeError(
-            f"{name}: expected rank {declared.rank} ({dims}), got rank {array.ndim} "
-            f"with shape {tuple(array.shape)}"
+            f"{name}: expected rank {declared.rank} ({dims}), got rank {array.ndim} with shape {tuple(array.shape)}"
         )
     for axis, (size, d) in enumerate(zip(array.shape, declared.shape)):
         if d.is_const:
@@ -102,8 +99,7 @@ def _bind_shape(
             bound_by[symbol] = name
         elif env[symbol] != size:
             raise ShapeError(
-                f"{name}: dimension {symbol} is {size}, but {bound_by[symbol]} gave "
-                f"{symbol} = {env[symbol]}"
+                f"{name}: dimension {symbol} is {size}, but {bound_by[symbol]} gave {symbol} = {env[symbol]}"
             )
 
 
@@ -111,9 +107,7 @@ def _eval_or_fail(d, env: dict[str, int], c: DimConstraint) -> int:
     try:
         return d.evaluate(env)
     except ZeroDivisionError:
-        raise ShapeError(
-            f"sizes {_sizes(d.symbols(), env)} divide by zero in {d} ({c.reason})"
-        ) from None
+        raise ShapeError(f"sizes {_sizes(d.symbols(), env)} divide by zero in {d} ({c.reason})") from None
 
 
 def _shown(d, value: int) -> str:

@@ -63,10 +63,10 @@ class Interpreter:
         return self.run_block(self.func.body, inputs)
 
 
-def interpret_func(func: Func, args: Sequence[Any], trace: bool = False):
-    """Bind ``args`` to ``func``, run it, and return its results (and the trace)."""
+def interpret_func(func: Func, args: Sequence[Any], trace: bool = False, sizes: dict[str, int] | None = None):
+    """Bind ``args`` (and caller-known ``sizes``) to ``func``, run it, return its results (and the trace)."""
     constraints = verify_func(func)
-    arrays, env = bind_arguments(func, args, constraints)
+    arrays, env = bind_arguments(func, args, constraints, sizes)
     interp = Interpreter(func, env, trace)
     outputs = interp.run(arrays)
     result = outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -39,9 +39,7 @@ def tokenize(text: str) -> list[Token]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m:
-            raise IRParseError(
-                f"unexpected character {text[pos]!r}", line, pos - line_start + 1, _line(text, line)
-            )
+            raise IRParseError(f"unexpected character {text[pos]!r}", line, pos - line_start + 1, _line(text, line))
         kind = m.lastgroup or ""
         if kind != "ws":
             tokens.append(Token(kind, m.group(), line, pos - line_start + 1))

@@ -90,12 +90,8 @@ def _key_loop(
     acc_in = body.add_arg(TensorType.of((bq, v.type.shape[-1]), acc), "acc")
     b = Builder(body)
     j0 = named(b.emit("ac.mul", kb, b.const(bk, "i64")), "j0")
-    k_tile = b.cast(
-        b.op("ac.tile_load", [k, *_batch_indices(b, k, grid_index, kv_head), j0], {"rows": bk}).result, acc
-    )
-    v_tile = b.cast(
-        b.op("ac.tile_load", [v, *_batch_indices(b, v, grid_index, kv_head), j0], {"rows": bk}).result, acc
-    )
+    k_tile = b.cast(b.op("ac.tile_load", [k, *_batch_indices(b, k, grid_index, kv_head), j0], {"rows": bk}).result, acc)
+    v_tile = b.cast(b.op("ac.tile_load", [v, *_batch_indices(b, v, grid_index, kv_head), j0], {"rows": bk}).result, acc)
     raw = named(b.emit("ac.matmul", q_tile, b.emit("ac.transpose", k_tile, perm=[1, 0])), "qk")
     cols_raw, cols = _positions(b, j0, bk, 1, length)
     in_bounds = named(b.emit("ac.cmp", cols_raw, b.dim(length), pred="lt"), "in_bounds")
@@ -104,16 +100,12 @@ def _key_loop(
     mask_region = retyped_region(attn.regions[1], index_types, "i1")
     tile = TensorType.of((bq, bk), acc)
     scores = b.op("ac.map", [*grid_index, rows, cols, raw], {"role": "score"}, [tile], [score_region]).result
-    visible = b.op(
-        "ac.map", [*grid_index, rows, cols], {"role": "mask"}, [tile.with_dtype("i1")], [mask_region]
-    ).result
+    visible = b.op("ac.map", [*grid_index, rows, cols], {"role": "mask"}, [tile.with_dtype("i1")], [mask_region]).result
     visible = named(b.emit("ac.and", visible, in_bounds), "visible")
     s = named(b.emit("ac.where", visible, named(scores, "s"), b.const(float("-inf"), acc)), "s_masked")
     # online softmax update
     m_new = named(
-        b.emit(
-            "ac.maximum", m, b.op("ac.reduce", [s], {"kind": "max", "axes": [1], "keepdims": True}).result
-        ),
+        b.emit("ac.maximum", m, b.op("ac.reduce", [s], {"kind": "max", "axes": [1], "keepdims": True}).result),
         "m_new",
     )
     m_safe = named(
@@ -129,9 +121,7 @@ def _key_loop(
     alpha = named(b.emit("ac.exp", b.emit("ac.sub", m, m_safe)), "alpha")
     row_sum = b.op("ac.reduce", [p], {"kind": "sum", "axes": [1], "keepdims": True}).result
     l_new = named(b.emit("ac.add", b.emit("ac.mul", alpha, lsum), row_sum), "l_new")
-    acc_new = named(
-        b.emit("ac.add", b.emit("ac.mul", alpha, acc_in), b.emit("ac.matmul", p, v_tile)), "acc_new"
-    )
+    acc_new = named(b.emit("ac.add", b.emit("ac.mul", alpha, acc_in), b.emit("ac.matmul", p, v_tile)), "acc_new")
     b.yield_(m_new, l_new, acc_new)
     return body
 

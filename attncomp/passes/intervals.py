@@ -8,6 +8,7 @@ element, and whether it may hold for some.  Rules, one per op:
     add        [a.lo + b.lo, a.hi + b.hi]
     sub        [a.lo - b.hi, a.hi - b.lo]
     neg        [-hi, -lo]
+    abs        [lo, hi] when lo >= 0, [-hi, -lo] when hi <= 0, else [0, max(-lo, hi)]
     mul        by a fixed non-negative constant scales; else min/max of the 4 products
     floordiv   by a fixed positive constant: [lo // c, hi // c]
     mod        by a fixed positive constant: [0, c - 1]
@@ -130,6 +131,21 @@ class IntervalEmitter:
         factor = self.const(c, dtype)
         lo, hi = ((None if z is None else self.emit("ac.mul", z, factor)) for z in (lo, hi))
         return (lo, hi) if c >= 0 else (hi, lo)
+
+    def _abs(self, op: Op) -> Bounds:
+        lo, hi = self.numeric(op.operands[0])
+        if lo is None or hi is None:
+            return (self.const(0, op.results[0].type.dtype), None)
+        zero = self.const(0, lo.type.dtype)
+        neg_lo, neg_hi = self.emit("ac.neg", lo), self.emit("ac.neg", hi)
+        # [lo, hi] >= 0: itself; <= 0: [-hi, -lo]; across 0: [0, max(-lo, hi)]
+        low = self.emit(
+            "ac.where",
+            self.emit("ac.cmp", lo, zero, pred="ge"),
+            lo,
+            self.emit("ac.where", self.emit("ac.cmp", hi, zero, pred="le"), neg_hi, zero),
+        )
+        return low, self.emit("ac.maximum", neg_lo, hi)
 
     def _floordiv(self, op: Op) -> Bounds:
         c = constant_value(op.operands[1])

@@ -184,8 +184,7 @@ class KVCacheReuse(Pass):
             caches.append(func.body.add_arg(value.type.with_shape(shape), name))
         builder = Builder(func.body, func.body.ops.index(attn))
         kc, vc = (
-            builder.emit("ac.cache_append", cache, new, axis=axis, length=cached)
-            for cache, new in zip(caches, (k, v))
+            builder.emit("ac.cache_append", cache, new, axis=axis, length=cached) for cache, new in zip(caches, (k, v))
         )
         attn.operands[1], attn.operands[2] = kc, vc
         ret = func.return_op

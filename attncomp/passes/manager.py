@@ -56,9 +56,7 @@ def parse_pipeline(text: str) -> list[Pass]:
     for entry in split_top_level(text):
         m = _ENTRY.match(entry)
         if not m:
-            raise PipelineError(
-                f"cannot read pipeline entry {entry!r}: expected name or name{{opt=value,...}}"
-            )
+            raise PipelineError(f"cannot read pipeline entry {entry!r}: expected name or name{{opt=value,...}}")
         name, opts = m.group(1), m.group(2)
         if name not in PASSES:
             raise PipelineError(f"unknown pass {name!r}; valid passes: {', '.join(sorted(PASSES))}")

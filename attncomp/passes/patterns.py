@@ -9,9 +9,7 @@ from attncomp.ir.ops import OP_DEFS
 from attncomp.ir.ops.elementwise import Cast, Elementwise, Where
 
 #: ops that compute each element from the same element of their operands
-ELEMENTWISE = frozenset(
-    name for name, opdef in OP_DEFS.items() if isinstance(opdef, (Elementwise, Where, Cast))
-)
+ELEMENTWISE = frozenset(name for name, opdef in OP_DEFS.items() if isinstance(opdef, (Elementwise, Where, Cast)))
 
 
 def producer(value: Value, name: str | None = None) -> Op | None:

@@ -130,8 +130,7 @@ class RegionBuilder:
             # In the graph a rank > 0 operand decides the width; scalars must agree explicitly.
             first = 1 if op.name == "ac.where" else 0
             operands[first:] = [
-                self.cast(x, want) if category(x.type.dtype) == category(want) else x
-                for x in operands[first:]
+                self.cast(x, want) if category(x.type.dtype) == category(want) else x for x in operands[first:]
             ]
         if op.name == "ac.cast":
             return self.cast(operands[0], want)
@@ -191,9 +190,7 @@ def _find_qk(x: Value, score_shape) -> Op:
             stack.extend(op.operands)
     if len(found) != 1:
         raise NotFusable(
-            "no single q @ kᵀ product feeds the scores"
-            if not found
-            else "the scores add up several matmul products"
+            "no single q @ kᵀ product feeds the scores" if not found else "the scores add up several matmul products"
         )
     return found[0]
 
@@ -295,9 +292,7 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     k = m.k
     if m.k_is_transposed:
         swap = _swap_last(k.type.rank)
-        t = Op.create(
-            "ac.transpose", [k], [k.type.with_shape([k.type.shape[p] for p in swap])], {"perm": swap}
-        )
+        t = Op.create("ac.transpose", [k], [k.type.with_shape([k.type.shape[p] for p in swap])], {"perm": swap})
         new_ops.append(t)
         k = t.result
     lse_ops = [

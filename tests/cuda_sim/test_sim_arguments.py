@@ -8,7 +8,7 @@ import attncomp as ac
 from attncomp.backends.numba_cuda import runtime
 from attncomp.testing import TOLERANCE, worst_error
 from tests.conftest import load_example
-from tests.cuda_sim.conftest import PIPELINE, as_list, build_cuda, host, run_cuda
+from tests.cuda_sim.helpers import PIPELINE, as_list, build_cuda, host, run_cuda
 from tests.passes import specs as pass_specs
 
 
@@ -38,7 +38,11 @@ def test_device_arguments_are_checked_without_copies():
     q, k, v = _causal_inputs(np.random.default_rng(0))
     fn, impl = build_cuda(pass_specs.causal)
     with pytest.raises(ac.ShapeError, match="dimension D is 4"):
-        impl.call(fn.func, [cuda.to_device(q), cuda.to_device(np.ascontiguousarray(k[..., :4])), cuda.to_device(v)], fn.constraints)
+        impl.call(
+            fn.func,
+            [cuda.to_device(q), cuda.to_device(np.ascontiguousarray(k[..., :4])), cuda.to_device(v)],
+            fn.constraints,
+        )
     with pytest.raises(TypeError, match="f32"):
         impl.call(fn.func, [cuda.to_device(q.astype(np.float64)), k, v], fn.constraints)
 
@@ -120,3 +124,26 @@ def test_compile_with_backend_cuda():
     got = fn(q, k, v)
     assert worst_error([got], [ac.interpret(pass_specs.causal, q, k, v)]) < 5 * TOLERANCE["f32"]
     assert "cuda.jit" in fn.source
+
+
+def test_decoding_with_a_kv_cache_matches_the_whole_sequence():
+    """The kv-cache-reuse graph (cache appends, absolute positions), step by step, as a decoder runs it."""
+    module = load_example("nanochat_attention")
+    spec = module.nanochat_attention
+    pipeline = "cse,softmax-fusion,kv-cache-reuse," + PIPELINE.split("softmax-fusion,")[1]
+    fn, impl = build_cuda(spec, pipeline)
+    x, *weights = module.make_inputs(np.random.default_rng(0))
+    cache_shape = tuple(
+        d.value if d.is_const else {"B": 1, "N_max": 32}.get(str(d), 4) for d in fn.func.args[-1].type.shape
+    )
+    k_cache, v_cache = np.zeros(cache_shape, np.float32), np.zeros(cache_shape, np.float32)
+    outputs, length = [], 0
+    for step in (10, 3, 3):
+        out, new_k, new_v = impl.run(
+            fn.func, [x[:, length : length + step], *weights, k_cache, v_cache], fn.constraints, {"N_cached": length}
+        )
+        k_cache[:, :, length : length + step], v_cache[:, :, length : length + step] = new_k, new_v
+        outputs.append(out)
+        length += step
+    want = ac.interpret(spec, x, *weights)
+    assert worst_error([np.concatenate(outputs, axis=1)], [want]) < 5 * TOLERANCE["f32"]

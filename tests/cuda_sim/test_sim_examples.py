@@ -11,14 +11,14 @@ import attncomp as ac
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.testing import TOLERANCE, worst_error
 from tests.conftest import load_example
-from tests.cuda_sim.conftest import as_list, run_cuda
+from tests.cuda_sim.helpers import as_list, run_cuda
 from tests.passes.test_translation_validation import _cases, _inputs
 
 
 @pytest.mark.parametrize("module,spec", _cases())
 @pytest.mark.parametrize("pipeline", ["tiled", "unfused"])
 def test_example_matches_the_interpreter(module, spec, pipeline):
-    from tests.cuda_sim.conftest import PIPELINE
+    from tests.cuda_sim.helpers import PIPELINE
 
     inputs = _inputs(module, spec, np.random.default_rng(5))
     got = run_cuda(spec, inputs, PIPELINE if pipeline == "tiled" else "")
@@ -38,8 +38,12 @@ def test_every_lane_layout(example, name, lanes):
     module = load_example(example)
     spec = getattr(module, name)
     rng = np.random.default_rng(11)
-    shapes = {"q": (2, 4, 13, 8), "k": (2, 2 if "gqa" in example else 4, 11, 8),
-              "v": (2, 2 if "gqa" in example else 4, 11, 6), "slopes": (4,)}
+    shapes = {
+        "q": (2, 4, 13, 8),
+        "k": (2, 2 if "gqa" in example else 4, 11, 8),
+        "v": (2, 2 if "gqa" in example else 4, 11, 6),
+        "slopes": (4,),
+    }
     inputs = [rng.standard_normal(shapes[a.name]).astype(np.float32) for a in spec.ir.main.args]
     got = run_cuda(spec, inputs, lanes=lanes)
     assert worst_error(got, as_list(ac.interpret(spec, *inputs))) < 5 * TOLERANCE["f32"]

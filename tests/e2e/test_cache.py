@@ -37,8 +37,9 @@ assert error < 1e-5
 
 def run_probe(cache: Path, window: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def unique_window() -> int:
@@ -81,8 +82,14 @@ def test_two_processes_share_one_cache_directory(tmp_path):
     window = unique_window()
     env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(tmp_path)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE, str(window)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     for p in procs:

@@ -194,9 +194,7 @@ def test_target_whose_spec_does_not_trace(tmp_path, capsys):
     path.write_text("import attncomp as ac\n\n@ac.spec\ndef f(x: ac.f32['T']):\n    return x.bogus\n")
     assert main(["ir", f"{path}:f"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(
-        f"attncomp: error: {path}:5: AttributeError: 'Tensor' object has no attribute 'bogus'"
-    )
+    assert err.startswith(f"attncomp: error: {path}:5: AttributeError: 'Tensor' object has no attribute 'bogus'")
 
 
 def test_check_on_the_cpu_backend(target, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,12 @@ def grid_lines(out: str) -> list[str]:
     lines = out.splitlines()
     start = next(n for n, line in enumerate(lines) if line.endswith("query blocks down, key blocks across"))
     return [line for line in lines[start + 1 :] if line and not line.startswith("wrote ")]
+
+
+def test_help_lists_blocks(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert re.search(r"^\s+blocks\s+print which tiles are skipped, masked or full", capsys.readouterr().out, re.M)
 
 
 def test_causal_grid_is_lower_triangular_with_masked_diagonal(capsys):

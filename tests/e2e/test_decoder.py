@@ -60,8 +60,9 @@ def test_overflow_and_bad_shapes_leave_the_cache_as_it_was():
     with pytest.raises(ac.ShapeError, match="dimension D"):
         dec(q[:, :, :1], q[:, :, :1, :4], v[:, :, :1], slopes)
     with pytest.raises(ac.ShapeError, match="dimension B"):
-        dec(np.concatenate([q, q])[:, :, :1], np.concatenate([q, q])[:, :, :1], np.concatenate([v, v])[:, :, :1],
-            slopes)
+        dec(
+            np.concatenate([q, q])[:, :, :1], np.concatenate([q, q])[:, :, :1], np.concatenate([v, v])[:, :, :1], slopes
+        )
     assert dec.length == 6
     for name, array in dec.cache.items():
         np.testing.assert_array_equal(array, before[name])
@@ -77,7 +78,8 @@ def keys_centred_over_the_sequence(
 
 def test_a_key_path_that_mixes_positions_is_refused_naming_the_op():
     fn = ac.compile(keys_centred_over_the_sequence, backend="interp")
-    with pytest.raises(ac.PipelineError, match=r"%0 = ac.reduce is on the key/value path and it reduces over the key axis \(T\)"):
+    message = r"%0 = ac.reduce is on the key/value path and it reduces over the key axis \(T\)"
+    with pytest.raises(ac.PipelineError, match=message):
         fn.decoder(max_len=16)
 
 

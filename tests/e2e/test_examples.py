@@ -90,7 +90,6 @@ SQUARE = dict(B=1, H=2, T=150, S=150)
 #: the cases of each example, by example name; an example not listed has one spec and runs as is
 CASES: dict[str, list[Case]] = {
     "alibi": [
-        Case("alibi", "causal_alibi", make("alibi", **SQUARE)),
         Case("alibi", "causal_alibi", make("alibi", **SQUARE), constants={"window": 40}),
     ],
     "causal": [Case("causal", "causal", make("causal", B=2, H=2, T=150, S=150))],
@@ -118,7 +117,6 @@ CASES: dict[str, list[Case]] = {
         ),
     ],
     "nanochat_attention": [
-        Case("nanochat_attention", "nanochat_attention", make("nanochat_attention", B=1, T=100, C=24)),
         Case(
             "nanochat_attention",
             "nanochat_attention",
@@ -148,7 +146,6 @@ CASES: dict[str, list[Case]] = {
     "sdpa": [Case("sdpa", "sdpa", make("sdpa", B=1, H=2, T=70, S=150))],
     "seed_walkthrough": seed_walkthrough_cases(),
     "sinks_window": [
-        Case("sinks_window", "sinks_window", make("sinks_window", **SQUARE)),
         Case(
             "sinks_window",
             "sinks_window",
@@ -172,7 +169,6 @@ CASES: dict[str, list[Case]] = {
         ),
     ],
     "softcap": [
-        Case("softcap", "causal_softcap", make("softcap", **SQUARE)),
         Case("softcap", "causal_softcap", make("softcap", **SQUARE), constants={"cap": 1.0}),
     ],
     "softmax_spelled_out": [

@@ -145,9 +145,7 @@ def test_shapes_that_cannot_broadcast():
         def f(q: ac.f32["B", "T"], k: ac.f32["B", "S"]):
             return q + k  # <- broadcast
 
-    assert_located(
-        info, "broadcast", "ac.add: shapes (B, T) and (B, S) cannot broadcast: T against S on axis -1"
-    )
+    assert_located(info, "broadcast", "ac.add: shapes (B, T) and (B, S) cannot broadcast: T against S on axis -1")
 
 
 def test_dimension_name_bound_to_two_sizes():
@@ -168,9 +166,7 @@ def test_two_names_never_unify():
         def f(q: ac.f32["T", "D"], k: ac.f32["S", "E"]):
             return q @ k.mT  # <- D vs E
 
-    assert_located(
-        info, "D vs E", "ac.matmul: contracted dimension (D against E): dimension D does not match E"
-    )
+    assert_located(info, "D vs E", "ac.matmul: contracted dimension (D against E): dimension D does not match E")
 
 
 def test_bool_arithmetic():

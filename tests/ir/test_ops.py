@@ -180,8 +180,16 @@ def unary_math(x: ac.f64["N"], p: ac.f64["N"], a: ac.i64["N"]):
 def test_exp_log_tanh_sqrt_rsqrt_sin_cos(rng):
     x, p, a = f64(rng, 7), positive(rng, 7), rng.integers(-3, 4, 7)
     assert {"ac.exp", "ac.log", "ac.tanh", "ac.sqrt", "ac.rsqrt", "ac.sin", "ac.cos"} <= op_names(unary_math.ir)
-    want = (np.exp(x), np.log(p), np.tanh(x), np.sqrt(p), 1.0 / np.sqrt(p), np.exp(a.astype(np.float64)),
-            np.sin(x), np.cos(x))
+    want = (
+        np.exp(x),
+        np.log(p),
+        np.tanh(x),
+        np.sqrt(p),
+        1.0 / np.sqrt(p),
+        np.exp(a.astype(np.float64)),
+        np.sin(x),
+        np.cos(x),
+    )
     assert_same(ac.interpret(unary_math, x, p, a), want)
 
 
@@ -516,9 +524,7 @@ def test_astype(rng):
 
 
 @traced
-def matmuls(
-    a: ac.f64["B", "H", "T", "D"], b: ac.f64["H", "D", "S"], m: ac.f64["T", "D"], n: ac.i64["D", "S"]
-):
+def matmuls(a: ac.f64["B", "H", "T", "D"], b: ac.f64["H", "D", "S"], m: ac.f64["T", "D"], n: ac.i64["D", "S"]):
     return a @ b, m @ b, m @ n, m @ m.mT
 
 
@@ -722,9 +728,36 @@ def test_every_stage_of_the_pipeline_matches_numpy(rng):
         assert_same(fn(*args), want, atol=1e-12, what=f"{spec.name} compiled")
 
 
+# decoding: ac.cache_append ---------------------------------------------------------------------
+@traced
+def attend(q: ac.f64["B", "H", "T", "D"], k: ac.f64["B", "H", "T", "D"], v: ac.f64["B", "H", "T", "D"]):
+    s = q @ k.mT
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s, -ac.inf)) @ v
+
+
+def decoder_module():
+    decoder = ac.compile(attend, backend="interp").decoder(max_len=8)
+    return decoder, ac.parse_ir(decoder.fn.ir("kv-cache-reuse"))
+
+
+def test_cache_append_is_the_cached_prefix_then_the_new_entries(rng):
+    decoder, module = decoder_module()
+    assert "ac.cache_append" in op_names(module)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
+    cache_k, cache_v = (rng.standard_normal((1, 2, 8, 4)) for _ in range(2))
+    out, new_k, new_v = ac.interpret(module, q, k, v, cache_k, cache_v, sizes={"N_cached": 5})
+    keys = np.concatenate([cache_k[:, :, :5], k], axis=2)
+    values = np.concatenate([cache_v[:, :, :5], v], axis=2)
+    s = q @ np.swapaxes(keys, -1, -2)
+    s = np.where(np.arange(8)[None, :] <= np.arange(5, 8)[:, None], s, -np.inf)  # absolute query positions 5..7
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert_same((out, new_k, new_v), (p / p.sum(-1, keepdims=True) @ values, k, v))
+
+
 # coverage ---------------------------------------------------------------------------------------
 def test_every_op_is_covered():
-    covered = set()
+    covered = op_names(decoder_module()[1])
     for spec in TRACED:
         covered |= op_names(spec.ir)
     for text in IR_TEXTS:

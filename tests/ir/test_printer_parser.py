@@ -241,9 +241,7 @@ def test_op_result_count_mismatch():
 
 def test_function_result_count_mismatch():
     text = SMALL_IR.replace("ac.return %5, %6", "ac.return %5")
-    assert_parse_error(
-        text, "->", "@small declares results that ac.return does not give (tensor<T x S x f32>)"
-    )
+    assert_parse_error(text, "->", "@small declares results that ac.return does not give (tensor<T x S x f32>)")
 
 
 def test_function_result_type_mismatch():

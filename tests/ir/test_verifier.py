@@ -34,9 +34,7 @@ def test_base_text_is_the_spec_ir():
 
 def listing(marked: int, lines: list[str], first: int, last: int) -> str:
     """Lines ``first..last`` (1-based) of ``lines`` as the verifier reprints them."""
-    return "\n".join(
-        ("> " if k == marked else "  ") + f"{k:4d} | {lines[k - 1]}" for k in range(first, last + 1)
-    )
+    return "\n".join(("> " if k == marked else "  ") + f"{k:4d} | {lines[k - 1]}" for k in range(first, last + 1))
 
 
 def verify_error(text: str) -> str:
@@ -53,9 +51,7 @@ def test_wrong_result_type():
 
 
 def test_wrong_result_shape():
-    text = TEXT.replace(
-        "%s = ac.add %x, %y : tensor<T x D x f32>", "%s = ac.add %x, %y : tensor<D x T x f32>"
-    )
+    text = TEXT.replace("%s = ac.add %x, %y : tensor<T x D x f32>", "%s = ac.add %x, %y : tensor<D x T x f32>")
     message = verify_error(text)
     head = "line 2: @f: ac.add: result types should be tensor<T x D x f32>, not tensor<D x T x f32>"
     assert message == head + "\n" + listing(2, text.splitlines(), 1, 4)
@@ -196,6 +192,4 @@ def test_region_values_are_not_visible_after_the_region():
 def test_regions_may_use_values_from_outside():
     text = FUSED.replace("ac.cmp %j_1, %i_1", "ac.cmp %j_1, %q")
     message = verify_error(text)  # visible, but the types do not fit
-    assert message.startswith(
-        "line 7: @fused: ac.cmp: result types should be tensor<T x D x i1>, not tensor<i1>"
-    )
+    assert message.startswith("line 7: @fused: ac.cmp: result types should be tensor<T x D x i1>, not tensor<i1>")

@@ -29,9 +29,7 @@ def causal_alibi(
 
 
 @ac.spec
-def spelled_gqa_lse(
-    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v: ac.f32["B", "KV", "S", "D"]
-):
+def spelled_gqa_lse(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v: ac.f32["B", "KV", "S", "D"]):
     q = q * q.shape[-1] ** -0.5
     n_rep = q.shape[1] // k.shape[1]
     s = q @ ac.repeat_kv(k, n_rep).mT

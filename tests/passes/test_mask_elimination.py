@@ -51,9 +51,7 @@ def test_document_ids_are_summarised_per_block():
     assert fn.ir("final").count("ac.block_reduce") == 2
     block_map = fn.block_map(x, x, x, doc)[0, 0]
     np.testing.assert_array_equal(block_map, np.diag([MASKED] * 4))
-    np.testing.assert_allclose(
-        fn(x, x, x, doc), ac.interpret(specs.document, x, x, x, doc), rtol=1e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(fn(x, x, x, doc), ac.interpret(specs.document, x, x, x, doc), rtol=1e-5, atol=1e-6)
 
 
 def test_sizes_that_are_not_block_multiples():

@@ -39,9 +39,7 @@ def test_stages_and_dump():
     assert "ac.attention" in fn.ir("softmax-fusion")
     assert "ac.tile_grid" in fn.ir("final")
     dump = fn.dump()
-    assert (
-        dump.index("after input") < dump.index("after softmax-fusion") < dump.index("after mask-elimination")
-    )
+    assert dump.index("after input") < dump.index("after softmax-fusion") < dump.index("after mask-elimination")
     assert len(fn.timings) == len(fn.stages)
     with pytest.raises(KeyError, match="stages: input, cse"):
         fn.ir("nope")

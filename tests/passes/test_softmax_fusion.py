@@ -43,9 +43,7 @@ def scores_reduced_before_softmax(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: a
 def test_a_reduction_inside_the_scores_is_explained():
     ops, fn = fused_ops(scores_reduced_before_softmax)
     assert ops == []
-    assert fn.remarks == [
-        "softmax-fusion: not fused: the scores pass through ac.reduce (%1) before the softmax"
-    ]
+    assert fn.remarks == ["softmax-fusion: not fused: the scores pass through ac.reduce (%1) before the softmax"]
 
 
 @ac.spec

@@ -64,6 +64,42 @@ def exp_nonpositive_f32(x):
     p = p * (np.float32(2.0**-32) if k & 32 else one)
     p = p * (np.float32(2.0**-64) if k & 64 else one)
     return np.float32(0.0) if x < np.float32(-87.0) else p
+
+
+# The two tile products, shared by every kernel of this file (compiled once, not per variant).
+# A few query rows (decoding) are matrix-vector work: plain loops beat a BLAS call's overhead.
+FEW_ROWS = 4
+
+
+@njit(fastmath=set(FASTMATH), cache=True)
+def tile_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T, ks read in place
+    if nq <= FEW_ROWS:
+        for r in range(nq):
+            for c in range(nk):
+                total = q.dtype.type(0.0)
+                for d in range(q.shape[1]):
+                    total += q[r, d] * ks[c, d]
+                s[r, c] = total
+    elif nk == s.shape[1]:
+        np.dot(q[:nq], ks.T, s[:nq])
+    else:
+        s[:nq, :nk] = np.dot(q[:nq], ks.T)
+
+
+@njit(fastmath=set(FASTMATH), cache=True)
+def tile_values(s, vs, pv, nq, nk):  # pv[:nq] = s[:nq, :nk] @ vs[:nk]
+    if nq <= FEW_ROWS:
+        for r in range(nq):
+            for e in range(pv.shape[1]):
+                pv[r, e] = 0.0
+            for c in range(nk):
+                weight = s[r, c]
+                for e in range(pv.shape[1]):
+                    pv[r, e] += weight * vs[c, e]
+    elif nk == s.shape[1]:
+        np.dot(s[:nq], vs, pv[:nq])
+    else:
+        pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)
 """
 
 

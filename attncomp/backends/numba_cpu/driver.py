@@ -13,16 +13,37 @@ from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
 
 NUMPY_UNARY = {
-    "ac.neg": "np.negative", "ac.abs": "np.abs", "ac.exp": "np.exp", "ac.log": "np.log", "ac.tanh": "np.tanh",
-    "ac.sqrt": "np.sqrt", "ac.sin": "np.sin", "ac.cos": "np.cos", "ac.not": "np.logical_not",
+    "ac.neg": "np.negative",
+    "ac.abs": "np.abs",
+    "ac.exp": "np.exp",
+    "ac.log": "np.log",
+    "ac.tanh": "np.tanh",
+    "ac.sqrt": "np.sqrt",
+    "ac.sin": "np.sin",
+    "ac.cos": "np.cos",
+    "ac.not": "np.logical_not",
 }
 NUMPY_BINARY = {
-    "ac.add": "np.add", "ac.sub": "np.subtract", "ac.mul": "np.multiply", "ac.div": "np.true_divide",
-    "ac.floordiv": "np.floor_divide", "ac.mod": "np.mod", "ac.pow": "np.power", "ac.maximum": "np.maximum",
-    "ac.minimum": "np.minimum", "ac.and": "np.logical_and", "ac.or": "np.logical_or",
+    "ac.add": "np.add",
+    "ac.sub": "np.subtract",
+    "ac.mul": "np.multiply",
+    "ac.div": "np.true_divide",
+    "ac.floordiv": "np.floor_divide",
+    "ac.mod": "np.mod",
+    "ac.pow": "np.power",
+    "ac.maximum": "np.maximum",
+    "ac.minimum": "np.minimum",
+    "ac.and": "np.logical_and",
+    "ac.or": "np.logical_or",
 }
-NUMPY_COMPARE = {"lt": "np.less", "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
-                 "eq": "np.equal", "ne": "np.not_equal"}
+NUMPY_COMPARE = {
+    "lt": "np.less",
+    "le": "np.less_equal",
+    "gt": "np.greater",
+    "ge": "np.greater_equal",
+    "eq": "np.equal",
+    "ne": "np.not_equal",
+}
 
 
 def py_literal(value: int | float | bool) -> str:
@@ -34,6 +55,47 @@ def py_literal(value: int | float | bool) -> str:
 def shape_expr(value: Value) -> str:
     dims = [dim_expr(d) for d in value.type.shape]
     return "(" + "".join(f"{d}, " for d in dims) + ")"
+
+
+def _slice(a: list[str], attrs: dict, out: Value) -> str:
+    index = ["slice(None)"] * out.type.rank
+    start, stop = dim_expr(dim(attrs["start"])), dim_expr(dim(attrs["stop"]))
+    index[attrs["axis"]] = f"slice({start}, {stop}, {attrs['step']})"
+    return f"{a[0]}[{', '.join(index)},]"
+
+
+def _call(fn: str):
+    """The lowering ``fn(operands...)``."""
+    return lambda a, attrs, out: f"{fn}({', '.join(a)})"
+
+
+#: graph op -> the numpy expression of its result, from operand names, attributes and the result
+GRAPH_OPS = {
+    **{name: _call(fn) for name, fn in {**NUMPY_UNARY, **NUMPY_BINARY}.items()},
+    "ac.constant": lambda a, attrs, out: f"np.full({shape_expr(out)}, {py_literal(attrs['value'])})",
+    "ac.dim": lambda a, attrs, out: dim_expr(attrs["value"]),
+    "ac.iota": lambda a, attrs, out: f"rt.iota({shape_expr(out)}, {attrs['axis']})",
+    "ac.rsqrt": lambda a, attrs, out: f"1.0 / np.sqrt({a[0]})",
+    "ac.cmp": lambda a, attrs, out: f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})",
+    "ac.where": lambda a, attrs, out: f"np.where({a[0]}, {a[1]}, {a[2]})",
+    "ac.cast": lambda a, attrs, out: a[0],
+    "ac.matmul": lambda a, attrs, out: f"np.matmul({a[0]}, {a[1]})",
+    "ac.transpose": lambda a, attrs, out: f"np.transpose({a[0]}, {tuple(attrs['perm'])})",
+    "ac.reshape": lambda a, attrs, out: f"{a[0]}.reshape({shape_expr(out)})",
+    "ac.slice": _slice,
+    "ac.concat": lambda a, attrs, out: f"np.concatenate([{', '.join(a)}], axis={attrs['axis']})",
+    "ac.repeat_kv": lambda a, attrs, out: f"np.repeat({a[0]}, {dim_expr(dim(attrs['n_rep']))}, axis=1)",
+    "ac.gather": lambda a, attrs, out: f"rt.gather({', '.join(a)})",
+    "ac.reduce": lambda a, attrs, out: f"rt.reduce({attrs['kind']!r}, {a[0]}, {attrs['axes']}, {attrs['keepdims']})",
+    "ac.softmax": lambda a, attrs, out: f"rt.softmax({a[0]}, {attrs['axis']})",
+    "ac.logsumexp": lambda a, attrs, out: f"rt.logsumexp({a[0]}, {attrs['axis']}, {attrs['keepdims']})",
+    "ac.cache_append": lambda a, attrs, out: (
+        f"rt.cache_append({a[0]}, {a[1]}, {attrs['axis']}, {dim_expr(dim(attrs['length']))})"
+    ),
+    "ac.block_reduce": lambda a, attrs, out: (
+        f"rt.block_reduce({a[0]}, {attrs['axis']}, {attrs['block']}, {attrs['kind']!r})"
+    ),
+}
 
 
 class DriverWriter:
@@ -61,59 +123,14 @@ class DriverWriter:
 
     def op(self, op: Op) -> None:
         name, a = op.name, [self.ref(v) for v in op.operands]
-        out = op.results[0] if op.results else None
-        attrs = op.attrs
         if name == "ac.return":
             self.w.line(f"return ({''.join(x + ', ' for x in a)})")
         elif name == "ac.tile_grid":
             self.grid(op)
-        elif name == "ac.constant":
-            self.assign(out, f"np.full({shape_expr(out)}, {py_literal(attrs['value'])})")
-        elif name == "ac.dim":
-            self.assign(out, dim_expr(attrs["value"]))
-        elif name == "ac.iota":
-            self.assign(out, f"rt.iota({shape_expr(out)}, {attrs['axis']})")
-        elif name in NUMPY_UNARY:
-            self.assign(out, f"{NUMPY_UNARY[name]}({a[0]})")
-        elif name == "ac.rsqrt":
-            self.assign(out, f"1.0 / np.sqrt({a[0]})")
-        elif name in NUMPY_BINARY:
-            self.assign(out, f"{NUMPY_BINARY[name]}({a[0]}, {a[1]})")
-        elif name == "ac.cmp":
-            self.assign(out, f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})")
-        elif name == "ac.where":
-            self.assign(out, f"np.where({a[0]}, {a[1]}, {a[2]})")
-        elif name == "ac.cast":
-            self.assign(out, a[0])
-        elif name == "ac.matmul":
-            self.assign(out, f"np.matmul({a[0]}, {a[1]})")
-        elif name == "ac.transpose":
-            self.assign(out, f"np.transpose({a[0]}, {tuple(attrs['perm'])})")
-        elif name == "ac.reshape":
-            self.assign(out, f"{a[0]}.reshape({shape_expr(out)})")
-        elif name == "ac.slice":
-            index = ["slice(None)"] * op.operands[0].type.rank
-            start, stop = dim_expr(dim(attrs["start"])), dim_expr(dim(attrs["stop"]))
-            index[attrs["axis"]] = f"slice({start}, {stop}, {attrs['step']})"
-            self.assign(out, f"{a[0]}[{', '.join(index)},]")
-        elif name == "ac.concat":
-            self.assign(out, f"np.concatenate([{', '.join(a)}], axis={attrs['axis']})")
-        elif name == "ac.repeat_kv":
-            self.assign(out, f"np.repeat({a[0]}, {dim_expr(dim(attrs['n_rep']))}, axis=1)")
-        elif name == "ac.gather":
-            self.assign(out, f"rt.gather({', '.join(a)})")
-        elif name == "ac.reduce":
-            self.assign(out, f"rt.reduce({attrs['kind']!r}, {a[0]}, {attrs['axes']}, {attrs['keepdims']})")
-        elif name == "ac.softmax":
-            self.assign(out, f"rt.softmax({a[0]}, {attrs['axis']})")
-        elif name == "ac.logsumexp":
-            self.assign(out, f"rt.logsumexp({a[0]}, {attrs['axis']}, {attrs['keepdims']})")
-        elif name == "ac.cache_append":
-            length = dim_expr(dim(attrs["length"]))
-            self.assign(out, f"rt.cache_append({a[0]}, {a[1]}, {attrs['axis']}, {length})")
-            self.buffers[out] = op.operands[0]
-        elif name == "ac.block_reduce":
-            self.assign(out, f"rt.block_reduce({a[0]}, {attrs['axis']}, {attrs['block']}, {attrs['kind']!r})")
+        elif name in GRAPH_OPS:
+            self.assign(op.results[0], GRAPH_OPS[name](a, op.attrs, op.results[0]))
+            if name == "ac.cache_append":
+                self.buffers[op.results[0]] = op.operands[0]
         else:
             raise LoweringError(f"the cpu backend cannot lower {name} outside a tile grid")
 

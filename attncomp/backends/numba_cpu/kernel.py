@@ -146,44 +146,9 @@ class KernelWriter:
         # Keys and values are read in place: a C-contiguous slice, so BLAS takes kᵀ as a transpose flag.
         w.line(f"ks = {self.tile_rows(compute.k_load)}")
         w.line(f"vs = {self.tile_rows(compute.v_load)}")
-        # A few query rows (decoding) are matrix-vector work: plain loops beat a BLAS call's overhead.
-        w.line("if nq <= FEW_ROWS:")
-        with w.indent():
-            w.line("for r in range(nq):")
-            with w.indent():
-                w.line("for c in range(nk):")
-                with w.indent():
-                    w.line("total = ACC(0.0)")
-                    w.line("for dd in range(n_d):")
-                    with w.indent():
-                        w.line("total += qt[g, r, dd] * ks[c, dd]")
-                    w.line("s[r, c] = total")
-        w.line("elif nk == BK:")
-        with w.indent():
-            w.line("np.dot(qt[g, :nq], ks.T, s[:nq])")
-        w.line("else:")
-        with w.indent():
-            w.line("s[:nq, :nk] = np.dot(qt[g, :nq], ks.T)")
+        w.line("tile_scores(qt[g], ks, s, nq, nk)")
         self.row_loop(compute, with_mask)
-        w.line("if nq <= FEW_ROWS:")
-        with w.indent():
-            w.line("for r in range(nq):")
-            with w.indent():
-                w.line("for e in range(n_e):")
-                with w.indent():
-                    w.line("pv[r, e] = ACC(0.0)")
-                w.line("for c in range(nk):")
-                with w.indent():
-                    w.line("weight = s[r, c]")
-                    w.line("for e in range(n_e):")
-                    with w.indent():
-                        w.line("pv[r, e] += weight * vs[c, e]")
-        w.line("elif nk == BK:")
-        with w.indent():
-            w.line("np.dot(s[:nq], vs, pv[:nq])")
-        w.line("else:")
-        with w.indent():
-            w.line("pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)")
+        w.line("tile_values(s, vs, pv, nq, nk)")
         w.line("for r in range(nq):")
         with w.indent():
             w.line("for e in range(n_e):")
@@ -210,7 +175,6 @@ class KernelWriter:
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
             w.line(f"G = {self.group}")
-            w.line("FEW_ROWS = 4")
             w.line("MAX_SPLIT = 16")
             w.line(f"n_rows = out_0.shape[{nb}]")
             # the keys' length from the IR's type: a decoder's cache buffer is longer than what it holds
@@ -364,6 +328,5 @@ class KernelWriter:
                 w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[g, r] == 0.0 else m[g, r] + math.log(l[g, r])")
 
 
-def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str],
-                 decorator: str) -> str:
+def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], decorator: str) -> str:
     return KernelWriter(name, tiled, captured, dims).write(decorator)

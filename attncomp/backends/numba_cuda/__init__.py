@@ -58,13 +58,21 @@ class CudaFunction:
     def __call__(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
         return list(self.module.run(*arrays, env, self.attention))
 
-    def call(self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (),
-             sizes: dict[str, int] | None = None) -> Any:
-        """Bind (device arrays are not copied), run, and return one result or a tuple."""
+    def run(
+        self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
+    ) -> list[Any]:
+        """Bind the call's arguments (device arrays are checked, not copied) and run: every result,
+        numpy arrays of the declared types, or device arrays when an argument was one."""
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
         arrays, env = bind_device_arguments(func, args, constraints, sizes)
-        outputs = self(arrays, env)
+        return self(arrays, env)
+
+    def call(
+        self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
+    ) -> Any:
+        """:meth:`run`, returning one result or a tuple, as a compiled function does."""
+        outputs = self.run(func, args, constraints, sizes)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _head_dims(self, kernels: Any, head_dim: int | None, value_dim: int | None) -> tuple[int, int]:
@@ -95,8 +103,9 @@ class CudaFunction:
             found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
         return found
 
-    def ptx_for(self, cc: tuple[int, int] | None = None, head_dim: int | None = None,
-                value_dim: int | None = None) -> dict[str, str]:
+    def ptx_for(
+        self, cc: tuple[int, int] | None = None, head_dim: int | None = None, value_dim: int | None = None
+    ) -> dict[str, str]:
         """PTX text of every kernel for compute capability ``cc`` (default: this GPU's, else 8.0)."""
         from attncomp.backends.numba_cuda.ptx import DEFAULT_CC, compile_ptx
 
@@ -115,6 +124,10 @@ class CudaFunction:
     def ptx(self) -> dict[str, str]:
         """PTX of every kernel, by kernel name (see :meth:`ptx_for`)."""
         return self.ptx_for()
+
+    def inspect_asm(self) -> str:
+        """The PTX of every kernel, one after another (what ``fn.inspect_asm()`` shows)."""
+        return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
 
 
 def build(module: Module, lanes: int | None = None) -> CudaFunction:

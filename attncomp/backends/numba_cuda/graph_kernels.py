@@ -29,17 +29,39 @@ from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.types import TensorType
 
-NUMBA_DTYPE = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
-               "i1": "boolean"}
+NUMBA_DTYPE = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
 #: what a host scalar becomes as a kernel argument (see runtime.kernel_scalar)
-SCALAR_ARG = {"f16": "float32", "f32": "float32", "f64": "float64", "i32": "int64", "i64": "int64",
-              "i1": "boolean"}
+SCALAR_ARG = {"f16": "float32", "f32": "float32", "f64": "float64", "i32": "int64", "i64": "int64", "i1": "boolean"}
 
 ELEMENTWISE = {
-    "ac.neg", "ac.abs", "ac.exp", "ac.log", "ac.tanh", "ac.sqrt", "ac.rsqrt", "ac.sin", "ac.cos", "ac.not",
-    "ac.add", "ac.sub", "ac.mul", "ac.div", "ac.floordiv", "ac.mod", "ac.pow", "ac.maximum", "ac.minimum",
-    "ac.and", "ac.or", "ac.cmp", "ac.where", "ac.cast", "ac.constant", "ac.iota", "ac.gather",
+    "ac.neg",
+    "ac.abs",
+    "ac.exp",
+    "ac.log",
+    "ac.tanh",
+    "ac.sqrt",
+    "ac.rsqrt",
+    "ac.sin",
+    "ac.cos",
+    "ac.not",
+    "ac.add",
+    "ac.sub",
+    "ac.mul",
+    "ac.div",
+    "ac.floordiv",
+    "ac.mod",
+    "ac.pow",
+    "ac.maximum",
+    "ac.minimum",
+    "ac.and",
+    "ac.or",
+    "ac.cmp",
+    "ac.where",
+    "ac.cast",
+    "ac.constant",
+    "ac.iota",
+    "ac.gather",
 }
 LAYOUT = {"ac.transpose", "ac.slice", "ac.repeat_kv", "ac.concat", "ac.cache_append"}
 ROWS = {"ac.reduce", "ac.softmax", "ac.logsumexp", "ac.block_reduce"}
@@ -191,8 +213,9 @@ class _Writer:
     def store(self, index: list[str], expr: str) -> None:
         self.w.line(f"out[{', '.join(index)}] = {expr}")
 
-    def finish(self, launch: str = "map", work: str = "out", work_axis: int | None = None,
-               after: list[str] | None = None) -> GraphKernel:
+    def finish(
+        self, launch: str = "map", work: str = "out", work_axis: int | None = None, after: list[str] | None = None
+    ) -> GraphKernel:
         return GraphKernel(self.name, self.w.text(), self.params, launch, work, work_axis, after or [])
 
 
@@ -305,8 +328,7 @@ def reshape_copy(name: str, op: Op) -> GraphKernel:
     return k.finish()
 
 
-def _reduce_loops(k: _Writer, src: str, axes: list[int], kept_index: dict[int, str], rank: int,
-                  body) -> None:
+def _reduce_loops(k: _Writer, src: str, axes: list[int], kept_index: dict[int, str], rank: int, body) -> None:
     """Nested loops over the reduced ``axes``; ``body(at)`` gets the operand index."""
     at = [kept_index.get(a, "") for a in range(rank)]
     depth = 0

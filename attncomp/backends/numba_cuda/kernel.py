@@ -72,8 +72,9 @@ def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[
 class AttentionKernelWriter:
     """Writes the kernel of one tiled attention for one plan."""
 
-    def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str],
-                 plan: AttentionPlan):
+    def __init__(
+        self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
+    ):
         self.name = name
         self.t = tiled
         self.plan = plan
@@ -118,7 +119,7 @@ class AttentionKernelWriter:
     def apply(self, map_op: Op, rest: list[Op], variant: list[str]) -> str:
         """Emit the position-dependent ops of a region for one element; return its value."""
         region = map_op.regions[0]
-        for arg, expr in zip(region.args[len(region.args) - len(variant):], variant):
+        for arg, expr in zip(region.args[len(region.args) - len(variant) :], variant):
             self.names[arg] = expr
         for op in rest:
             self.scalar().op(op)
@@ -329,6 +330,7 @@ class AttentionKernelWriter:
                     w.line(f"out_1[{prefix}i0 + r] = NEG_INF if l == 0.0 else m + math.log(l)")
 
 
-def write_attention_kernel(name: str, func_name: str, tiled: TiledAttention, captured: dict[Value, str],
-                           dims: list[str], plan: AttentionPlan) -> str:
+def write_attention_kernel(
+    name: str, func_name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
+) -> str:
     return AttentionKernelWriter(name, tiled, captured, dims, plan).write(func_name)

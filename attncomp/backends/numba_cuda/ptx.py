@@ -40,8 +40,19 @@ def compile_ptx_for(py_func: Any, signature: str, ccs: list[tuple[int, int]]) ->
     except ImportError:
         return {cc: cuda.compile_ptx(py_func, signature, cc=cc)[0] for cc in ccs}
     library, _ = _compile_pyfunc_with_fixup(
-        py_func, signature, debug=False, lineinfo=False, device=False, fastmath=False, cc=ccs[0], opt=True,
-        abi="numba", abi_info=None, forceinline=False, launch_bounds=None, lto=False,
+        py_func,
+        signature,
+        debug=False,
+        lineinfo=False,
+        device=False,
+        fastmath=False,
+        cc=ccs[0],
+        opt=True,
+        abi="numba",
+        abi_info=None,
+        forceinline=False,
+        launch_bounds=None,
+        lto=False,
     )
     found = {}
     for cc in ccs:

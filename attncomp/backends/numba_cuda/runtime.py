@@ -18,10 +18,10 @@ from numba import cuda
 from attncomp.ir.types import NUMPY_DTYPES
 
 SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
-#: threads per block and the most blocks of a 1-d (grid-stride) launch
-THREADS, MAX_BLOCKS = (32, 2) if SIMULATED else (256, 8192)
+#: threads per block and the most blocks of a 1-d (grid-stride) launch; the most batch
+#: blocks of a matmul (its kernel loops over the rest)
+THREADS, MAX_BLOCKS, MAX_GRID_Z = (32, 2, 2) if SIMULATED else (256, 8192, 65535)
 MATMUL_TILE = 16
-MAX_GRID_Z = 65535
 
 
 def _simulated_array_type() -> type | None:

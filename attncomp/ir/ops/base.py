@@ -9,8 +9,9 @@ what the reference interpreter runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -79,8 +80,7 @@ class Checker:
                 except TypeCheckError:
                     shown = " and ".join(f"({', '.join(map(str, s))})" for s in shapes)
                     raise TypeCheckError(
-                        f"{what}: shapes {shown} cannot broadcast: "
-                        f"{result} against {other} on axis {axis - rank}"
+                        f"{what}: shapes {shown} cannot broadcast: {result} against {other} on axis {axis - rank}"
                     ) from None
             out.append(result)
         return tuple(out)

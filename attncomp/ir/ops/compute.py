@@ -1,9 +1,9 @@
 """Matmul and reductions.
 
-    %s = ac.matmul %q, %kt : tensor<B x H x T x S x f32>
-    %m = ac.reduce %s {axes = [3], keepdims = true, kind = "max"} : tensor<B x H x T x 1 x f32>
-    %p = ac.softmax %s {axis = 3} : tensor<B x H x T x S x f32>
-    %lse = ac.logsumexp %s {axis = 3, keepdims = false} : tensor<B x H x T x f32>
+%s = ac.matmul %q, %kt : tensor<B x H x T x S x f32>
+%m = ac.reduce %s {axes = [3], keepdims = true, kind = "max"} : tensor<B x H x T x 1 x f32>
+%p = ac.softmax %s {axis = 3} : tensor<B x H x T x S x f32>
+%lse = ac.logsumexp %s {axis = 3, keepdims = false} : tensor<B x H x T x f32>
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ Promotion: bool < int < float; within the winning category a tensor of rank
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 

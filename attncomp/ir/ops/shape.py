@@ -1,10 +1,10 @@
 """Ops that move elements without computing: transpose, reshape, slice, concat, repeat_kv.
 
-    %kt = ac.transpose %k {perm = [0, 1, 3, 2]} : tensor<B x H x D x S x f32>
-    %x4 = ac.reshape %x : tensor<B x T x H x (C//H) x f32>
-    %x1 = ac.slice %x {axis = 3, start = 0, step = 1, stop = (D//2)} : tensor<B x H x T x (D//2) x f32>
-    %y = ac.concat %y1, %y2 {axis = 3} : tensor<B x H x T x D x f32>
-    %kr = ac.repeat_kv %k {n_rep = 4} : tensor<B x (4*KV) x S x D x f32>
+%kt = ac.transpose %k {perm = [0, 1, 3, 2]} : tensor<B x H x D x S x f32>
+%x4 = ac.reshape %x : tensor<B x T x H x (C//H) x f32>
+%x1 = ac.slice %x {axis = 3, start = 0, step = 1, stop = (D//2)} : tensor<B x H x T x (D//2) x f32>
+%y = ac.concat %y1, %y2 {axis = 3} : tensor<B x H x T x D x f32>
+%kr = ac.repeat_kv %k {n_rep = 4} : tensor<B x (4*KV) x S x D x f32>
 """
 
 from __future__ import annotations
@@ -63,9 +63,7 @@ class Reshape(OpDef):
         after = prod(result.shape, start=dim(1))
         if before != after:
             if before.is_const and after.is_const:
-                raise TypeCheckError(
-                    f"ac.reshape: cannot reshape {before.value} elements into {after.value}"
-                )
+                raise TypeCheckError(f"ac.reshape: cannot reshape {before.value} elements into {after.value}")
             checker.unify(before, after, "ac.reshape: element count")
         return declared
 

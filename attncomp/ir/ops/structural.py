@@ -1,10 +1,10 @@
 """Leaves, gathers and terminators.
 
-    %c = ac.constant {value = 0.125} : tensor<f64>
-    %d = ac.dim {value = D} : tensor<i64>
-    %i = ac.iota {axis = 2} : tensor<1 x 1 x T x 1 x i64>
-    %g = ac.gather %slopes, %h : tensor<1 x H x 1 x 1 x f32>
-    ac.return %out, %lse
+%c = ac.constant {value = 0.125} : tensor<f64>
+%d = ac.dim {value = D} : tensor<i64>
+%i = ac.iota {axis = 2} : tensor<1 x 1 x T x 1 x i64>
+%g = ac.gather %slopes, %h : tensor<1 x H x 1 x 1 x f32>
+ac.return %out, %lse
 """
 
 from __future__ import annotations
@@ -118,8 +118,7 @@ class Gather(OpDef):
         src, *indices = operands
         if len(indices) != src.rank:
             raise TypeCheckError(
-                f"ac.gather: a source of rank {src.rank} needs {src.rank} index tensors, "
-                f"got {len(indices)}"
+                f"ac.gather: a source of rank {src.rank} needs {src.rank} index tensors, got {len(indices)}"
             )
         for k, idx in enumerate(indices):
             if not is_int(idx.dtype):
@@ -132,9 +131,7 @@ class Gather(OpDef):
         for axis, idx in enumerate(indices):
             if idx.size and (idx.min() < 0 or idx.max() >= src.shape[axis]):
                 bad = idx.min() if idx.min() < 0 else idx.max()
-                raise IndexError(
-                    f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}"
-                )
+                raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
         return [np.asarray(src[tuple(indices)])]
 
 
@@ -162,4 +159,3 @@ class Yield(Terminator):
     """Ends a region; its operands are the region's results."""
 
     name = "ac.yield"
-

@@ -1,0 +1,156 @@
+"""GPU benchmark: attncomp's fused CUDA kernels against PyTorch SDPA, float32, in one table.
+
+    python -m benchmarks.gpu             # the full table
+    python -m benchmarks.gpu --quick     # smaller sizes, for a smoke run
+
+Cases: dense and causal attention at T = S = 4096 and 16384 with D = 64 and
+128, and one decoding step (T = 1) over a 32k-entry cache.  Inputs are torch
+CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
+so no copy is timed.  Each time is the median of CUDA-event-timed calls after
+a warm-up call (which compiles).  Printed: milliseconds, achieved TFLOP/s
+(4 B H T S D for dense, half the pairs for causal), GB/s of q, k, v and the
+output, and attncomp's time over torch's (below 1.0 attncomp is faster).
+PyTorch's float32 SDPA uses no TF32 unless asked (``allow_tf32`` is left off).
+
+Without a GPU (or without numba-cuda) it says so and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+
+import attncomp as ac
+from benchmarks import specs
+
+
+@dataclass
+class Case:
+    name: str
+    spec: ac.Spec
+    b: int
+    h: int
+    t: int
+    s: int
+    d: int
+    causal: bool
+
+    def flops(self) -> float:
+        pairs = self.t * self.s if not self.causal else self.t * (self.t + 1) / 2 + self.t * (self.s - self.t)
+        return 4.0 * self.b * self.h * pairs * self.d
+
+    def bytes(self) -> float:
+        return 4.0 * self.b * self.h * self.d * (2 * self.t + 2 * self.s)
+
+
+def cases(quick: bool) -> list[Case]:
+    lengths = [1024] if quick else [4096, 16384]
+    found = []
+    for t in lengths:
+        for d in (64, 128):
+            b, h = (4, 16) if t <= 4096 else (1, 16)
+            found.append(Case(f"dense T=S={t} D={d}", specs.dense, b, h, t, t, d, False))
+            found.append(Case(f"causal T=S={t} D={d}", specs.causal, b, h, t, t, d, True))
+    cache = 4096 if quick else 32768
+    found.append(Case(f"decode T=1 cache={cache} D=128", specs.dense, 4, 32, 1, cache, 128, False))
+    return found
+
+
+def gpu_or_reason() -> str | None:
+    try:
+        from numba import cuda
+    except ImportError:
+        return "numba-cuda is not installed (pip install -e '.[cuda]')"
+    try:
+        if not cuda.is_available():
+            return "no CUDA GPU is available"
+    except Exception as error:  # a broken driver counts as no GPU
+        return f"no usable CUDA GPU ({error})"
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed (the peer this benchmark measures against)"
+    if not torch.cuda.is_available():
+        return "PyTorch was built without CUDA (install a CUDA build of torch)"
+    return None
+
+
+def compile_cuda(spec: ac.Spec):
+    """``ac.compile(spec, backend="cuda")``, or the backend built directly while api.py lacks it."""
+    from attncomp.backends import BACKENDS
+
+    if "cuda" in BACKENDS:
+        return ac.compile(spec, backend="cuda")
+    from attncomp.backends import numba_cuda
+
+    fn = ac.compile(spec, backend="interp")
+    impl = numba_cuda.build(fn.module)
+    return lambda *args: impl.call(fn.func, args, fn.constraints)
+
+
+def median_ms(torch, call, repeats: int) -> float:
+    call()  # warm-up: compiles, allocates
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def run_case(torch, case: Case, repeats: int) -> tuple[float, float, float]:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def tensor(n):
+        return torch.randn((case.b, case.h, n, case.d), device="cuda", dtype=torch.float32, generator=generator)
+
+    q, k, v = tensor(case.t), tensor(case.s), tensor(case.s)
+    fn = compile_cuda(case.spec)
+
+    def ours():
+        return fn(q, k, v)
+
+    def theirs():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+
+    got = torch.as_tensor(ours(), device="cuda")
+    want = theirs()
+    error = float((got - want).abs().max() / want.abs().max())
+    if error > 1e-3:
+        raise AssertionError(f"{case.name}: attncomp differs from torch by {error:.2e}")
+    return median_ms(torch, ours, repeats), median_ms(torch, theirs, repeats), error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    reason = gpu_or_reason()
+    if reason is not None:
+        print(f"benchmarks.gpu: nothing to time: {reason}.")
+        return 0
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"device: {torch.cuda.get_device_name()}  (float32, median of {args.repeats} calls)")
+    header = f"{'case':34s} {'attncomp ms':>12s} {'torch ms':>10s} {'TFLOP/s':>8s} {'GB/s':>8s} {'ratio':>7s}"
+    print(header)
+    print("-" * len(header))
+    for case in cases(args.quick):
+        ours, theirs, _ = run_case(torch, case, args.repeats)
+        tflops = case.flops() / (ours * 1e-3) / 1e12
+        gbps = case.bytes() / (ours * 1e-3) / 1e9
+        print(f"{case.name:34s} {ours:12.3f} {theirs:10.3f} {tflops:8.2f} {gbps:8.1f} {ours / theirs:7.2f}")
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

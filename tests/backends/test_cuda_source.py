@@ -1,0 +1,65 @@
+"""The structure of generated CUDA attention kernels (source text; no GPU, no simulator).
+
+Skipped tiles load nothing, the mask runs only in class-1 tiles, grouped-query
+attention reads key/value heads by index arithmetic, and the thread layout
+follows the head dims.
+"""
+
+import importlib.util
+
+import pytest
+
+import attncomp as ac
+from tests.conftest import load_example
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None, reason="the cuda extra (numba-cuda) is not installed"
+)
+
+
+def _kernel_source(example: str, name: str, head_dim: int = 64, value_dim: int = 64) -> str:
+    from attncomp.backends import numba_cuda
+
+    fn = ac.compile(getattr(load_example(example), name), backend="interp")
+    impl = numba_cuda.build(fn.module)
+    (kernels,) = impl.attention
+    return kernels.source(head_dim, value_dim)
+
+
+def _body_after(source: str, marker: str) -> str:
+    return source[source.index(marker) :]
+
+
+def test_tiles_are_classified_before_any_load_and_the_mask_runs_only_in_class_1():
+    source = _kernel_source("alibi", "causal_alibi")
+    loop = _body_after(source, "for kb in range(")
+    classify = loop.index("if tile_class")
+    assert loop.index("k_tile[cc, dd] =") > classify  # staging only inside the non-skipped branch
+    assert "!= 0:" in loop[classify : classify + 40]
+    mask_guard = loop.index("== 1:")
+    assert loop.index("<= i_") > mask_guard  # the causal comparison j <= i sits under the class-1 guard
+    prologue = source[: source.index("for kb in range(")]
+    assert "arg_" in prologue and "[bi_1]" in prologue  # slopes[h] hoisted out of the key loop
+
+
+def test_a_spec_without_mask_has_no_mask_code():
+    source = _kernel_source("sdpa", "sdpa")
+    assert "tile_class" not in source and "if not " not in source
+
+
+def test_grouped_query_attention_reads_key_heads_by_index():
+    source = _kernel_source("gqa", "grouped_query_attention")
+    assert "//" in source.split("k_tile = cuda.shared")[0]  # h // (H // KV) in the prologue
+    assert "repeat" not in source
+
+
+@pytest.mark.parametrize("head_dim,lanes", [(32, 1), (64, 2), (128, 4), (256, 8)])
+def test_lanes_per_row_follow_the_head_dim(head_dim, lanes):
+    from attncomp.backends.numba_cuda.plan import plan_attention
+
+    plan = plan_attention(64, 64, head_dim, head_dim)
+    assert plan.lanes == lanes and plan.threads == 64 * lanes
+    assert plan.q_slice <= 32 and plan.shared_bytes <= 48 * 1024
+    source = _kernel_source("causal", "causal", head_dim, head_dim)
+    assert f"({lanes} per query row)" in source
+    assert f"q_{plan.q_slice - 1} = " in source and f"q_{plan.q_slice} = " not in source
