@@ -190,3 +190,31 @@ class ScalarEmitter:
         for op in block.ops:
             self.op(op)
         return [self.ref(v) for v in block.ops[-1].operands]
+
+
+class KernelSource:
+    """What every kernel writer shares: the source lines, fresh local names, the
+    kernel parameters standing for captured values, and 0-d ops as statements."""
+
+    #: math functions for the scalar code (None: Python's ``math``)
+    functions: dict[str, str] | None = None
+
+    def __init__(self, captured: dict[Value, str], dims: list[str]):
+        self.captured = captured  # outside value -> kernel parameter name
+        self.dims = dims
+        self.w = SourceWriter()
+        self.counter = 0
+        self.names: dict[Value, str] = {v: p for v, p in captured.items() if v.type.rank == 0}
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        safe = "".join(ch if ch.isalnum() else "_" for ch in hint)
+        return f"{safe}_{self.counter}"
+
+    def array_ref(self, value: Value) -> str:
+        return self.captured[value]
+
+    def scalar(self) -> ScalarEmitter:
+        if self.functions is None:
+            return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref)
+        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions)

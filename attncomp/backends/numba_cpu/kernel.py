@@ -27,39 +27,24 @@ task and hold one tile per head of the group.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import ScalarEmitter, SourceWriter, dim_expr
+from attncomp.backends.codegen import KernelSource, dim_expr
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
 
 
-class KernelWriter:
+class KernelWriter(KernelSource):
     """Writes one kernel function for one tiled attention."""
 
     def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str]):
+        super().__init__(captured, dims)
         self.name = name
         #: the accumulation type: float64 for float64 specs, float32 otherwise
         self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
         self.t = tiled
-        self.captured = captured  # outside value -> kernel parameter name
-        self.dims = dims
-        self.w = SourceWriter()
-        self.counter = 0
-        self.names: dict[Value, str] = {v: p for v, p in captured.items() if v.type.rank == 0}
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
         #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
         self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
-
-    def fresh(self, hint: str) -> str:
-        self.counter += 1
-        safe = "".join(ch if ch.isalnum() else "_" for ch in hint)
-        return f"{safe}_{self.counter}"
-
-    def array_ref(self, value: Value) -> str:
-        return self.captured[value]
-
-    def scalar(self) -> ScalarEmitter:
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref)
 
     def params(self) -> list[str]:
         outs = ["out_0", "out_1"] if self.t.with_lse else ["out_0"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attncomp.backends.codegen import ScalarEmitter, SourceWriter, dim_expr
+from attncomp.backends.codegen import KernelSource, dim_expr
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS, IMPORT
 from attncomp.backends.numba_cuda.plan import AttentionPlan
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
@@ -69,8 +69,10 @@ def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[
     return hoisted, rest
 
 
-class AttentionKernelWriter:
+class AttentionKernelWriter(KernelSource):
     """Writes the kernel of one tiled attention for one plan."""
+
+    functions = FUNCTIONS
 
     def __init__(
         self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
@@ -79,22 +81,7 @@ class AttentionKernelWriter:
         self.t = tiled
         self.plan = plan
         self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
-        self.captured = captured  # outside value -> kernel parameter name
-        self.dims = dims
-        self.w = SourceWriter()
-        self.counter = 0
-        self.names: dict[Value, str] = {v: p for v, p in captured.items() if v.type.rank == 0}
-
-    def fresh(self, hint: str) -> str:
-        self.counter += 1
-        safe = "".join(ch if ch.isalnum() else "_" for ch in hint)
-        return f"{safe}_{self.counter}"
-
-    def array_ref(self, value: Value) -> str:
-        return self.captured[value]
-
-    def scalar(self) -> ScalarEmitter:
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, FUNCTIONS)
+        super().__init__(captured, dims)
 
     def ref(self, value: Value) -> str:
         return self.scalar().ref(value)

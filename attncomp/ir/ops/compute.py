@@ -37,7 +37,8 @@ class Matmul(OpDef):
         return [TensorType(batch + (a.shape[-2], b.shape[-1]), promote([a, b]))]
 
     def evaluate(self, op, args, ctx):
-        return [np.matmul(*args)]
+        with np.errstate(all="ignore"):  # IEEE results (0 * inf = nan) are the meaning, not a warning
+            return [np.matmul(*args)]
 
 
 def _reduced_shape(src: TensorType, axes: list[int], keepdims: bool) -> list:
