@@ -189,45 +189,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attncomp", description="A compiler for attention kernels.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    ir = sub.add_parser("ir", help="print the IR of a spec, optionally after each pass")
-    ir.add_argument("target", metavar="FILE.py:SPEC")
+    def command(name: str, help: str, run, dims_example: str | None = None) -> argparse.ArgumentParser:
+        """A subcommand on FILE.py:SPEC with the options every command shares."""
+        cmd = sub.add_parser(name, help=help)
+        cmd.add_argument("target", metavar="FILE.py:SPEC")
+        if dims_example:
+            cmd.add_argument("--dims", required=True, metavar="NAME=INT,...", help=f"sizes, e.g. {dims_example}")
+        cmd.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
+        cmd.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
+        cmd.set_defaults(run=run)
+        return cmd
+
+    ir = command("ir", "print the IR of a spec, optionally after each pass", cmd_ir)
     ir.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
     ir.add_argument("--print-after", metavar="PASS", help="print the IR after PASS")
-    ir.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
     ir.add_argument("--timing", action="store_true", help="print how long each pass took")
-    ir.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
-    ir.set_defaults(run=cmd_ir)
 
-    check = sub.add_parser("check", help="run a spec on random inputs against the reference interpreter")
-    check.add_argument("target", metavar="FILE.py:SPEC")
-    check.add_argument("--dims", required=True, metavar="NAME=INT,...", help="sizes, e.g. B=1,H=2,T=64")
+    check = command("check", "run a spec on random inputs against the reference interpreter", cmd_check, "B=1,H=2,T=64")
     check.add_argument("--backend", default="interp", help="backend to check (default: interp)")
-    check.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
-    check.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--tol", type=float, help="relative error bound (default: by result type)")
-    check.set_defaults(run=cmd_check)
 
-    bench = sub.add_parser("bench", help="time a spec on random inputs")
-    bench.add_argument("target", metavar="FILE.py:SPEC")
-    bench.add_argument("--dims", required=True, metavar="NAME=INT,...", help="sizes, e.g. B=1,H=8,T=1024")
+    bench = command("bench", "time a spec on random inputs", cmd_bench, "B=1,H=8,T=1024")
     bench.add_argument("--backend", default="cpu", help="backend to time (default: cpu)")
-    bench.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
-    bench.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
     bench.add_argument("--repeats", type=int, default=10)
     bench.add_argument("--seed", type=int, default=0)
-    bench.set_defaults(run=cmd_bench)
 
-    blocks = sub.add_parser("blocks", help="print which tiles are skipped, masked or full (fn.block_map)")
-    blocks.add_argument("target", metavar="FILE.py:SPEC")
-    blocks.add_argument("--dims", required=True, metavar="NAME=INT,...", help="sizes, e.g. B=1,H=1,T=1024")
-    blocks.add_argument("--const", metavar="NAME=INT,...", help="override keyword-only constants")
-    blocks.add_argument("--pipeline", help="passes to run (default: the optimising pipeline)")
+    blocks = command(
+        "blocks", "print which tiles are skipped, masked or full (fn.block_map)", cmd_blocks, "B=1,H=1,T=1024"
+    )
     blocks.add_argument("--batch", type=int, default=0, help="batch entry to show (default: 0)")
     blocks.add_argument("--head", type=int, default=0, help="head to show (default: 0)")
     blocks.add_argument("--png", metavar="PATH", help="also draw the grid (needs the plot extra)")
     blocks.add_argument("--seed", type=int, default=0)
-    blocks.set_defaults(run=cmd_blocks)
     return parser
 
 
