@@ -6,6 +6,11 @@ cached position plus the new ones (positions are absolute), and appends the
 new keys and values to its cache.  Inputs are checked before any work; a
 call that would overflow ``max_len`` or has wrong shapes leaves the cache
 exactly as it was.
+
+On the ``cuda`` backend the cache lives on the GPU: each step's kernels
+append to it in place, and only the new tokens' inputs and outputs cross
+the bus (outputs come back to the host when the inputs came from it).
+``dec.cache`` then gives device arrays.
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ class Decoder:
         self.length = 0
 
     @property
-    def cache(self) -> dict[str, np.ndarray]:
-        """The cached keys and values (views of the first ``length`` positions)."""
+    def cache(self) -> dict[str, Any]:
+        """The cached keys and values (views of the first ``length`` positions; device arrays on cuda)."""
         if self._buffers is None:
             return {}
         index = [slice(None)] * (self._axis + 1)
@@ -56,9 +61,15 @@ class Decoder:
         if len(inputs) != self._n_inputs:
             names = ", ".join(a.name for a in self.fn.func.args[: self._n_inputs])
             raise TypeError(f"the decoder takes {self._n_inputs} inputs ({names}), got {len(inputs)}")
-        arrays = [as_array(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
+        impl = self.fn._impl
+        on_device = getattr(impl, "device_cache", False)
+        if on_device:  # shapes are read without copying device inputs; the backend binds them
+            checked = [impl.shape_view(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
+            arrays = list(inputs)
+        else:
+            arrays = checked = [as_array(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
         sizes = {self._cached.symbol: self.length}
-        env = bind_shapes(self.fn.func.args[: self._n_inputs], arrays, sizes)
+        env = bind_shapes(self.fn.func.args[: self._n_inputs], checked, sizes)
         new = self._new_keys.type.shape[self._axis].evaluate(env)
         if self.length + new > self.max_len:
             raise ValueError(
@@ -70,18 +81,24 @@ class Decoder:
             self._buffers = [self._allocate(value, env) for value in new_entries]
         results = self.fn._run([*arrays, *self._buffers], sizes)
         outputs, new_kv = results[: self._n_outputs], results[self._n_outputs :]
-        index = [slice(None)] * (self._axis + 1)
-        index[self._axis] = slice(self.length, self.length + new)
-        for buf, value in zip(self._buffers, new_kv):
-            buf[tuple(index)] = value
+        if on_device:  # the kernels appended to the device cache in place
+            outputs = impl.outputs_for(outputs, inputs)
+        else:  # the compiled backends append in place too; the interpreter returns the new entries
+            index = [slice(None)] * (self._axis + 1)
+            index[self._axis] = slice(self.length, self.length + new)
+            for buf, value in zip(self._buffers, new_kv):
+                buf[tuple(index)] = value
         self.length += new
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _allocate(self, new_entries, env: dict[str, int]) -> np.ndarray:
+    def _allocate(self, new_entries, env: dict[str, int]) -> Any:
         """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""
         shape = [d.evaluate(env) for d in new_entries.type.shape]
         shape[self._axis] = self.max_len
-        return np.zeros(tuple(shape), dtype=NUMPY_DTYPES[new_entries.type.dtype])
+        dtype = NUMPY_DTYPES[new_entries.type.dtype]
+        if getattr(self.fn._impl, "device_cache", False):
+            return self.fn._impl.zeros(tuple(shape), dtype)
+        return np.zeros(tuple(shape), dtype=dtype)
 
     def __repr__(self) -> str:
         return f"<attncomp decoder {self.fn.name}: {self.length}/{self.max_len} positions cached>"

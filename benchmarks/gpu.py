@@ -4,7 +4,10 @@
     python -m benchmarks.gpu --quick     # smaller sizes, for a smoke run
 
 Cases: dense and causal attention at T = S = 4096 and 16384 with D = 64 and
-128, and one decoding step (T = 1) over a 32k-entry cache.  Inputs are torch
+128, and one decoding step (T = 1) over a 32k-entry cache.  Then one step of
+a decoder (``fn.decoder``, its cache on the GPU) with grouped-query heads
+32/8, D = 128 and 4096 cached tokens, against torch SDPA (``enable_gqa``)
+over the same cache and against a device-to-device copy's bandwidth.  Inputs are torch
 CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
 so no copy is timed.  Each time is the median of CUDA-event-timed calls after
 a warm-up call (which compiles).  Printed: milliseconds, achieved TFLOP/s
@@ -127,6 +130,46 @@ def run_case(torch, case: Case, repeats: int) -> tuple[float, float, float]:
     return median_ms(torch, ours, repeats), median_ms(torch, theirs, repeats), error
 
 
+def decoder_step_row(torch, quick: bool, repeats: int) -> str:
+    """One decoder step over a GQA cache on the device (flash-decoding splits its keys)."""
+    cache = 1024 if quick else 4096
+    generator = torch.Generator(device="cuda").manual_seed(1)
+
+    def tensor(h):
+        return torch.randn((1, h, cache, 128), device="cuda", dtype=torch.float32, generator=generator)
+
+    q, k, v = tensor(32), tensor(8), tensor(8)
+    dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=cache)
+    dec(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1])  # prefill all but the last token
+
+    def step():
+        dec.length = cache - 1  # the same step again: append the last token, attend over all
+        return dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
+
+    kc, vc = (torch.as_tensor(a, device="cuda") for a in dec.cache.values())
+    last = q[:, :, -1:]
+
+    def theirs():
+        return torch.nn.functional.scaled_dot_product_attention(last, kc, vc, enable_gqa=True)
+
+    got = torch.as_tensor(step(), device="cuda")
+    error = float((got - theirs()).abs().max() / theirs().abs().max())
+    if error > 1e-3:
+        raise AssertionError(f"decoder step: attncomp differs from torch by {error:.2e}")
+    ours, their_ms = median_ms(torch, step, repeats), median_ms(torch, theirs, repeats)
+    big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    copy_ms = median_ms(torch, lambda: big.clone(), repeats)
+    copy_gbps = 2 * big.numel() / (copy_ms * 1e-3) / 1e9  # read + write
+    read = kc.numel() * 4 * 2
+    gbps = read / (ours * 1e-3) / 1e9
+    splits = dec.fn._impl.attention[0].last_split
+    return (
+        f"decoder step, GQA 32/8 D=128, {cache} cached: {ours:.3f} ms ({splits} key splits), {gbps:.0f} GB/s = "
+        f"{gbps / copy_gbps:.0%} of a device copy ({copy_gbps:.0f} GB/s); torch {their_ms:.3f} ms, "
+        f"ratio {ours / their_ms:.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
@@ -149,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         gbps = case.bytes() / (ours * 1e-3) / 1e9
         print(f"{case.name:34s} {ours:12.3f} {theirs:10.3f} {tflops:8.2f} {gbps:8.1f} {ours / theirs:7.2f}")
         torch.cuda.empty_cache()
+    print(decoder_step_row(torch, args.quick, args.repeats))
     return 0
 
 

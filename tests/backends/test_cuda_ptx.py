@@ -51,11 +51,11 @@ def _example_specs():
     return cases
 
 
-def _check(impl, head_dim: int) -> dict[str, dict]:
+def _check(impl, head_dim: int, kernels=None) -> dict[str, dict]:
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines, nvjitlink_available, ptxas_report
 
     reports = {}
-    for kernel in impl.kernels(head_dim, head_dim):
+    for kernel in impl.kernels(head_dim, head_dim) if kernels is None else kernels:
         name = kernel.name
         for cc, ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).items():
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx, name
@@ -95,6 +95,18 @@ def test_attention_kernels_for_head_dim_128(example, name):
     for label, report in reports.items():
         if "attention" in label:
             assert report.registers <= 255, label
+
+
+@pytest.mark.parametrize("head_dim,rows", [(64, 1), (128, 1), (128, 4)])
+def test_decode_step_kernels(head_dim, rows):
+    """A decoding step's kernel: thread blocks of a few query rows with a warp of lanes, and key splits."""
+    impl = _build(load_example("gqa").grouped_query_attention, DECODER)
+    kernels = impl.decode_kernels(head_dim, rows=rows)
+    plan = impl.attention[0].plan(head_dim, head_dim, rows)
+    assert plan.rows == rows and plan.threads >= 32
+    assert f"cuda.shared.array((16, {rows})" in kernels[0].source  # scores of this many rows only
+    reports = _check(impl, head_dim, kernels)
+    assert all(report.registers <= 255 for report in reports.values())
 
 
 def test_unfused_and_decoder_kernels_cover_every_graph_op():

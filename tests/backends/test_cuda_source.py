@@ -17,13 +17,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _kernel_source(example: str, name: str, head_dim: int = 64, value_dim: int = 64) -> str:
+def _kernel_source(example: str, name: str, head_dim: int = 64, value_dim: int = 64, rows: int | None = None) -> str:
     from attncomp.backends import numba_cuda
 
     fn = ac.compile(getattr(load_example(example), name), backend="interp")
     impl = numba_cuda.build(fn.module)
     (kernels,) = impl.attention
-    return kernels.source(head_dim, value_dim)
+    return kernels.source(head_dim, value_dim, rows)
 
 
 def _body_after(source: str, marker: str) -> str:
@@ -63,3 +63,23 @@ def test_lanes_per_row_follow_the_head_dim(head_dim, lanes):
     source = _kernel_source("causal", "causal", head_dim, head_dim)
     assert f"({lanes} per query row)" in source
     assert f"q_{plan.q_slice - 1} = " in source and f"q_{plan.q_slice} = " not in source
+
+
+@pytest.mark.parametrize("rows,lanes", [(1, 32), (2, 16), (8, 4), (64, 2)])
+def test_few_query_rows_get_small_thread_blocks_with_a_warp(rows, lanes):
+    from attncomp.backends.numba_cuda.plan import plan_attention, rows_for
+
+    assert rows_for(64, rows) == rows and rows_for(64, 1000) == 64 and rows_for(64, 3) == 4
+    plan = plan_attention(64, 64, 64, 64, rows=rows)
+    assert plan.lanes == lanes and plan.threads == max(32, 2 * rows)
+    source = _kernel_source("causal", "causal", rows=rows)
+    assert f"scores = cuda.shared.array((16, {rows})" in source and f"({lanes} per query row)" in source
+
+
+def test_key_splits_take_contiguous_parts_of_the_key_loop_and_a_merge_kernel_combines_them():
+    source = _kernel_source("lse", "causal_with_lse")
+    loop = source[: source.index("for kb in range(kb_lo, kb_hi):")]
+    assert "sp = cuda.blockIdx.y" in loop and "kb_lo = kb_lo + sp * per_split" in loop
+    assert "part_m[sp, flat] = m" in source and "part_o[sp, flat, " in source
+    merge = _body_after(source, "_merge(out_0, out_1, part_o, part_m, part_l):")
+    assert "math.exp(part_m[s, flat] - m_max)" in merge and "out_1[" in merge

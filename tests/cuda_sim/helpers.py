@@ -10,12 +10,12 @@ import attncomp as ac
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination,canonicalize,cse,dce"
 
 
-def build_cuda(spec, pipeline: str = PIPELINE, lanes: int | None = None, **constants):
+def build_cuda(spec, pipeline: str = PIPELINE, lanes: int | None = None, split: int | None = None, **constants):
     """(compiled function, CUDA build) for ``spec``: the pipeline runs as for ``ac.compile``."""
     from attncomp.backends import numba_cuda
 
     fn = ac.compile(spec, backend="interp", pipeline=pipeline, **constants)
-    return fn, numba_cuda.build(fn.module, lanes=lanes)
+    return fn, numba_cuda.build(fn.module, lanes=lanes, split=split)
 
 
 def run_cuda(spec, inputs, pipeline: str = PIPELINE, lanes: int | None = None) -> list:

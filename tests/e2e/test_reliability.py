@@ -71,3 +71,40 @@ def test_calls_never_modify_inputs(backend, pipeline):
     before = [a.tobytes() for a in args]
     fn(*args)
     assert [a.tobytes() for a in args] == before
+
+
+@ac.spec
+def last_keys(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], *, keep: int = 64
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j >= k.shape[-2] - keep, s, -ac.inf)) @ v
+
+
+def test_flat_indices_past_32_bits(tmp_path):
+    """Keys of more than 2**31 elements (8 GiB): the visible keys sit past flat index 2**31.
+
+    The keys are a memory map of a sparse file, so only the pages the kernel reads take memory:
+    ``j >= S - 64`` lets mask-elimination start the key loop at the last tiles.  A kernel that
+    indexed with 32-bit integers would wrap to another row (zeros here) or outside the map.
+    """
+    S, D = 2**25 + 64, 64
+    path = tmp_path / "keys.f32"
+    with open(path, "wb") as file:
+        file.truncate(S * D * 4)
+    if path.stat().st_blocks * 512 >= S * D * 4 // 2:
+        pytest.skip("the temporary directory's file system has no sparse files")
+    keys = np.memmap(path, dtype=np.float32, mode="r+", shape=(1, 1, S, D))
+    rng = np.random.default_rng(0)
+    tail = rng.standard_normal((64, D)).astype(np.float32)
+    keys[0, 0, -64:] = tail
+    keys.flush()
+    assert (S - 64) * D >= 2**31  # the first visible key element is past the largest int32
+    keys = np.memmap(path, dtype=np.float32, mode="r", shape=(1, 1, S, D))
+    q = rng.standard_normal((1, 1, 3, D)).astype(np.float32)
+    out = ac.compile(last_keys, backend="cpu")(q, keys, keys)
+    scores = q[0, 0].astype(np.float64) @ tail.T.astype(np.float64) / np.sqrt(D)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    want = (weights / weights.sum(axis=-1, keepdims=True)) @ tail
+    assert worst_error([out[0, 0]], [want]) < 1e-5

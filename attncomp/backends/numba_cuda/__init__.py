@@ -75,6 +75,34 @@ class CudaFunction:
         outputs = self.run(func, args, constraints, sizes)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    # decoders keep their cache on the device --------------------------------------------
+    #: a decoder over this backend allocates its cache with :meth:`zeros` and reads shapes with :meth:`shape_view`
+    device_cache = True
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A zeroed device array (a decoder's cache: steps append to it in place, never copying it)."""
+        from attncomp.backends.numba_cuda import runtime
+
+        array = runtime.scratch(shape, dtype)
+        runtime.fill_zero(array)
+        return array
+
+    def shape_view(self, x: Any, name: str) -> Any:
+        """What the shared shape checks read: a stand-in for a device array (no copy), else numpy."""
+        from attncomp.backends.numba_cuda import runtime
+        from attncomp.backends.numba_cuda.arguments import stand_in
+        from attncomp.ir.binding import as_array
+
+        return stand_in(runtime.device_view(x)) if runtime.is_device(x) else as_array(x, name)
+
+    def outputs_for(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+        """Results on the host when every input was, else where the kernels left them."""
+        from attncomp.backends.numba_cuda import runtime
+
+        if any(runtime.is_device(x) for x in inputs):
+            return list(outputs)
+        return [runtime.device_view(o).copy_to_host() if runtime.is_device(o) else o for o in outputs]
+
     def _head_dims(self, kernels: Any, head_dim: int | None, value_dim: int | None) -> tuple[int, int]:
         done = kernels.specialised
         if head_dim is None and done:
@@ -100,7 +128,21 @@ class CudaFunction:
         for kernels in self.attention:
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
+            source = kernels.source(*dims)
+            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), source))
+            merge = kernels.merge_kernel(*dims).py_func
+            merge_name = f"{kernels.name}_merge[D={dims[0]},E={dims[1]}]"
+            found.append(KernelInfo(merge_name, merge, kernels.merge_signature(), source))
+        return found
+
+    def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
+        """The attention kernels as a call with ``rows`` query rows (a decoding step) runs them."""
+        value_dim = head_dim if value_dim is None else value_dim
+        found = []
+        for kernels in self.attention:
+            name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}]"
+            py_func = kernels.kernel(head_dim, value_dim, rows).py_func
+            found.append(KernelInfo(name, py_func, kernels.signature(), kernels.source(head_dim, value_dim, rows)))
         return found
 
     def ptx_for(
@@ -130,11 +172,13 @@ class CudaFunction:
         return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
 
 
-def build(module: Module, lanes: int | None = None) -> CudaFunction:
+def build(module: Module, lanes: int | None = None, split: int | None = None) -> CudaFunction:
     """Generate and load the driver and graph kernels; attention kernels are made per head dims on use.
 
     ``lanes`` fixes the threads per query row of the attention kernels (the
-    default chooses by head dim; tests use it to cover every layout at small sizes).
+    default chooses by head dim; tests use it to cover every layout at small
+    sizes); ``split`` fixes the number of key splits (flash-decoding; the
+    default splits only launches too small to fill the GPU).
     """
     _require_numba_cuda()
     from attncomp.backends.cache import load_source
@@ -143,6 +187,6 @@ def build(module: Module, lanes: int | None = None) -> CudaFunction:
 
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
-    attention = {op: AttentionKernels(k, op, func, lanes) for k, op in enumerate(grids)}
+    attention = {op: AttentionKernels(k, op, func, lanes, split) for k, op in enumerate(grids)}
     source, graph_kernels = generate_driver(func, attention)
     return CudaFunction(source, load_source(source, "cuda"), graph_kernels, list(attention.values()))

@@ -19,7 +19,7 @@ from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Func
 
 
-def _stand_in(device: Any) -> np.ndarray:
+def stand_in(device: Any) -> np.ndarray:
     """A numpy array with ``device``'s shape and dtype that owns one element."""
     return np.lib.stride_tricks.as_strided(
         np.zeros(1, dtype=device.dtype), shape=tuple(device.shape), strides=(0,) * len(device.shape)
@@ -31,7 +31,7 @@ def bind_device_arguments(
 ) -> tuple[list[Any], dict[str, int]]:
     """``bind_arguments`` for host or device arguments: the same checks and errors, no copies."""
     views = [runtime.device_view(a) if runtime.is_device(a) else a for a in args]
-    checked = [_stand_in(v) if runtime.is_device(a) else v for a, v in zip(args, views)]
+    checked = [stand_in(v) if runtime.is_device(a) else v for a, v in zip(args, views)]
     extra = {} if sizes is None else {"sizes": sizes}
     arrays, env = bind_arguments(func, checked, constraints, **extra)
     bound = [v if runtime.is_device(a) else array for a, v, array in zip(args, views, arrays)]

@@ -4,26 +4,43 @@ A kernel keeps its query and accumulator slices in named registers, so the
 head dims D and E are compile-time constants: the first call with new head
 dims generates and compiles that kernel (the source is cached on disk by its
 text, and Numba caches the compiled kernel beside it); other sizes (batch,
-heads, sequence lengths) never recompile.
+heads, sequence lengths) never recompile, except that calls with fewer
+query rows than a block (decoding) get a kernel whose thread blocks hold
+just those rows (``plan.rows_for``).
+
+A launch with fewer thread blocks than the GPU holds at once splits the
+keys (flash-decoding, see ``kernel.py``): ``split_for`` picks the number of
+parts, the attention kernel writes partial states into scratch arrays, and
+the merge kernel combines them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu import captured_values
+from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
-from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention
+from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op
 from attncomp.ir.dims import Dim
+from attncomp.ir.types import NUMPY_DTYPES
+
+#: the most parts one unit's keys are split into
+MAX_SPLIT = 64
 
 
 class AttentionKernels:
-    def __init__(self, index: int, grid: Op, func: Func, lanes: int | None = None):
+    """The kernels of one ``ac.tile_grid``.  ``lanes`` fixes the threads per query row and
+    ``split`` the number of key splits (capped by the key blocks); by default both are chosen."""
+
+    def __init__(self, index: int, grid: Op, func: Func, lanes: int | None = None, split: int | None = None):
         self.index = index
         self.grid = grid
         self.tiled = read_tiled_attention(grid)
@@ -32,20 +49,31 @@ class AttentionKernels:
         self.func_name = func.name
         self.name = f"attention_kernel_{index}"
         self.lanes = lanes
-        self._kernels: dict[tuple[int, int], Any] = {}
+        self.split = split
+        #: the key splits of the last launch (1: none)
+        self.last_split = 1
+        self._kernels: dict[tuple[int, int, int], Any] = {}
 
     @property
     def head_dims(self) -> tuple[Dim, Dim]:
         """D and E as the IR has them: the query tile's and the value tile's last axes."""
         return self.tiled.q_load.results[0].type.shape[-1], self.tiled.masked.v_load.results[0].type.shape[-1]
 
-    def plan(self, head_dim: int, value_dim: int) -> AttentionPlan:
-        acc_bytes = 8 if self.grid.results[0].type.dtype == "f64" else 4
-        t = self.tiled
-        return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes)
+    @property
+    def acc_dtype(self) -> str:
+        return "f64" if self.grid.results[0].type.dtype == "f64" else "f32"
 
-    def source(self, head_dim: int, value_dim: int) -> str:
-        plan = self.plan(head_dim, value_dim)
+    @property
+    def n_outs(self) -> int:
+        return len(self.grid.results)
+
+    def plan(self, head_dim: int, value_dim: int, rows: int | None = None) -> AttentionPlan:
+        acc_bytes = 8 if self.acc_dtype == "f64" else 4
+        t = self.tiled
+        return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes, rows)
+
+    def source(self, head_dim: int, value_dim: int, rows: int | None = None) -> str:
+        plan = self.plan(head_dim, value_dim, rows)
         return write_attention_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan)
 
     def signature(self) -> str:
@@ -55,22 +83,70 @@ class AttentionKernels:
             rank = value.type.rank
             types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
         types += ["int64"] * len(self.dims)
+        acc = self.acc_dtype
+        types += ["int64", array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
         return f"void({', '.join(types)})"
 
-    def kernel(self, head_dim: int, value_dim: int) -> Any:
-        key = (head_dim, value_dim)
+    def merge_signature(self) -> str:
+        acc = self.acc_dtype
+        types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
+        types += [array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
+        return f"void({', '.join(types)})"
+
+    def _module(self, head_dim: int, value_dim: int, rows: int | None) -> Any:
+        key = (head_dim, value_dim, self.tiled.block_q if rows is None else rows)
         if key not in self._kernels:
-            module = load_source(self.source(head_dim, value_dim), "cuda")
-            self._kernels[key] = getattr(module, self.name)
+            self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
+
+    def kernel(self, head_dim: int, value_dim: int, rows: int | None = None) -> Any:
+        """The attention kernel for these head dims (and query rows per thread block)."""
+        return getattr(self._module(head_dim, value_dim, rows), self.name)
+
+    def merge_kernel(self, head_dim: int, value_dim: int, rows: int | None = None) -> Any:
+        """The kernel that merges key splits, from the same module."""
+        return getattr(self._module(head_dim, value_dim, rows), f"{self.name}_merge")
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
         """The (D, E) pairs compiled so far."""
-        return list(self._kernels)
+        return list(dict.fromkeys((d, e) for d, e, _ in self._kernels))
 
-    def launch(self, blocks: int, head_dim: int, value_dim: int, *args: Any) -> None:
+    def split_for(self, blocks: int, n_keys: int, threads: int, value_dim: int) -> int:
+        """Key splits for a launch of ``blocks`` thread blocks over ``n_keys`` keys."""
+        key_blocks = -(-n_keys // self.tiled.block_k)
+        if self.split is not None:
+            wanted = self.split
+        else:
+            target = rt.resident_blocks(threads)
+            if blocks >= target:
+                return 1
+            wanted = -(-target // blocks)
+        if value_dim == 0:
+            return 1
+        return max(1, min(wanted, MAX_SPLIT, key_blocks))
+
+    def launch(self, blocks: int, n_rows: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
+        """Run the attention of one ``ac.tile_grid``: ``args`` are the kernel's outputs, captured
+        values and sizes; ``blocks`` the (batch, query block) units."""
         if blocks <= 0:
             return
-        threads = self.plan(head_dim, value_dim).threads
-        self.kernel(head_dim, value_dim)[blocks, threads](*args)
+        rows = rows_for(self.tiled.block_q, n_rows)
+        plan = self.plan(head_dim, value_dim, rows)
+        n_split = self.split_for(blocks, n_keys, plan.threads, value_dim)
+        self.last_split = n_split
+        outs = args[: self.n_outs]
+        dtype = NUMPY_DTYPES[self.acc_dtype]
+        if n_split == 1:  # unused placeholders
+            parts = (rt.scratch((1, 1, 1), dtype), rt.scratch((1, 1), dtype), rt.scratch((1, 1), dtype))
+        else:
+            n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
+            parts = (
+                rt.scratch((n_split, n_flat, value_dim), dtype),
+                rt.scratch((n_split, n_flat), dtype),
+                rt.scratch((n_split, n_flat), dtype),
+            )
+        self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads](*args, n_split, *parts)
+        if n_split > 1:
+            merge = self.merge_kernel(head_dim, value_dim, rows)
+            rt.launch_map(merge, n_flat * value_dim, *outs, *parts)

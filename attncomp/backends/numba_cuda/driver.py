@@ -158,7 +158,11 @@ class DriverWriter:
         blocks = f"(({dim_expr(out_type.shape[n_batch])} + {block_q - 1}) // {block_q})"
         blocks += "".join(f" * {dim_expr(d)}" for d in out_type.shape[:n_batch])
         head, value = (dim_expr(d) for d in kernels.head_dims)
-        self.w.line(f"attention[{kernels.index}].launch({blocks}, {head}, {value}, {', '.join(outs + args + dims)})")
+        rows = dim_expr(out_type.shape[n_batch])
+        k_type = kernels.tiled.masked.k_load.operands[0].type
+        keys = dim_expr(k_type.shape[k_type.rank - 2])
+        sizes = f"{blocks}, {rows}, {keys}, {head}, {value}"
+        self.w.line(f"attention[{kernels.index}].launch({sizes}, {', '.join(outs + args + dims)})")
 
     def op(self, op: Op) -> None:
         if op.name == "ac.return":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from attncomp.backends.codegen import NUMPY_SCALAR, ScalarEmitter, SourceWriter, dim_expr, literal
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
+from attncomp.backends.numba_cuda.runtime import MATMUL_TILE
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
@@ -65,8 +66,6 @@ ELEMENTWISE = {
 }
 LAYOUT = {"ac.transpose", "ac.slice", "ac.repeat_kv", "ac.concat", "ac.cache_append"}
 ROWS = {"ac.reduce", "ac.softmax", "ac.logsumexp", "ac.block_reduce"}
-
-MATMUL_TILE = 16
 
 
 def array_type(dtype: str, rank: int, contiguous: bool = False) -> str:

@@ -1,10 +1,14 @@
 """How one attention kernel maps onto a thread block: lanes, key chunks, shared memory.
 
-A thread block computes one block of ``block_q`` query rows.  Each row is
-owned by ``lanes`` consecutive threads; lane ``g`` keeps the head-dimension
+A thread block computes ``rows`` query rows: the IR's whole block of
+``block_q`` rows, or, when a call has fewer query rows than that (decoding
+a few tokens), just enough for them, so that no thread block computes
+clamped copies of one row over and over.  Each row is owned by ``lanes``
+consecutive threads; lane ``g`` keeps the head-dimension
 entries ``g, g + lanes, g + 2 lanes, ...`` of its row's query and of its
 output accumulator in registers, so a thread holds at most
-``MAX_SLICE`` of each, whatever the head dimension.  Interleaving the lanes
+``MAX_SLICE`` of each, whatever the head dimension; a block of few rows takes more lanes per
+row, so that it still has a warp of threads.  Interleaving the lanes
 (rather than giving each a contiguous range) makes the lanes of a warp read
 consecutive words of a shared-memory row: no bank conflicts.
 
@@ -37,17 +41,18 @@ def _ceil_div(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    block_q: int
+    block_q: int  # query rows of the IR's tile
     block_k: int
     head_dim: int  # D: query/key features
     value_dim: int  # E: value/output features
     lanes: int  # threads per query row
     chunk: int  # keys staged in shared memory at a time
     acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
+    rows: int  # query rows per thread block: block_q, or fewer for calls with fewer rows
 
     @property
     def threads(self) -> int:
-        return self.block_q * self.lanes
+        return self.rows * self.lanes
 
     @property
     def q_slice(self) -> int:
@@ -71,29 +76,53 @@ class AttentionPlan:
     @property
     def shared_bytes(self) -> int:
         partials = self.chunk * self.threads if self.lanes > 1 else 0
-        scores = self.chunk * self.block_q
+        scores = self.chunk * self.rows
         return self.acc_bytes * (self.chunk * (self.head_pad + self.value_pad) + partials + scores)
 
 
+def rows_for(block_q: int, n_rows: int) -> int:
+    """Query rows per thread block for a call with ``n_rows`` rows: the IR's ``block_q``, or the
+    power of two that just holds them when there are fewer (one thread block then covers them all)."""
+    rows = 1
+    while rows < min(n_rows, block_q):
+        rows *= 2
+    return min(rows, block_q)
+
+
 def plan_attention(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, acc_bytes: int = 4, lanes: int | None = None
+    block_q: int,
+    block_k: int,
+    head_dim: int,
+    value_dim: int,
+    acc_bytes: int = 4,
+    lanes: int | None = None,
+    rows: int | None = None,
 ) -> AttentionPlan:
-    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it)."""
+    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it).
+
+    ``rows`` (default ``block_q``) is the query rows a thread block computes; fewer than
+    ``block_q`` is only right when the call's rows all fit in one thread block.
+    """
+    rows = block_q if rows is None else rows
+    if not 1 <= rows <= block_q:
+        raise LoweringError(f"cuda: rows per thread block must be in [1, block_q = {block_q}], got {rows}")
     if lanes is None:
         lanes = 1
         while lanes < 32 and (_ceil_div(head_dim, lanes) > MAX_SLICE or _ceil_div(value_dim, lanes) > MAX_SLICE):
             lanes *= 2
+        while lanes < 32 and rows * lanes < 32:  # at least a warp per thread block
+            lanes *= 2
     if lanes < 1 or 32 % lanes:
         raise LoweringError(f"cuda: lanes per row must divide 32, got {lanes}")
-    if block_q * lanes > MAX_THREADS:
+    if rows * lanes > MAX_THREADS:
         raise LoweringError(
-            f"cuda: block_q = {block_q} with {lanes} threads per row needs {block_q * lanes} threads "
+            f"cuda: block_q = {rows} with {lanes} threads per row needs {rows * lanes} threads "
             f"(at most {MAX_THREADS}); use a smaller block_q in flash-tiling"
         )
     chunk = max(1, min(MAX_CHUNK, block_k))
-    plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, chunk, acc_bytes)
+    plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, chunk, acc_bytes, rows)
     while plan.shared_bytes > SHARED_BUDGET and plan.chunk > 1:
-        plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, plan.chunk // 2, acc_bytes)
+        plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, plan.chunk // 2, acc_bytes, rows)
     if plan.shared_bytes > SHARED_BUDGET:
         raise LoweringError(
             f"cuda: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared memory "

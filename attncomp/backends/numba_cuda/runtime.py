@@ -19,9 +19,11 @@ from attncomp.ir.types import NUMPY_DTYPES
 
 SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
 #: threads per block and the most blocks of a 1-d (grid-stride) launch; the most batch
-#: blocks of a matmul (its kernel loops over the rest)
-THREADS, MAX_BLOCKS, MAX_GRID_Z = (32, 2, 2) if SIMULATED else (256, 8192, 65535)
-MATMUL_TILE = 16
+#: blocks of a matmul (its kernel loops over the rest); the side of a matmul's square tile.
+#: The simulator runs every thread as a Python thread: fewer threads, each doing more, run
+#: faster there, and the kernels' code is the same apart from these constants.
+THREADS, MAX_BLOCKS, MAX_GRID_Z = (8, 1, 2) if SIMULATED else (256, 8192, 65535)
+MATMUL_TILE = 8 if SIMULATED else 16
 
 
 def _simulated_array_type() -> type | None:
@@ -79,6 +81,39 @@ def kernel_scalar(x: Any, dtype: str):
 def empty(shape: tuple[int, ...], dtype: str) -> Any:
     """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
     return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES[dtype])
+
+
+def scratch(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised device array of a numpy dtype (kernel workspace)."""
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def fill_zero(array: Any) -> None:
+    """Zero a device array (``cuda.device_array`` leaves it uninitialised)."""
+    if array.size:
+        array.copy_to_device(np.zeros(tuple(array.shape), dtype=array.dtype))
+
+
+_MULTIPROCESSORS: list[int] = []
+
+
+def multiprocessors() -> int:
+    """The current GPU's streaming multiprocessors (1 under the simulator)."""
+    if not _MULTIPROCESSORS:
+        count = 1
+        if not SIMULATED:
+            count = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+        _MULTIPROCESSORS.append(count)
+    return _MULTIPROCESSORS[0]
+
+
+def resident_blocks(threads: int) -> int:
+    """Thread blocks of ``threads`` threads that keep the GPU busy: a launch with fewer splits its
+    keys (flash-decoding).  Up to 16 blocks, or 1024 threads, per multiprocessor; 4 blocks under
+    the simulator, where every block runs in turn."""
+    if SIMULATED:
+        return 4
+    return multiprocessors() * max(1, min(16, 1024 // max(threads, 1)))
 
 
 def from_host(x: Any, shape: tuple[int, ...]) -> Any:

@@ -1,0 +1,106 @@
+"""Decoding on the CUDA backend: flash-decoding key splits, small thread blocks, the device cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.testing import TOLERANCE, worst_error
+from tests.conftest import load_example
+from tests.cuda_sim.helpers import as_list, build_cuda, host
+from tests.passes import specs as pass_specs
+
+
+def _inputs(rng, shape_q, shape_k, value_dim=None):
+    q = rng.standard_normal(shape_q).astype(np.float32)
+    k = rng.standard_normal(shape_k).astype(np.float32)
+    v = rng.standard_normal((*shape_k[:-1], value_dim or shape_k[-1])).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+@pytest.mark.parametrize(
+    "spec,shape_q,shape_k",
+    [
+        (pass_specs.causal, (1, 2, 3, 8), (1, 2, 37, 8)),  # few rows: early splits have every key, late ones none
+        (pass_specs.spelled_gqa_lse, (2, 4, 1, 8), (2, 2, 45, 8)),  # one token, GQA, LSE merged too
+        (pass_specs.causal, (1, 1, 44, 8), (1, 1, 44, 8)),  # several query blocks, uneven splits
+    ],
+    ids=["causal-few-rows", "gqa-lse-one-token", "causal-blocks"],
+)
+def test_key_splits_merge_to_the_interpreter(spec, shape_q, shape_k, split):
+    q, k, v = _inputs(np.random.default_rng(split), shape_q, shape_k)
+    fn, impl = build_cuda(spec, split=split)
+    got = as_list(impl.call(fn.func, [q, k, v], fn.constraints))
+    assert impl.attention[0].last_split == split
+    want = as_list(ac.interpret(spec, q, k, v))
+    assert worst_error(got, want) < 5 * TOLERANCE["f32"]
+
+
+def test_rows_without_visible_keys_stay_zero_across_splits():
+    """A split whose keys are all masked, or that has no key block, leaves m = -inf, l = 0: the merge
+    must give those rows 0 and LSE -inf only when every split saw nothing."""
+    q, k, v = _inputs(np.random.default_rng(3), (1, 2, 24, 8), (1, 2, 24, 8))
+    fn, impl = build_cuda(pass_specs.window, split=3, size=2)
+    got = as_list(impl.call(fn.func, [q, k, v], fn.constraints))
+    want = as_list(ac.interpret(pass_specs.window, q, k, v, size=2))
+    assert worst_error(got, want) < 5 * TOLERANCE["f32"]
+
+
+def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
+    """One token for two heads: the launch is smaller than the (simulated) GPU, so its keys are split,
+    and its thread blocks hold one query row with a warp of lanes."""
+    module = load_example("gqa")
+    q, k, v = module.make_inputs(np.random.default_rng(4), B=1, H=2, KV=1, T=1, S=200, D=8, E=8)
+    fn = ac.compile(module.grouped_query_attention, backend="cuda")
+    got = fn(q, k, v)
+    kernels = fn._impl.attention[0]
+    assert kernels.last_split > 1
+    assert (8, 8, 1) in kernels._kernels and kernels.plan(8, 8, 1).threads == 32
+    np.testing.assert_allclose(got, module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+def test_nanochat_prefill_then_steps_equals_one_call():
+    """The seed model: prefill 100 tokens, then 64 single-token steps, on the device cache."""
+    nanochat = load_example("nanochat_attention")
+    rng = np.random.default_rng(0)
+    x, *weights = nanochat.make_inputs(rng, B=1, T=164, C=24, n_head=6, n_kv_head=2)
+    fn = ac.compile(nanochat.nanochat_attention, backend="cuda", n_head=6, n_kv_head=2)
+    whole = fn(x, *weights)
+    want = ac.compile(nanochat.nanochat_attention, backend="interp", n_head=6, n_kv_head=2)(x, *weights)
+    assert worst_error([whole], [want]) < 5 * TOLERANCE["f32"]
+    dec = fn.decoder(max_len=192)
+    steps = [dec(x[:, :100], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(100, 164)]
+    assert all(isinstance(step, np.ndarray) for step in steps)  # host inputs, host outputs
+    decoded = np.concatenate(steps, axis=1)
+    assert np.max(np.abs(decoded - whole)) / np.max(np.abs(whole)) < 1e-5
+    assert dec.length == 164
+    cache = {name: host(array) for name, array in dec.cache.items()}
+    assert cache["k_cache"].shape == (1, 2, 164, 4) and cache["v_cache"].shape == (1, 2, 164, 4)
+    # the keys the steps appended are the keys the CPU decoder computes
+    cpu = ac.compile(nanochat.nanochat_attention, backend="cpu", n_head=6, n_kv_head=2).decoder(max_len=192)
+    cpu(x, *weights)
+    np.testing.assert_allclose(cache["k_cache"], cpu.cache["k_cache"], rtol=1e-5, atol=1e-5)
+    dec.reset()  # a replay of the prefill and the first steps gives the same bits
+    replay = [dec(x[:, :100], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(100, 108)]
+    np.testing.assert_array_equal(np.concatenate(replay, axis=1), decoded[:, :108])
+
+
+def test_the_device_cache_is_untouched_by_a_failing_step():
+    from numba import cuda
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 6, 4)).astype(np.float32)
+    slopes = np.ones(2, np.float32)
+    dec = ac.compile(pass_specs.causal_alibi, backend="cuda").decoder(max_len=8)
+    dec(cuda.to_device(q), cuda.to_device(q), cuda.to_device(v), cuda.to_device(slopes))
+    before = {name: host(array).copy() for name, array in dec.cache.items()}
+    with pytest.raises(ValueError, match="exceeds max_len = 8"):
+        dec(q, q, v, slopes)
+    with pytest.raises(ac.ShapeError, match="dimension D"):
+        dec(q[..., :1, :4], q[..., :1, :], v[..., :1, :], slopes)
+    assert dec.length == 6
+    for name, array in dec.cache.items():
+        np.testing.assert_array_equal(host(array), before[name])
