@@ -31,13 +31,14 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from attncomp.backends.numba_cpu import runtime as rt
+from attncomp.backends.numba_cpu.intrinsics import float_from_bits, maximum_f32, maximum_f64
 
 FASTMATH = {fastmath!r}
 
 # exp(x) for x <= 0 in float32, written so that LLVM vectorises it (libm's expf is
 # scalar): x*log2(e) = n + f with f in [0, 1); 2**f by a degree-6 fit (relative
-# error 1e-7); 2**n by multiplying the powers that n's bits select.  Below -87 the
-# result is 0, so masked scores (-inf) weigh exactly nothing.
+# error 1e-7); 2**n from its exponent bits (n >= -126: a normal float).  Below -87
+# the result is 0, so masked scores (-inf) weigh exactly nothing.
 EXP_C = (1.0, 0.6931468844413757, 0.24023030698299408, 0.05548214912414551,
          0.009679985232651234, 0.0012437946861609817, 0.0002168343198718503)
 
@@ -54,16 +55,8 @@ def exp_nonpositive_f32(x):
     p = p * f + np.float32(EXP_C[2])
     p = p * f + np.float32(EXP_C[1])
     p = p * f + np.float32(EXP_C[0])
-    k = np.int32(-n)
-    one = np.float32(1.0)
-    p = p * (np.float32(2.0**-1) if k & 1 else one)
-    p = p * (np.float32(2.0**-2) if k & 2 else one)
-    p = p * (np.float32(2.0**-4) if k & 4 else one)
-    p = p * (np.float32(2.0**-8) if k & 8 else one)
-    p = p * (np.float32(2.0**-16) if k & 16 else one)
-    p = p * (np.float32(2.0**-32) if k & 32 else one)
-    p = p * (np.float32(2.0**-64) if k & 64 else one)
-    return np.float32(0.0) if x < np.float32(-87.0) else p
+    two_n = float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return np.float32(0.0) if x < np.float32(-87.0) else p * two_n
 
 
 # The two tile products, shared by every kernel of this file (compiled once, not per variant).

@@ -105,7 +105,7 @@ class KernelWriter(KernelSource):
                 else:
                     w.line(f"xv = {x}")
                 w.line("s[r, c] = xv")
-                w.line("mx = max(mx, xv)")
+                w.line("mx = MAXIMUM(mx, xv)  # NaN-propagating, and vectorised")
             w.line("m_new = m[g, r] if m[g, r] > mx else mx")
             w.line("m_safe = ACC(0.0) if m_new == -np.inf else m_new")
             w.line("alpha = EXP(ACC(m[g, r] - m_safe))")
@@ -157,6 +157,7 @@ class KernelWriter(KernelSource):
         with w.indent():
             w.line(f"ACC = {self.acc}")
             w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
+            w.line(f"MAXIMUM = {'maximum_f32' if self.acc == 'np.float32' else 'maximum_f64'}")
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
             w.line(f"G = {self.group}")
