@@ -104,3 +104,15 @@ def test_the_device_cache_is_untouched_by_a_failing_step():
     assert dec.length == 6
     for name, array in dec.cache.items():
         np.testing.assert_array_equal(host(array), before[name])
+
+
+def test_split_workspace_is_reused_and_grown_across_calls():
+    """Scratch buffers persist between calls: a bigger call grows them, a smaller one reuses a prefix."""
+    fn, impl = build_cuda(pass_specs.spelled_gqa_lse, split=3)
+    rng = np.random.default_rng(6)
+    for batch, keys in ((1, 30), (3, 45), (1, 30)):
+        q, k, v = _inputs(rng, (batch, 4, 1, 8), (batch, 2, keys, 8))
+        got = as_list(impl.call(fn.func, [q, k, v], fn.constraints))
+        assert worst_error(got, as_list(ac.interpret(pass_specs.spelled_gqa_lse, q, k, v))) < 5 * TOLERANCE["f32"]
+    buffers = impl.attention[0]._buffers
+    assert buffers[(0, np.float32)].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E

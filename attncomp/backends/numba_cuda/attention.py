@@ -16,6 +16,7 @@ the merge kernel combines them.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,8 @@ class AttentionKernels:
         #: the key splits of the last launch (1: none)
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
+        self._buffers: dict[tuple[int, Any], Any] = {}
+        self._launching = threading.Lock()  # a split launch and its merge are enqueued together
 
     @property
     def head_dims(self) -> tuple[Dim, Dim]:
@@ -112,6 +115,21 @@ class AttentionKernels:
         """The (D, E) pairs compiled so far."""
         return list(dict.fromkeys((d, e) for d, e, _ in self._kernels))
 
+    def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small.
+
+        Reused from call to call: a decoding step would otherwise pay a device allocation
+        and free for each scratch array.  Launches on one stream run in order, and each
+        split launch is enqueued with its merge under a lock, so a buffer is never written
+        while an earlier launch still reads it.
+        """
+        size = int(np.prod(shape, dtype=np.int64))
+        buffer = self._buffers.get((slot, dtype))
+        if buffer is None or buffer.size < size:
+            buffer = rt.scratch((max(size, 1),), dtype)
+            self._buffers[(slot, dtype)] = buffer
+        return buffer[:size].reshape(shape)
+
     def split_for(self, blocks: int, n_keys: int, threads: int, value_dim: int) -> int:
         """Key splits for a launch of ``blocks`` thread blocks over ``n_keys`` keys."""
         key_blocks = -(-n_keys // self.tiled.block_k)
@@ -137,16 +155,13 @@ class AttentionKernels:
         self.last_split = n_split
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
-        if n_split == 1:  # unused placeholders
-            parts = (rt.scratch((1, 1, 1), dtype), rt.scratch((1, 1), dtype), rt.scratch((1, 1), dtype))
-        else:
-            n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
-            parts = (
-                rt.scratch((n_split, n_flat, value_dim), dtype),
-                rt.scratch((n_split, n_flat), dtype),
-                rt.scratch((n_split, n_flat), dtype),
-            )
-        self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads](*args, n_split, *parts)
-        if n_split > 1:
-            merge = self.merge_kernel(head_dim, value_dim, rows)
-            rt.launch_map(merge, n_flat * value_dim, *outs, *parts)
+        with self._launching:
+            n_flat = 1
+            if n_split > 1:
+                n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
+            shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
+            parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
+            self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads](*args, n_split, *parts)
+            if n_split > 1:
+                merge = self.merge_kernel(head_dim, value_dim, rows)
+                rt.launch_map(merge, n_flat * value_dim, *outs, *parts)
