@@ -127,15 +127,34 @@ class AttentionKernelWriter(KernelSource):
     def batch_decode(self, rank: int) -> list[str]:
         """Block index -> query block (last rows first: causal blocks with most keys start first)
         and batch indices (row-major)."""
-        w = self.w
-        w.line("qb = n_qb - 1 - task % n_qb")
+        self.w.line("qb = n_qb - 1 - task % n_qb")
+        return self.batch_indices(rank, "task // n_qb")
+
+    def batch_indices(self, rank: int, flat: str) -> list[str]:
+        """Emit the batch indices ``bi_k`` of the row-major flat batch index ``flat`` (over out_0's axes)."""
         names = [f"bi_{k}" for k in range(rank)]
-        rest = "task // n_qb"
         for k in reversed(range(rank)):
-            w.line(f"rest_{k} = {rest}")
-            w.line(f"{names[k]} = rest_{k} % out_0.shape[{k}]")
-            rest = f"rest_{k} // out_0.shape[{k}]"
+            self.w.line(f"rest_{k} = {flat}")
+            self.w.line(f"{names[k]} = rest_{k} % out_0.shape[{k}]")
+            flat = f"rest_{k} // out_0.shape[{k}]"
         return names
+
+    def feature(self, k: int) -> str:
+        """The head-dim index of this lane's ``k``-th register (lanes interleave)."""
+        return f"g + {k * self.plan.lanes}" if self.plan.lanes > 1 else str(k)
+
+    def store_slice(self, template: str) -> None:
+        """Emit ``template`` (with ``{k}`` and ``{f}``) for each accumulator register, guarding the
+        padded features of the last slice."""
+        p = self.plan
+        for k in range(p.acc_slice):
+            store = template.format(k=k, f=self.feature(k))
+            if (k + 1) * p.lanes <= p.value_dim:
+                self.w.line(store)
+            else:
+                self.w.line(f"if {self.feature(k)} < {p.value_dim}:")
+                with self.w.indent():
+                    self.w.line(store)
 
     def load_query(self) -> None:
         """This lane's slice of its query row (rows past the end read the last), zero past D."""
@@ -145,7 +164,7 @@ class AttentionKernelWriter(KernelSource):
         row0 = self.ref(load.operands[-1])
         w.line(f"q_row = min({row0} + r, n_rows - 1)")
         for k in range(p.q_slice):
-            feature = f"g + {k * p.lanes}" if p.lanes > 1 else str(k)
+            feature = self.feature(k)
             load_expr = f"ACC({src}[{prefix}q_row, {feature}])"
             if (k + 1) * p.lanes <= p.head_dim:
                 w.line(f"q_{k} = {load_expr}")
@@ -169,8 +188,7 @@ class AttentionKernelWriter(KernelSource):
         p = self.plan
         terms = []
         for k in range(p.q_slice):
-            feature = f"g + {k * p.lanes}" if p.lanes > 1 else str(k)
-            terms.append(f"q_{k} * k_tile[{c}, {feature}]")
+            terms.append(f"q_{k} * k_tile[{c}, {self.feature(k)}]")
         return " + ".join(terms)
 
     def chunk(self, compute: TileCompute, masked: str | None, rows: str, hoisted: dict[Op, list[Op]]) -> None:
@@ -221,8 +239,7 @@ class AttentionKernelWriter(KernelSource):
             w.line("pc = ACC(math.exp(scores[c, r] - m_safe))")
             w.line("l += pc")
             for k in range(p.acc_slice):
-                feature = f"g + {k * p.lanes}" if p.lanes > 1 else str(k)
-                w.line(f"acc_{k} += pc * v_tile[c, {feature}]")
+                w.line(f"acc_{k} += pc * v_tile[c, {self.feature(k)}]")
         w.line("m = m_new")
         w.line("cuda.syncthreads()")
 
@@ -319,7 +336,7 @@ class AttentionKernelWriter(KernelSource):
             self.key_tile(t.masked, f"{tile_class} == 1" if t.masked.mask is not None else None, hoisted)
 
     def finish(self) -> None:
-        t, p, w = self.t, self.plan, self.w
+        t, w = self.t, self.w
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         w.line("if row_in and n_split > 1:  # this split's partial state, merged by the merge kernel")
         with w.indent():
@@ -328,27 +345,11 @@ class AttentionKernelWriter(KernelSource):
             with w.indent():
                 w.line("part_m[sp, flat] = m")
                 w.line("part_l[sp, flat] = l")
-            for k in range(p.acc_slice):
-                feature = f"g + {k * p.lanes}" if p.lanes > 1 else str(k)
-                store = f"part_o[sp, flat, {feature}] = acc_{k}"
-                if (k + 1) * p.lanes <= p.value_dim:
-                    w.line(store)
-                else:
-                    w.line(f"if {feature} < {p.value_dim}:")
-                    with w.indent():
-                        w.line(store)
+            self.store_slice("part_o[sp, flat, {f}] = acc_{k}")
         w.line("elif row_in:")
         with w.indent():
             w.line("denominator = l if l != 0.0 else ACC(1.0)")
-            for k in range(p.acc_slice):
-                feature = f"g + {k * p.lanes}" if p.lanes > 1 else str(k)
-                store = f"out_0[{prefix}i0 + r, {feature}] = acc_{k} / denominator"
-                if (k + 1) * p.lanes <= p.value_dim:
-                    w.line(store)
-                else:
-                    w.line(f"if {feature} < {p.value_dim}:")
-                    with w.indent():
-                        w.line(store)
+            self.store_slice(f"out_0[{prefix}i0 + r, {{f}}] = acc_{{k}} / denominator")
             if t.with_lse:
                 w.line("if g == 0:")
                 with w.indent():
@@ -369,13 +370,7 @@ class AttentionKernelWriter(KernelSource):
                 w.line("flat = item // n_value")
                 w.line("e = item - flat * n_value")
                 w.line("row = flat % n_rows")
-                rest = "flat // n_rows"
-                names = [f"bi_{k}" for k in range(nb)]
-                for k in reversed(range(nb)):
-                    w.line(f"rest_{k} = {rest}")
-                    w.line(f"{names[k]} = rest_{k} % out_0.shape[{k}]")
-                    rest = f"rest_{k} // out_0.shape[{k}]"
-                prefix = "".join(f"{n}, " for n in names)
+                prefix = "".join(f"{n}, " for n in self.batch_indices(nb, "flat // n_rows"))
                 w.line("m_max = ACC(-np.inf)")
                 w.line("for s in range(n_split):")
                 with w.indent():
