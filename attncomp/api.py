@@ -10,14 +10,27 @@ from attncomp.backends import BACKENDS
 from attncomp.blockmap import block_map
 from attncomp.decoder import Decoder
 from attncomp.dsl import Spec
+from attncomp.errors import ShapeError
 from attncomp.ir import parser as _parser
 from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Module
 from attncomp.ir.interpreter import Interpreter, interpret_func
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.types import NUMPY_DTYPES, is_float
 from attncomp.ir.verifier import verify_module
 from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
 from attncomp.passes.manager import split_top_level
+
+#: ops a compiled backend runs only once flash-tiling has tiled them
+UNTILED = ("ac.attention", "ac.attention_grad")
+
+
+def with_graph_pass(pipeline: str, name: str) -> str:
+    """``pipeline`` with pass ``name`` run on the graph: just before flash-tiling, or last."""
+    entries = split_top_level(pipeline)
+    names = [e.split("{")[0].strip() for e in entries]
+    at = names.index("flash-tiling") if "flash-tiling" in names else len(entries)
+    entries.insert(at, name)
+    return ",".join(entries)
 
 
 def parse_ir(text: str) -> Module:
@@ -65,13 +78,15 @@ class CompiledFunction:
         self.pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
         self.remarks: list[str] = []
         self.module, self._stages = run_pipeline(module, parse_pipeline(self.pipeline), self.remarks)
-        if backend != "interp" and any(op.name == "ac.attention" for op in self.module.main.body.ops):
+        if backend != "interp" and any(op.name in UNTILED for op in self.module.main.body.ops):
             # Backends run attention tiled; a pipeline that stopped after fusion gets the default tiling.
-            self.remarks.append(f"{backend}: ac.attention was tiled with flash-tiling's defaults")
+            self.remarks.append(f"{backend}: attention was tiled with flash-tiling's defaults")
             more, stages = run_pipeline(self.module, parse_pipeline("flash-tiling"), self.remarks)
             self.module, self._stages = more, self._stages + stages[1:]
         self.constraints = verify_module(self.module)
         self._impl = None
+        self._saving: CompiledFunction | None = None
+        self._backward: CompiledFunction | None = None
         if backend == "cpu":
             from attncomp.backends import numba_cpu
 
@@ -138,16 +153,82 @@ class CompiledFunction:
         outputs = self._run(args)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _run(self, args, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
-        """Check ``args`` (with caller-known ``sizes``), run, return every result."""
+    def _run(self, args, sizes: dict[str, int] | None = None, exact: bool = False) -> list[np.ndarray]:
+        """Check ``args`` (with caller-known ``sizes``), run, return every result.
+
+        ``exact`` (the interpreter only): take float64 arguments and give float64 results.
+        """
         if self.backend == "cuda":  # device arrays are bound in place and results may stay on the device
             return self._impl.run(self.func, args, self.constraints, sizes)
+        if exact and self._impl is None:
+            declared = [np.asarray(a).astype(NUMPY_DTYPES[v.type.dtype]) for a, v in zip(args, self.func.args)]
+            _, env = bind_arguments(self.func, declared, self.constraints, sizes)
+            return Interpreter(self.func, env).run([np.asarray(a) for a in args])
         arrays, env = bind_arguments(self.func, args, self.constraints, sizes)
         if self._impl is not None:
             outputs = self._impl(arrays, env)
         else:
             outputs = Interpreter(self.func, env).run(arrays)
         return [np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype]) for out, value in zip(outputs, self.func.results)]
+
+    # gradients -------------------------------------------------------------------
+    @property
+    def backward(self) -> CompiledFunction:
+        """The compiled backward: ``autodiff`` after the graph passes, then tiled like the forward.
+
+        It takes the spec's arguments, the saved results of the forward (each fused
+        attention's output and LSE) and one cotangent per result, and returns one
+        gradient per floating argument.
+        """
+        if self._backward is None:
+            pipeline = with_graph_pass(self.pipeline, "autodiff")
+            self._backward = CompiledFunction(self._input, self.backend, pipeline, f"{self.name}_backward")
+        return self._backward
+
+    @property
+    def forward_saving(self) -> CompiledFunction:
+        """The forward that also returns what the backward reads (``save-residuals``)."""
+        if self._saving is None:
+            pipeline = with_graph_pass(self.pipeline, "save-residuals")
+            self._saving = CompiledFunction(self._input, self.backend, pipeline, self.name)
+        return self._saving
+
+    def vjp(self, *args: Any):
+        """Run the forward; return its result and ``pullback(*cotangents) -> one gradient per argument``.
+
+        ``pullback`` takes one cotangent per result (``None``: zero) and gives, per
+        argument, an array of its shape and element type (float64 on ``interp``, the
+        reference), or ``None`` for integer and boolean arguments.
+        """
+        forward = self.forward_saving
+        exact = self.backend == "interp"
+        outputs = forward._run(args, exact=exact)
+        n_saved = forward.func.attrs.get("residuals", 0)
+        results, saved = outputs[: len(outputs) - n_saved], outputs[len(outputs) - n_saved :]
+        backward = self.backward
+        result_types = [v.type for v in self.func.results]
+        arg_names = [a.name for a in self.func.args]
+
+        def pullback(*cotangents: Any) -> tuple[np.ndarray | None, ...]:
+            if len(cotangents) != len(results):
+                raise TypeError(
+                    f"pullback of @{self.name} takes {len(results)} cotangent(s), one per result, got {len(cotangents)}"
+                )
+            filled = []
+            for k, (c, r, t) in enumerate(zip(cotangents, results, result_types)):
+                if c is None:
+                    filled.append(np.zeros(np.shape(r), dtype=np.float64 if exact else NUMPY_DTYPES[t.dtype]))
+                    continue
+                c = np.asarray(c)
+                if c.shape != np.shape(r):
+                    raise ShapeError(f"cotangent {k}: expected shape {np.shape(r)} (result {k}), got {c.shape}")
+                filled.append(c.astype(np.float64 if exact else NUMPY_DTYPES[t.dtype], copy=False))
+            grads = iter(backward._run([*args, *saved, *filled], exact=exact))
+            return tuple(next(grads) if is_float(v.type.dtype) else None for v in self.func.args)
+
+        pullback.__doc__ = f"Gradients of ({', '.join(arg_names)}) from one cotangent per result."
+        primal = results[0] if len(results) == 1 else tuple(results)
+        return primal, pullback
 
     def decoder(self, max_len: int) -> Decoder:
         """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""

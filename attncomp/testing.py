@@ -65,3 +65,45 @@ def tolerance_for(dtypes: Sequence[str]) -> float:
     """The loosest bound among the float result types."""
     floats = [TOLERANCE[d] for d in dtypes if d in TOLERANCE]
     return max(floats) if floats else 0.0
+
+
+def interpret_float64(func: Func, args: Sequence[np.ndarray], sizes: dict[str, int] | None = None) -> list:
+    """Run ``func`` in the interpreter on float64 arguments as given (no rounding to the declared types)."""
+    from attncomp.ir.binding import bind_arguments
+    from attncomp.ir.interpreter import Interpreter
+    from attncomp.ir.verifier import verify_func
+
+    declared = [np.asarray(a).astype(NUMPY_DTYPES[v.type.dtype]) for a, v in zip(args, func.args)]
+    _, env = bind_arguments(func, declared, verify_func(func), sizes)
+    return Interpreter(func, env).run([np.asarray(a) for a in args])
+
+
+def directional_derivatives(
+    func: Func,
+    args: Sequence[np.ndarray],
+    cotangents: Sequence[np.ndarray],
+    directions: Sequence[np.ndarray | None],
+    eps: float = 1e-6,
+) -> list[float | None]:
+    """Central differences of ``sum(cotangent * result)`` (finite results) along each argument's direction.
+
+    ``d/dt f(args[k] + t * directions[k])`` at ``t = 0`` for each ``k`` with a
+    direction; ``None`` where the direction is ``None``.  Compare with
+    ``sum(gradient[k] * directions[k])`` from a pullback.
+    """
+    base = [np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else np.asarray(a) for a in args]
+
+    def objective(values: list[np.ndarray]) -> float:
+        outputs = interpret_float64(func, values)
+        return float(sum(np.sum(np.where(np.isfinite(o), c * o, 0.0)) for c, o in zip(cotangents, outputs)))
+
+    found: list[float | None] = []
+    for k, direction in enumerate(directions):
+        if direction is None:
+            found.append(None)
+            continue
+        plus, minus = list(base), list(base)
+        plus[k] = base[k] + eps * direction
+        minus[k] = base[k] - eps * direction
+        found.append((objective(plus) - objective(minus)) / (2 * eps))
+    return found

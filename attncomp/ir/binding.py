@@ -77,6 +77,11 @@ def bind_shapes(
         name = arg.name or f"arg{k}"
         check_dtype(array, arg.type.dtype, name)
         _bind_shape(array, arg.type, name, env, bound_by)
+    for k, (array, arg) in enumerate(zip(arrays, args)):
+        for axis, (size, d) in enumerate(zip(array.shape, arg.type.shape)):
+            if not (d.is_const or d.is_symbol) and d.evaluate(env) != size:
+                name = arg.name or f"arg{k}"
+                raise ShapeError(f"{name}: dimension {axis} is {size}, but {d} = {d.evaluate(env)}")
     return env
 
 
@@ -92,6 +97,8 @@ def _bind_shape(
         if d.is_const:
             if size != d.value:
                 raise ShapeError(f"{name}: dimension {axis} must be {d.value}, got {size}")
+            continue
+        if not d.is_symbol:  # an expression of names other arguments bind: checked after them
             continue
         symbol = d.symbol
         if symbol not in env:

@@ -39,10 +39,15 @@ class _FuncVerifier:
         return VerifyError(context(self.func, op, f"@{self.func.name}: {message}"))
 
     def run(self) -> list[DimConstraint]:
+        named = {d.symbol for arg in self.func.args for d in arg.type.shape if d.is_symbol}
         for arg in self.func.args:
             for d in arg.type.shape:
-                if not (d.is_symbol or d.is_const):
-                    raise self.fail(None, f"argument type {arg.type} may only use names and sizes")
+                if not (d.is_symbol or d.is_const) and not d.symbols() <= named:
+                    raise self.fail(
+                        None,
+                        f"argument type {arg.type}: an expression such as {d} may only use names "
+                        "that some argument's type has as a plain dimension",
+                    )
         self.block(self.func.body, set(), "ac.return")
         return self.checker.constraints
 

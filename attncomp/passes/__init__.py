@@ -1,6 +1,16 @@
 """Passes: one file per pass, the pass manager and the pipeline parser."""
 
-from attncomp.passes import canonicalize, cse, dce, flash_tiling, kv_cache_reuse, mask_elimination, softmax_fusion
+from attncomp.passes import (
+    autodiff,
+    canonicalize,
+    cse,
+    dce,
+    flash_tiling,
+    kv_cache_reuse,
+    mask_elimination,
+    save_residuals,
+    softmax_fusion,
+)
 from attncomp.passes.base import PASSES, Pass, register_pass
 from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, parse_pipeline, run_pipeline
 
@@ -9,12 +19,14 @@ __all__ = [
     "PASSES",
     "Pass",
     "Stage",
+    "autodiff",
     "canonicalize",
     "cse",
     "dce",
     "flash_tiling",
     "kv_cache_reuse",
     "mask_elimination",
+    "save_residuals",
     "softmax_fusion",
     "parse_pipeline",
     "register_pass",

@@ -3,6 +3,7 @@
 # Dimension names in annotations (ac.f32["T", "D"]) are not forward references.
 # ruff: noqa: F821, UP037
 
+import numpy as np
 import pytest
 
 import attncomp as ac
@@ -91,8 +92,21 @@ def test_return_before_the_end():
 
 
 def test_compound_argument_dimension():
-    text = TEXT.replace("%x: tensor<T x D x f32>", "%x: tensor<(2*T) x D x f32>")
-    assert verify_error(text) == "@f: argument type tensor<(2*T) x D x f32> may only use names and sizes"
+    text = TEXT.replace("%x: tensor<T x D x f32>", "%x: tensor<(2*N) x D x f32>")
+    assert verify_error(text) == (
+        "@f: argument type tensor<(2*N) x D x f32>: an expression such as (2*N) may only use names "
+        "that some argument's type has as a plain dimension"
+    )
+
+
+def test_compound_argument_dimension_of_bound_names():
+    """A saved result of a backward function may have a computed size, such as (C//4)."""
+    text = TEXT.replace("%y: tensor<T x D x f32>", "%y: tensor<T x D x f32>, %z: tensor<(2*T) x f32>")
+    module = ac.parse_ir(text)
+    x = np.ones((3, 2), np.float32)
+    assert ac.interpret(module, x, x, np.ones(6, np.float32)).shape == (3, 2)
+    with pytest.raises(ac.ShapeError, match=r"z: dimension 0 is 5, but \(2\*T\) = 6"):
+        ac.interpret(module, x, x, np.ones(5, np.float32))
 
 
 # faults the parser cannot produce: built by editing a parsed module ------------------------

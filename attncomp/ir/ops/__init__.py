@@ -1,6 +1,6 @@
 """Every op kind of the IR, registered by name in ``OP_DEFS``."""
 
-from attncomp.ir.ops import attention, compute, elementwise, shape, structural, tile
+from attncomp.ir.ops import attention, compute, elementwise, gradient, shape, structural, tile
 from attncomp.ir.ops.base import OP_DEFS, Checker, DimConstraint, EvalContext, OpDef
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "attention",
     "compute",
     "elementwise",
+    "gradient",
     "shape",
     "structural",
     "tile",
