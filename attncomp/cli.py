@@ -61,10 +61,12 @@ def parse_assignments(text: str | None, what: str) -> dict[str, int]:
 def cmd_ir(args: argparse.Namespace) -> int:
     spec = load_spec(args.target)
     constants = parse_assignments(args.const, "--const")
-    if not (args.print_after_all or args.print_after or args.timing or args.pipeline is not None):
+    if not (args.print_after_all or args.print_after or args.timing or args.backward or args.pipeline is not None):
         print(spec.trace(**constants) if constants else spec.ir, end="")
         return 0
     fn = compile(spec, backend="interp", pipeline=args.pipeline, **constants)
+    if args.backward:
+        fn = fn.backward
     if args.print_after_all:
         print(fn.dump(), end="")
     elif args.print_after:
@@ -204,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
     ir.add_argument("--print-after", metavar="PASS", help="print the IR after PASS")
     ir.add_argument("--timing", action="store_true", help="print how long each pass took")
+    ir.add_argument("--backward", action="store_true", help="the backward (autodiff) instead of the forward")
 
     check = command("check", "run a spec on random inputs against the reference interpreter", cmd_check, "B=1,H=2,T=64")
     check.add_argument("--backend", default="interp", help="backend to check (default: interp)")

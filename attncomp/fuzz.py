@@ -10,7 +10,9 @@ table, an additive bias tensor) and masks (affine conditions on i and j
 combined with & | ~, key lengths and document ids from captured tensors),
 random sizes (not multiples of the blocks, single rows, rows that see no
 key) and random pipelines.  Each case runs the reference interpreter on the
-traced graph and on the IR after every pass, and, every ``--cpu-every``
+traced graph and on the IR after every pass, checks the gradients (the
+unfused graph's against finite differences, then every stage of the backward
+and each backend's pullback against those), and, every ``--cpu-every``
 cases, the CPU backend (a new spec is a new Numba compile, seconds each, so
 the backend sees a sample), and every ``--cuda-every`` cases the CUDA backend
 (on a GPU, or in Numba's simulator at these tiny sizes).  A mismatch is shrunk by Hypothesis and printed
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import attncomp as ac
-from attncomp.testing import worst_error
+from attncomp.testing import directional_derivatives, interpret_float64, worst_error
 
 BLOCKS = [(4, 4), (4, 8), (8, 4), (16, 16), (64, 64)]
 
@@ -112,11 +114,21 @@ def _as_list(result) -> list[np.ndarray]:
     return list(result) if isinstance(result, tuple) else [result]
 
 
-def run_case(case: Case, directory: Path, backends: tuple[str, ...] = ("interp",), seed: int = 0) -> str | None:
-    """None when every stage and backend agrees with the reference; else what differed."""
+def run_case(
+    case: Case, directory: Path, backends: tuple[str, ...] = ("interp",), seed: int = 0, gradients: bool = True
+) -> str | None:
+    """None when every stage and backend agrees with the reference; else what differed.
+
+    With ``gradients``, also the backward: the unfused graph's gradients against
+    finite differences, every stage of the backward IR against them, and each
+    backend's pullback.
+    """
     spec = load_case(case, directory)
     inputs = case.inputs(seed)
     reference = _as_list(ac.interpret(spec, *inputs))
+    grads = _reference_gradients(spec, inputs, seed) if gradients else None
+    if isinstance(grads, str):
+        return grads
     for backend in backends:
         fn = ac.compile(spec, backend=backend, pipeline=case.pipeline)
         if backend == "interp":
@@ -128,7 +140,57 @@ def run_case(case: Case, directory: Path, backends: tuple[str, ...] = ("interp",
         error = worst_error(_as_list(fn(*inputs)), reference)
         if error > 1e-4:
             return f"backend {backend}: relative error {error:.3e}"
+        if grads is not None:
+            problem = _check_backward(fn, inputs, *grads)
+            if problem is not None:
+                return f"backend {backend}: {problem}"
     return None
+
+
+def _reference_gradients(spec: ac.Spec, inputs: list[np.ndarray], seed: int):
+    """(cotangents, gradients) of the unfused graph, checked against finite differences; or what differed."""
+    rng = np.random.default_rng(seed + 1)
+    out, pullback = ac.compile(spec, backend="interp", pipeline="").vjp(*inputs)
+    cotangents = [rng.standard_normal(np.shape(o)) for o in _as_list(out)]
+    grads = pullback(*cotangents)
+    directions = [rng.standard_normal(np.shape(a)) if g is not None else None for a, g in zip(inputs, grads)]
+    numeric = directional_derivatives(spec.ir.main, inputs, cotangents, directions)
+    for k, (g, d, expected) in enumerate(zip(grads, directions, numeric)):
+        if d is not None:
+            got = float(np.sum(g * d))
+            if abs(got - expected) > 1e-5 * max(abs(expected), 1e-2):
+                return f"gradient of argument {k}: {got} against finite differences {expected}"
+    return cotangents, grads
+
+
+def _check_backward(fn: ac.CompiledFunction, inputs: list[np.ndarray], cotangents, expected) -> str | None:
+    want = [g for g in expected if g is not None]
+    if fn.backend == "interp":
+        saving = fn.forward_saving
+        outputs = interpret_float64(saving.func, inputs)
+        saved = outputs[len(outputs) - saving.func.attrs.get("residuals", 0) :]
+        backward = fn.backward
+        for stage in backward.stages[backward.stages.index("autodiff") :]:
+            got = interpret_float64(ac.parse_ir(backward.ir(stage)).main, [*inputs, *saved, *cotangents])
+            error = gradient_error(got, want)
+            if error > 1e-9:
+                return f"interpreting the backward after {stage}: relative error {error:.3e}"
+        return None
+    dtypes = [np.float32 if np.shape(c) else np.float64 for c in cotangents]
+    got = fn.vjp(*inputs)[1](*(np.asarray(c, dtype=t) for c, t in zip(cotangents, dtypes)))
+    error = gradient_error([g for g in got if g is not None], want)
+    return None if error <= 1e-4 else f"gradients: relative error {error:.3e}"
+
+
+def gradient_error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """Largest difference over the largest gradient of all arguments (at least 1e-6: zero gradients
+    of a single key or a fully masked row compare with rounding noise)."""
+    flat_got = np.concatenate([np.ravel(np.asarray(g, dtype=np.float64)) for g in got] + [np.zeros(0)])
+    flat_want = np.concatenate([np.ravel(np.asarray(w, dtype=np.float64)) for w in want] + [np.zeros(0)])
+    if not np.all(np.isfinite(flat_got)):
+        return float("inf")
+    scale = max(float(np.max(np.abs(flat_want), initial=0.0)), 1e-6)
+    return float(np.max(np.abs(flat_got - flat_want), initial=0.0)) / scale
 
 
 def strategies():

@@ -4,7 +4,9 @@
     python -m benchmarks.cpu --quick        # smaller sizes, for a smoke run
     python -m benchmarks.cpu --plot cpu.png # also draw the times (needs the plot extra)
 
-Ratios are attncomp's time over the peer's: below 1.0 attncomp is faster.
+Ratios are attncomp's time over the peer's: below 1.0 attncomp is faster.  The
+forward+backward rows call attncomp and torch alternately and report the
+median of the per-pair ratios, which the shared machine's load drifts less.
 Peak memory is the growth of resident memory during one call, sampled every
 millisecond in a fresh process.  Compile time is measured in fresh processes
 with an empty and with a warm cache directory.
@@ -133,6 +135,65 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
         )
     )
     return rows
+
+
+# gradients: forward + backward, timed in alternating pairs ------------------------------
+def paired(ours, theirs, repeats: int) -> tuple[float, float, float]:
+    """Median times of ``ours`` and ``theirs`` called alternately, and the median of the per-pair ratios."""
+    ours(), theirs()  # warm-up: compiles, faults pages in
+    mine, peer, ratios = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ours()
+        middle = time.perf_counter()
+        theirs()
+        end = time.perf_counter()
+        mine.append(middle - start)
+        peer.append(end - middle)
+        ratios.append((middle - start) / (end - middle))
+    return float(np.median(mine)), float(np.median(peer)), float(np.median(ratios))
+
+
+def torch_forward_backward(torch, q, k, v, d_out, causal=False, mask=None):
+    """SDPA forward and backward; returns the query gradient."""
+    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    attn_mask = None if mask is None else torch.from_numpy(mask)
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=attn_mask, is_causal=causal)
+    out.backward(torch.from_numpy(d_out))
+    return tq.grad.numpy()
+
+
+def backward_rows(quick: bool, repeats: int) -> list[str]:
+    torch = peers.torch_or_none()
+    if torch is None:
+        return ["  forward+backward: torch is absent, nothing to compare with"]
+    rng = np.random.default_rng(3)
+    cases = [(f"causal T=S={t}", specs.causal, {}, t, dict(causal=True)) for t in ([512] if quick else [2048, 8192])]
+    t = 1024 if quick else 8192
+    i, j = np.ogrid[:t, :t]
+    window = (j <= i) & (i - j < 256)
+    cases.append((f"causal window 256 T=S={t}", specs.causal_window, {"window": 256}, t, dict(mask=window)))
+    lines = [f"  {'forward+backward, H=8 D=64':<34} {'attncomp':>10} {'torch':>10} {'ratio':>7}  GFLOP/s"]
+    for name, spec, constants, t, peer in cases:
+        q, k, v = inputs(rng, 1, 8, t, t, 64)
+        d_out = rng.standard_normal(q.shape, dtype=np.float32)
+        fn = ac.compile(spec, backend="cpu", **constants)
+
+        def ours(fn=fn, q=q, k=k, v=v, d_out=d_out):
+            _, pullback = fn.vjp(q, k, v)
+            return pullback(d_out)[0]
+
+        def theirs(q=q, k=k, v=v, d_out=d_out, peer=peer):
+            return torch_forward_backward(torch, q, k, v, d_out, **peer)
+
+        check(name, ours(), theirs())
+        n = 1 if "window" in name and not quick else (2 if t >= 8192 else repeats)
+        mine, other, ratio = paired(ours, theirs, n)
+        # 2 products forward, 5 backward (qkᵀ again, d_out vᵀ, and the three gradients), half of them causal
+        visible = t * t / 2 if "window" not in name else t * 256
+        flops = 7 * 2 * visible * 64 * 8
+        lines.append(f"  {name:<34} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}  {flops / mine / 1e9:7.1f}")
+    return lines
 
 
 # decoding with the kv cache -------------------------------------------------------------
@@ -274,6 +335,31 @@ def run_probe(code: str, *args: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+BACKWARD_MEMORY_PROBE = r"""
+import json, os, sys, threading, time
+import numpy as np
+T = int(sys.argv[1])
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+import attncomp as ac
+from benchmarks import specs
+rng = np.random.default_rng(0)
+small = [rng.standard_normal((1, 8, 64, 64), dtype=np.float32) for _ in range(4)]
+fn = ac.compile(specs.causal, backend="cpu"); fn.vjp(*small[:3])[1](small[3])
+q, k, v, d_out = (rng.standard_normal((1, 8, T, 64), dtype=np.float32) for _ in range(4))
+out, pullback = fn.vjp(q, k, v)
+before = rss(); peak = [before]; done = []
+def sample():
+    while not done:
+        peak[0] = max(peak[0], rss()); time.sleep(0.001)
+thread = threading.Thread(target=sample); thread.start()
+grads = pullback(d_out); done.append(1); thread.join()
+peak[0] = max(peak[0], rss())
+print(json.dumps({"growth": peak[0] - before, "io": 8 * q.nbytes}))
+"""
+
+
 def memory_rows(quick: bool) -> list[str]:
     t = 2048 if quick else 16384
     lines = []
@@ -285,6 +371,12 @@ def memory_rows(quick: bool) -> list[str]:
             f"  peak memory, causal T=S={t} H=8 D=64, {who:<8}: {probe['growth'] / 2**20:8.1f} MiB growth, "
             f"{probe['growth'] / probe['io']:.2f}x the inputs+output ({probe['io'] / 2**20:.0f} MiB)"
         )
+    probe = run_probe(BACKWARD_MEMORY_PROBE, str(t))
+    lines.append(
+        f"  peak memory of the backward (pullback), causal T=S={t}: {probe['growth'] / 2**20:8.1f} MiB growth, "
+        f"{probe['growth'] / probe['io']:.2f}x q, k, v, out, d_out and the three gradients "
+        f"({probe['io'] / 2**20:.0f} MiB)"
+    )
     return lines
 
 
@@ -343,6 +435,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     rows = attention_cases(args.quick, args.repeats)
     print_table(rows)
+    for line in backward_rows(args.quick, args.repeats):
+        print(line)
     for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
         print(line)
     if not args.skip_processes:

@@ -24,6 +24,7 @@ from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import TensorType
+from attncomp.passes.backward_tiling import tile_attention_grad
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder, inline_region
 from attncomp.passes.rewrite import replace_uses
@@ -200,4 +201,7 @@ class FlashTiling(Pass):
         for func in module.funcs:
             for op in [o for o in func.body.ops if o.name == "ac.attention"]:
                 tile_attention(func.body, op, self.block_q, self.block_k)
+            for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
+                if tile_attention_grad(func.body, op, self.block_q, self.block_k) is None:
+                    remarks.append("flash-tiling: ac.attention_grad with q broadcast over batch axes is not tiled")
             remove_dead_ops(func.body)

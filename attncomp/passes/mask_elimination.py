@@ -55,7 +55,12 @@ class Summaries:
 
 @dataclass
 class TileContext:
-    """What the analysis of one key loop needs to know about its tiling."""
+    """What the analysis of one loop of tiles needs to know about its tiling.
+
+    In the forward (``ac.tile_grid``) a program holds a block of queries and
+    loops over key blocks; in the backward (``ac.key_grid``, ``transposed``) a
+    program holds a block of keys and loops over query blocks.
+    """
 
     func: Func
     grid: Op
@@ -64,12 +69,16 @@ class TileContext:
     summaries: Summaries
 
     @property
+    def transposed(self) -> bool:
+        return self.grid.name == "ac.key_grid"
+
+    @property
     def block_q(self) -> int:
-        return self.grid.attrs["block_q"]
+        return (self.loop if self.transposed else self.grid).attrs["block_q"]
 
     @property
     def block_k(self) -> int:
-        return self.loop.attrs["block_k"]
+        return (self.grid if self.transposed else self.loop).attrs["block_k"]
 
     @property
     def row_arg(self) -> Value:
@@ -79,21 +88,28 @@ class TileContext:
     def col_arg(self) -> Value:
         return self.mask.regions[0].args[-1]
 
-    def emitter(self, builder: Builder, local: set[Op], with_columns: bool) -> IntervalEmitter:
+    @property
+    def loop_arg(self) -> Value:
+        """The mask argument whose position the loop moves (keys; queries when transposed)."""
+        return self.row_arg if self.transposed else self.col_arg
+
+    def emitter(self, builder: Builder, local: set[Op], unknown: Value | None) -> IntervalEmitter:
+        """Interval code for the mask's values, with every mask argument bounded but ``unknown``."""
         region = self.mask.regions[0]
-        grid_i0 = self.grid.regions[0].args[-1]
-        kb = self.loop.regions[0].args[0]
+        grid_start = self.grid.regions[0].args[-1]
+        counter = self.loop.regions[0].args[0]
 
         def summarize(src: Value, axis: int, index: Value, points: list[Value | None]) -> Bounds | None:
-            if index is self.row_arg:
-                block, number = (
-                    self.block_q,
-                    builder.emit("ac.floordiv", grid_i0, builder.const(self.block_q, "i64")),
-                )
-            elif index is self.col_arg and with_columns:
-                block, number = self.block_k, kb
-            else:
+            if index is unknown or index not in (self.row_arg, self.col_arg):
                 return None
+            if index is self.row_arg:
+                block = self.block_q
+            else:
+                block = self.block_k
+            if (index is self.row_arg) == self.transposed:
+                number = counter
+            else:
+                number = builder.emit("ac.floordiv", grid_start, builder.const(block, "i64"))
             if not _visible_before(self.func, self.grid, src):
                 return None
             lo, hi = self.summaries.get(src, axis, block)
@@ -101,9 +117,9 @@ class TileContext:
             return builder.emit("ac.gather", lo, *at), builder.emit("ac.gather", hi, *at)
 
         emitter = IntervalEmitter(builder, summarize=summarize, local_ops=local | set(region.ops))
-        args = region.args if with_columns else region.args[:-1]
-        for arg, operand in zip(args, self.mask.operands):
-            emitter.known[arg] = emitter.numeric(operand)
+        for arg, operand in zip(region.args, self.mask.operands):
+            if arg is not unknown:
+                emitter.known[arg] = emitter.numeric(operand)
         return emitter
 
 
@@ -121,7 +137,7 @@ def classify_tiles(ctx: TileContext) -> None:
     old_ops = body.ops
     body.ops = []
     new = Builder(body)
-    emitter = ctx.emitter(new, set(old_ops), with_columns=True)
+    emitter = ctx.emitter(new, set(old_ops), unknown=None)
     visible = ctx.mask.regions[0].ops[-1].operands[0]
     always, possible = emitter.boolean(visible)
     partial = new.emit("ac.where", always, new.const(FULL, "i64"), new.const(MASKED, "i64"))
@@ -235,22 +251,24 @@ def key_bounds(v: Value, j: Value, uses_j: set[Value], emitter: IntervalEmitter)
 
 
 def tighten_loop_bounds(ctx: TileContext) -> None:
+    """Start and end the loop at the blocks of the positions the mask can allow."""
     grid_body = ctx.grid.regions[0]
     builder = Builder(grid_body, grid_body.ops.index(ctx.loop))
-    emitter = ctx.emitter(builder, set(), with_columns=False)
+    moving = ctx.loop_arg
+    emitter = ctx.emitter(builder, set(), unknown=moving)
     region = ctx.mask.regions[0]
-    j = ctx.col_arg
-    lo, hi = key_bounds(region.ops[-1].operands[0], j, _depends_on(region, j), emitter)
-    block = builder.const(ctx.block_k, "i64")
+    lo, hi = key_bounds(region.ops[-1].operands[0], moving, _depends_on(region, moving), emitter)
+    block = builder.const(ctx.block_q if ctx.transposed else ctx.block_k, "i64")
+    prefix = "qb" if ctx.transposed else "kb"
     if lo is not None:
         first = builder.emit("ac.floordiv", lo, block)
         lo_value = builder.emit("ac.maximum", ctx.loop.operands[0], first)
-        lo_value.name = "kb_first"
+        lo_value.name = f"{prefix}_first"
         ctx.loop.operands[0] = lo_value
     if hi is not None:
         last = builder.emit("ac.add", builder.emit("ac.floordiv", hi, block), builder.const(1, "i64"))
         hi_value = builder.emit("ac.minimum", ctx.loop.operands[1], last)
-        hi_value.name = "kb_end"
+        hi_value.name = f"{prefix}_end"
         ctx.loop.operands[1] = hi_value
 
 
@@ -280,7 +298,7 @@ class MaskElimination(Pass):
 
     def run(self, module: Module, remarks: list[str]) -> None:
         for func in module.funcs:
-            grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+            grids = [op for op in func.body.ops if op.name in ("ac.tile_grid", "ac.key_grid")]
             if not grids and any(op.name == "ac.attention" for op in func.body.ops):
                 remarks.append("mask-elimination: nothing to do: run flash-tiling first")
             for grid in grids:

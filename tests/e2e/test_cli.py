@@ -115,6 +115,17 @@ def test_ir_print_after_one_pass(target, capsys):
     assert capsys.readouterr().out == attn_ir()
 
 
+def test_ir_backward_prints_its_stages(target, capsys):
+    assert main(["ir", target, "--backward", "--print-after-all"]) == 0
+    out = capsys.readouterr().out
+    stages = re.findall(r"^// ----- after (\S+) -----$", out, re.M)
+    assert stages[:4] == ["input", "cse", "softmax-fusion", "autodiff"]
+    assert "ac.key_grid" in out.split("// ----- after flash-tiling -----")[1]
+    assert main(["ir", target, "--backward", "--print-after", "autodiff"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ac.func @attn_backward(") and "ac.attention_grad" in text
+
+
 def test_ir_timing(target, capsys):
     assert main(["ir", target, "--pipeline", "cse,dce", "--timing"]) == 0
     out = capsys.readouterr().out

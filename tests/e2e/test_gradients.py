@@ -6,6 +6,9 @@ derivatives along random directions), and every stage of the backward IR,
 interpreted, against the unfused graph's gradients.
 """
 
+# Dimension names in annotations (ac.f64["T", "D"]) are not forward references.
+# ruff: noqa: F821, UP037
+
 from __future__ import annotations
 
 import numpy as np
@@ -137,3 +140,104 @@ def test_gradients_agree_with_torch_autograd():
     (torch.softmax(s, -1) @ tv).backward(torch.tensor(d_out))
     for got, t in zip(grads, (tq, tk, tv)):
         assert relative_error(got, t.grad.numpy()) < 1e-12
+
+
+SMALL_TILES = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=32},mask-elimination,canonicalize,cse,dce"
+
+
+@pytest.mark.parametrize("case", all_cases(), ids=lambda case: case.id)
+def test_tiled_backward_with_small_ragged_tiles(case: Case):
+    """Many tiles per program, ragged at both ends, skipped and unmasked tiles: the same gradients."""
+    _, inputs, cotangents, unfused = pullback_case(case, "")
+    _, _, _, tiled = pullback_case(case, SMALL_TILES)
+    for g, want in zip(tiled, unfused):
+        if want is None:
+            assert g is None
+        else:
+            assert relative_error(g, want) < 1e-10
+
+
+def test_causal_backward_skips_the_upper_triangle():
+    from examples.causal import causal
+
+    text = ac.compile(causal, backend="interp").backward.ir()
+    # the query loop of each key block starts at the key block's first query block (j <= i)
+    assert "%qb_first = ac.maximum" in text
+    assert "ac.switch %tile_class {tile_class = true}" in text
+    assert "ac.key_grid {block_k = 64, kv_repeat = 1}" in text
+
+
+# the cpu backend ------------------------------------------------------------------------------
+#: one case of each kind of score and mask: slopes and a table read by the score (their gradients
+#: are sites), GQA, an LSE cotangent with an all-masked batch entry, document ids bounded per block,
+#: and projections with rotary embeddings around a grouped attention
+CPU_CASES = [
+    "alibi:causal_alibi[window=40]",
+    "relative_bias:relative_bias[max_distance=8]",
+    "gqa:grouped_query_attention[KV=2]",
+    "lse:key_padding_with_lse",
+    "document_mask:causal_document_mask",
+    "nanochat_attention:nanochat_attention[n_kv_head=2]",
+]
+
+
+@pytest.mark.parametrize("case", [c for c in all_cases() if c.id in CPU_CASES], ids=lambda case: case.id)
+def test_cpu_gradients_match_the_interpreter(case: Case):
+    spec, inputs, _ = case.build(np.random.default_rng(0))
+    _, _, cotangents, expected = pullback_case(case, "")
+    fn = ac.compile(spec, backend="cpu", **case.constants)
+    out, pullback = fn.vjp(*inputs)
+    assert all(o.dtype == np.float32 for o in as_tuple(out))
+    grads = pullback(*(c.astype(np.float32) for c in cotangents))
+    for k, (g, want) in enumerate(zip(grads, expected)):
+        if want is None:
+            assert g is None
+            continue
+        assert g.dtype == np.asarray(inputs[k]).dtype and g.shape == np.shape(inputs[k])
+        assert relative_error(g, want) < 1e-4, f"argument {k}"
+    assert "attention_backward_kernel_0" in fn.backward.source
+
+
+def test_cpu_gradients_with_small_ragged_tiles():
+    """16 x 32 tiles over 150 queries and keys: skipped, masked and full tiles, ragged at the end."""
+    case = next(c for c in all_cases() if c.id == "alibi:causal_alibi[window=40]")
+    spec, inputs, _ = case.build(np.random.default_rng(0))
+    _, _, cotangents, expected = pullback_case(case, "")
+    fn = ac.compile(spec, backend="cpu", pipeline=SMALL_TILES, **case.constants)
+    grads = fn.vjp(*inputs)[1](*(c.astype(np.float32) for c in cotangents))
+    for g, want in zip(grads, expected):
+        assert relative_error(g, want) < 1e-4
+
+
+@ac.spec
+def causal64(q: ac.f64["B", "H", "T", "D"], k: ac.f64["B", "H", "S", "D"], v: ac.f64["B", "H", "S", "E"]):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+
+def test_cpu_gradients_in_float64():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 2, 70, 8)), rng.standard_normal((2, 2, 90, 8)), rng.standard_normal((2, 2, 90, 4))
+    d_out = rng.standard_normal((2, 2, 70, 4))
+    want = ac.compile(causal64, backend="interp").vjp(q, k, v)[1](d_out)
+    got = ac.compile(causal64, backend="cpu").vjp(q, k, v)[1](d_out)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float64
+        assert relative_error(g, w) < 1e-10
+
+
+def test_cpu_unfused_backward_runs_as_numpy():
+    """pipeline="" keeps the graph: its backward (a scatter_add for the slopes) runs in the numpy driver."""
+    from examples.alibi import causal_alibi
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 30, 8)).astype(np.float32) for _ in range(3))
+    slopes = np.array([0.5, 0.25], np.float32)
+    d_out = rng.standard_normal((1, 2, 30, 8))
+    want = ac.compile(causal_alibi, backend="interp", pipeline="", window=7).vjp(q, k, v, slopes)[1](d_out)
+    fn = ac.compile(causal_alibi, backend="cpu", pipeline="", window=7)
+    got = fn.vjp(q, k, v, slopes)[1](d_out.astype(np.float32))
+    assert "rt.scatter_add(" in fn.backward.source
+    for g, w in zip(got, want):
+        assert relative_error(g, w) < 1e-5

@@ -80,3 +80,9 @@ def causal_2d(q: ac.f32["T", "D"], k: ac.f32["T", "D"], v: ac.f32["T", "D"]):
     s = q @ k.mT
     i, j = ac.index(s)
     return ac.softmax(ac.where(j <= i, s, -ac.inf)) @ v
+
+
+@ac.spec
+def learned_temperature(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"], t: ac.f32[1]):
+    s = (q @ k.mT) * t[0]
+    return ac.softmax(s, axis=-1) @ v

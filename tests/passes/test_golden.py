@@ -33,9 +33,27 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,spec,pipeline,stage", CASES, ids=[c[0] for c in CASES])
-def test_golden_ir(name, spec, pipeline, stage):
-    text = ac.compile(spec, backend="interp", pipeline=pipeline).ir(stage)
+#: backwards (fn.backward): the autodiff output, and the tiled and classified backward
+BACKWARD_CASES = [
+    ("autodiff_alibi", specs.causal_alibi, "cse,softmax-fusion", "autodiff"),
+    ("autodiff_learned_temperature", specs.learned_temperature, "softmax-fusion", "autodiff"),
+    (
+        "backward_mask_elimination_causal_2d",
+        specs.causal_2d,
+        "softmax-fusion,flash-tiling{block_q=16,block_k=16},mask-elimination,canonicalize,cse,dce",
+        "final",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,spec,pipeline,stage,backward",
+    [(*c, False) for c in CASES] + [(*c, True) for c in BACKWARD_CASES],
+    ids=[c[0] for c in CASES + BACKWARD_CASES],
+)
+def test_golden_ir(name, spec, pipeline, stage, backward):
+    fn = ac.compile(spec, backend="interp", pipeline=pipeline)
+    text = (fn.backward if backward else fn).ir(stage)
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("ATTNCOMP_UPDATE_GOLDEN"):
         path.write_text(text)

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import from_numba_cache, load_source, rebuild
 from attncomp.backends.codegen import size_names
+from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
 from attncomp.backends.numba_cpu.kernel import write_kernel
 from attncomp.backends.tiles import read_tiled_attention
@@ -93,6 +95,29 @@ def tile_values(s, vs, pv, nq, nk):  # pv[:nq] = s[:nq, :nk] @ vs[:nk]
         np.dot(s[:nq], vs, pv[:nq])
     else:
         pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)
+
+
+# The backward's tile products: acc[:nk] += a[:nq, :nk]ᵀ @ b[:nq] and rows[:nq] += a[:nq, :nk] @ b[:nk].
+@njit(fastmath=set(FASTMATH), cache=True)
+def tile_grad_t(a, b, acc, tmp, nq, nk):
+    if nq == a.shape[0] and nk == a.shape[1]:
+        np.dot(a.T, b, tmp)
+    else:
+        tmp[:nk] = np.dot(np.ascontiguousarray(a[:nq, :nk]).T, b[:nq])
+    for c in range(nk):
+        for e in range(acc.shape[1]):
+            acc[c, e] += tmp[c, e]
+
+
+@njit(fastmath=set(FASTMATH), cache=True)
+def tile_grad_n(a, b, rows, tmp, nq, nk):
+    if nq == a.shape[0] and nk == a.shape[1]:
+        np.dot(a, b, tmp)
+    else:
+        tmp[:nq] = np.dot(np.ascontiguousarray(a[:nq, :nk]), b[:nk])
+    for r in range(nq):
+        for e in range(rows.shape[1]):
+            rows[r, e] += tmp[r, e]
 """
 
 
@@ -121,11 +146,16 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
     chunks = [HEADER.format(name=func.name, fastmath=sorted(fastmath))]
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
     dims = size_names(func)
+    decorator = "@njit(parallel=True, fastmath=set(FASTMATH), cache=True, nogil=True)"
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
         captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}
-        decorator = "@njit(parallel=True, fastmath=set(FASTMATH), cache=True, nogil=True)"
         chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, decorator))
+        kernels[op] = (name, captured)
+    for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):
+        name = f"attention_backward_kernel_{k}"
+        captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}
+        chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, decorator))
         kernels[op] = (name, captured)
     chunks.append(DriverWriter(func, kernels).write())
     return "\n\n".join(chunks)
@@ -149,7 +179,11 @@ class CpuFunction:
 
     @property
     def kernels(self) -> list[Any]:
-        return [getattr(self.module, n) for n in dir(self.module) if n.startswith("attention_kernel_")]
+        return [
+            getattr(self.module, n)
+            for n in dir(self.module)
+            if n.startswith(("attention_kernel_", "attention_backward_kernel_"))
+        ]
 
     def _uncached(self) -> list[Any]:
         """Each kernel compiled again outside the disk cache (Numba cannot inspect cached code)."""

@@ -86,6 +86,7 @@ GRAPH_OPS = {
     "ac.concat": lambda a, attrs, out: f"np.concatenate([{', '.join(a)}], axis={attrs['axis']})",
     "ac.repeat_kv": lambda a, attrs, out: f"np.repeat({a[0]}, {dim_expr(dim(attrs['n_rep']))}, axis=1)",
     "ac.gather": lambda a, attrs, out: f"rt.gather({', '.join(a)})",
+    "ac.scatter_add": lambda a, attrs, out: f"rt.scatter_add({shape_expr(out)}, {', '.join(a)})",
     "ac.reduce": lambda a, attrs, out: f"rt.reduce({attrs['kind']!r}, {a[0]}, {attrs['axes']}, {attrs['keepdims']})",
     "ac.softmax": lambda a, attrs, out: f"rt.softmax({a[0]}, {attrs['axis']})",
     "ac.logsumexp": lambda a, attrs, out: f"rt.logsumexp({a[0]}, {attrs['axis']}, {attrs['keepdims']})",
@@ -127,6 +128,8 @@ class DriverWriter:
             self.w.line(f"return ({''.join(x + ', ' for x in a)})")
         elif name == "ac.tile_grid":
             self.grid(op)
+        elif name == "ac.key_grid":
+            self.key_grid(op)
         elif name in GRAPH_OPS:
             self.assign(op.results[0], GRAPH_OPS[name](a, op.attrs, op.results[0]))
             if name == "ac.cache_append":
@@ -158,6 +161,47 @@ class DriverWriter:
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
             self.w.line(f"{kernel}({', '.join(outs + args + dims + ['get_num_threads()'])})")
+        for result in op.results:
+            self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
+
+    def kernel_args(self, op: Op, captured: dict[Value, str], acc: str) -> list[str]:
+        """The kernel's arguments for the values its regions capture (tile sources in ``acc``)."""
+        args = []
+        tiles = {o.operands[0] for o in op.regions[0].walk() if o.name == "ac.tile_load"}
+        for value in captured:
+            value_ref = self.ref(self.buffers.get(value, value))
+            if value.type.rank == 0:
+                args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
+            elif value in tiles:
+                args.append(f"rt.kernel_array({value_ref}, {acc!r})")
+            else:
+                args.append(f"rt.kernel_array({value_ref})")
+        return args
+
+    def key_grid(self, op: Op) -> None:
+        """The backward kernel: gradients accumulate in zeroed arrays; site parts summed after."""
+        kernel, captured = self.kernels[op]
+        acc = "f64" if op.results[0].type.dtype == "f64" else "f32"
+        dtype = "np.float64" if acc == "f64" else "np.float32"
+        outs = []
+        for result in op.results[:3]:
+            outs.append(self.fresh(result))
+            self.w.line(f"{outs[-1]} = np.zeros({shape_expr(result)}, dtype={dtype})")
+        dk = op.results[1]
+        units = " * ".join(dim_expr(d) for d in dk.type.shape[:-2]) or "1"
+        slots = f"slots_{self.counter}"
+        self.w.line(f"{slots} = max(1, min({units}, get_num_threads()))")
+        parts = []
+        for result in op.results[3:]:
+            parts.append(self.fresh(result))
+            self.w.line(f"{parts[-1]} = np.zeros(({slots}, *{shape_expr(result)}), dtype={dtype})")
+        dims = [dim_var(d) for d in self.dim_names()]
+        args = outs + parts + self.kernel_args(op, captured, acc) + dims + [slots]
+        self.w.line("with rt.blas_one_thread:")
+        with self.w.indent():
+            self.w.line(f"{kernel}({', '.join(args)})")
+        for result in op.results[3:]:
+            self.w.line(f"{self.names[result]} = {self.names[result]}.sum(axis=0)")
         for result in op.results:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 

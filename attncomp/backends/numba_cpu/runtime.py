@@ -45,6 +45,15 @@ def gather(src: np.ndarray, *indices: np.ndarray) -> np.ndarray:
     return src[tuple(np.asarray(i) for i in indices)]
 
 
+def scatter_add(shape: tuple[int, ...], updates: np.ndarray, *indices: np.ndarray) -> np.ndarray:
+    """Zeros of ``shape`` with ``updates`` added at ``indices`` (the gradient of a gather)."""
+    from attncomp.ir.ops.gradient import scatter_into
+
+    out = np.zeros(shape, dtype=np.result_type(updates, np.float32))
+    scatter_into(out, np.asarray(updates), [np.asarray(i) for i in indices], "ac.gather")
+    return out
+
+
 def reduce(kind: str, x: np.ndarray, axes: list[int], keepdims: bool) -> np.ndarray:
     fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}[kind]
     if kind in ("max", "min") and x.size == 0:

@@ -24,7 +24,7 @@ import itertools
 import numpy as np
 
 from attncomp.errors import TypeCheckError
-from attncomp.ir.dims import dim
+from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.types import TensorType, is_int
 
@@ -192,21 +192,24 @@ class TileLoad(OpDef):
 class Map(OpDef):
     """Apply the region's scalar function elementwise over broadcast operands.
 
-    ``role`` ("score" or "mask") tells later passes what the function is.
+    The region yields one 0-d value per declared result; each result is that
+    value over the broadcast shape.  ``role`` ("score", "mask" or
+    "gradient") tells later passes what the function is.
     """
 
     name = "ac.map"
     declared_result = True
-    attributes = {"role": "what the function computes: score or mask"}
+    attributes = {"role": "what the function computes: score, mask or gradient"}
 
     def infer(self, operands, attrs, declared, checker):
-        if not declared or len(declared) != 1:
-            raise TypeCheckError(f"{self.name}: needs one declared result type")
+        if not declared:
+            raise TypeCheckError(f"{self.name}: needs declared result types")
         shape = checker.broadcast([t.shape for t in operands], self.name) if operands else ()
-        if tuple(shape) != declared[0].shape and operands:
-            full = checker.broadcast([shape, declared[0].shape], self.name)
-            if full != declared[0].shape:
-                raise TypeCheckError(f"{self.name}: operands do not broadcast to {declared[0]}")
+        for result in declared:
+            if tuple(shape) != result.shape and operands:
+                full = checker.broadcast([shape, result.shape], self.name)
+                if full != result.shape:
+                    raise TypeCheckError(f"{self.name}: operands do not broadcast to {result}")
         return declared
 
     def verify_regions(self, op) -> None:
@@ -215,14 +218,15 @@ class Map(OpDef):
         want = [TensorType((), v.type.dtype) for v in op.operands]
         if [a.type for a in region.args] != want:
             raise TypeCheckError(f"{self.name}: the region takes one 0-d value per operand")
-        result = TensorType((), op.results[0].type.dtype)
-        if _yield_types(region) != [result]:
-            raise TypeCheckError(f"{self.name}: the region must yield one {result}")
+        results = [TensorType((), r.type.dtype) for r in op.results]
+        if _yield_types(region) != results:
+            shown = ", ".join(map(str, results))
+            raise TypeCheckError(f"{self.name}: the region must yield {'one ' if len(results) == 1 else ''}{shown}")
 
     def evaluate(self, op, args, ctx):
-        out = ctx.run_block(op.regions[0], args)[0]
-        shape = op.results[0].type.concrete_shape(ctx.env)
-        return [np.broadcast_to(np.asarray(out), shape).copy()]
+        outs = ctx.run_block(op.regions[0], args)
+        shapes = [r.type.concrete_shape(ctx.env) for r in op.results]
+        return [np.broadcast_to(np.asarray(out), shape).copy() for out, shape in zip(outs, shapes)]
 
 
 @register
@@ -295,3 +299,115 @@ class BlockReduce(OpDef):
         if starts.size == 0:
             return [np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1 :], dtype=x.dtype)]
         return [reduce.reduceat(x, starts, axis=axis)]
+
+
+@register
+class KeyGrid(OpDef):
+    """The backward's grid: one program per batch position and block of ``block_k`` keys.
+
+    Results: ``dq [*batch, T, D]``, ``dk``, ``dv`` (``[*kv_batch, S, ...]``), then
+    one per gradient site.  The programs run over the batch axes of ``dq`` and
+    the ``ceil(S / block_k)`` key blocks of ``dk``; the region gets one index
+    per batch axis and the first key ``j0`` and yields
+
+    - the program's part of ``dq`` at its batch position (``[T, D]``), added there;
+    - a ``dk`` and a ``dv`` tile (``block_k`` rows), added at rows ``j0 ..`` of
+      the batch position whose head is ``h // kv_repeat`` (axes of size 1 read 0);
+      rows past ``S`` are dropped;
+    - one value per site, of the site's whole type, added up over all programs.
+    """
+
+    name = "ac.key_grid"
+    num_operands = 0
+    declared_result = True
+    attributes = {
+        "block_k": "keys per block",
+        "kv_repeat": "query heads per key/value head (a dimension)",
+    }
+
+    def infer(self, operands, attrs, declared, checker):
+        block_k = require_attr(attrs, "block_k", int, self.name)
+        require_attr(attrs, "kv_repeat", (int, Dim), self.name)
+        if block_k <= 0:
+            raise TypeCheckError(f"{self.name}: block_k must be positive")
+        if operands:
+            raise TypeCheckError(f"{self.name}: takes no operands")
+        if not declared or len(declared) < 3:
+            raise TypeCheckError(f"{self.name}: needs declared types for dq, dk, dv and the sites")
+        dq, dk, dv = declared[:3]
+        if dq.rank < 2 or dk.rank != dq.rank or dv.rank != dq.rank or dk.shape[-2] != dv.shape[-2]:
+            raise TypeCheckError(f"{self.name}: dq, dk and dv need one rank >= 2 and one key length")
+        return declared
+
+    def verify_regions(self, op) -> None:
+        _region_count(op, 1, self.name)
+        dq, dk, dv = (r.type for r in op.results[:3])
+        batch_rank = dq.rank - 2
+        region = op.regions[0]
+        if [a.type for a in region.args] != [INDEX] * (batch_rank + 1):
+            raise TypeCheckError(f"{self.name}: the region takes {batch_rank + 1} i64 indices")
+        block = dim(op.attrs["block_k"])
+        want = [
+            dq.with_shape(dq.shape[batch_rank:]),
+            dk.with_shape((block, dk.shape[-1])),
+            dv.with_shape((block, dv.shape[-1])),
+        ] + [r.type for r in op.results[3:]]
+        got = _yield_types(region)
+        if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+            raise TypeCheckError(f"{self.name}: the region must yield {', '.join(map(str, want))}")
+
+    def evaluate(self, op, args, ctx):
+        block_k = op.attrs["block_k"]
+        n_rep = dim(op.attrs["kv_repeat"]).evaluate(ctx.env)
+        shapes = [r.type.concrete_shape(ctx.env) for r in op.results]
+        outputs = [np.zeros(s, dtype=np.float64) for s in shapes]
+        dq_shape, dk_shape = shapes[0], shapes[1]
+        batch_rank = len(dq_shape) - 2
+        keys = dk_shape[-2]
+        for position in itertools.product(*(range(n) for n in dq_shape[:batch_rank])):
+            kv_position = list(position)
+            if batch_rank >= 2:
+                kv_position[1] = position[1] // n_rep
+            kv_position = tuple(0 if dk_shape[a] == 1 else p for a, p in enumerate(kv_position))
+            for j0 in range(0, keys, block_k):
+                if ctx.recorder is not None:
+                    grid_shape = tuple(dq_shape[:batch_rank]) + (-(-keys // block_k),)
+                    ctx.recorder.enter_query_block(op, position, j0 // block_k, grid_shape)
+                index = [np.asarray(p, dtype=np.int64) for p in position] + [np.asarray(j0, dtype=np.int64)]
+                dq_part, dk_tile, dv_tile, *sites = ctx.run_block(op.regions[0], index)
+                n = min(block_k, keys - j0)
+                outputs[0][position] += dq_part
+                outputs[1][kv_position + (slice(j0, j0 + n),)] += np.asarray(dk_tile)[:n]
+                outputs[2][kv_position + (slice(j0, j0 + n),)] += np.asarray(dv_tile)[:n]
+                for out, value in zip(outputs[3:], sites):
+                    out += value
+        return outputs
+
+
+@register
+class TileAdd(OpDef):
+    """``dst`` with a tile's rows added at rows ``row0 ..`` (rows past the end of ``dst`` dropped).
+
+    Operands: ``dst [N, C]``, the first row, ``tile [rows, C]``.
+    """
+
+    name = "ac.tile_add"
+    num_operands = 3
+
+    def infer(self, operands, attrs, declared, checker):
+        if len(operands) != 3:
+            raise TypeCheckError(f"{self.name}: needs dst, the first row and a tile")
+        dst, row0, tile = operands
+        _index_operands([row0], self.name)
+        if dst.rank != 2 or tile.rank != 2:
+            raise TypeCheckError(f"{self.name}: dst and the tile must have rank 2")
+        checker.unify(dst.shape[1], tile.shape[1], f"{self.name}: columns")
+        return [dst]
+
+    def evaluate(self, op, args, ctx):
+        dst, row0, tile = args
+        out = np.array(dst, dtype=np.float64)
+        r0 = int(row0)
+        n = max(0, min(tile.shape[0], out.shape[0] - r0))
+        out[r0 : r0 + n] += np.asarray(tile)[:n]
+        return [out]

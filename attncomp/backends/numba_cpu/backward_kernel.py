@@ -1,0 +1,202 @@
+"""Lowering an ``ac.key_grid`` (the tiled backward) to a parallel Numba kernel.
+
+One unit of work per key/value batch position (with grouped-query attention,
+per key/value head: the unit handles every query head of its group).  The
+units are dealt to ``n_slots`` parallel tasks in a fixed order, so each
+gradient is summed in the same order on every run (no atomics):
+
+    for each unit:                          # e.g. (b, kv head)
+        for kb in key blocks:
+            dk, dv = 0                      # the key block's gradients, in locals
+            for each query head g of the group:
+                prologue (GQA head, query-loop bounds from the IR)
+                for qb in [first, end):     # skipped, masked or full per the IR's classification
+                    s = q_tile @ k_tileᵀ; dp = d_out_tile @ v_tileᵀ      # BLAS, rows read in place
+                    per element: score, mask, p = exp(s - lse), ds = p (dp - delta),
+                                 the score's derivative -> ds_raw, site contributions
+                    dv += pᵀ d_out_tile;  dk += ds_rawᵀ q_tile          # BLAS
+                    dq[rows of the tile] += ds_raw k_tile                 # this unit owns these rows
+            store dk, dv rows of the key block
+
+Gradients of captured tensors the score reads (slopes, tables) are summed per
+task into ``part_k[slot]`` and added up by the driver afterwards.
+"""
+
+from __future__ import annotations
+
+from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
+from attncomp.backends.codegen import KernelSource, dim_expr
+from attncomp.backends.tiles import element_expr
+from attncomp.ir.core import Value
+from attncomp.ir.dims import dim
+
+
+class BackwardKernelWriter(KernelSource):
+    def __init__(self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str]):
+        super().__init__(captured, dims)
+        self.name = name
+        self.t = tiled
+        self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
+        self.nb = tiled.grid.results[0].type.rank - 2
+        self.group = dim_expr(dim(tiled.grid.attrs["kv_repeat"]))
+
+    def params(self) -> list[str]:
+        parts = [f"part_{k}" for k in range(len(self.t.site_ranks))]
+        return [
+            "out_dq",
+            "out_dk",
+            "out_dv",
+            *parts,
+            *self.captured.values(),
+            *[f"d_{d}" for d in self.dims],
+            "n_slots",
+        ]
+
+    def rows_of(self, load, start: str, count: str, array: str | None = None) -> str:
+        """``src[batch..., start:start + count]`` of a tile load, read in place (or of ``array``)."""
+        src = array or self.array_ref(load.operands[0])
+        batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
+        return f"{src}[{''.join(b + ', ' for b in batch)}{start}:{start} + {count}]"
+
+    def row_value(self, load, row: str) -> str:
+        """Element ``[batch..., row, 0]`` of a ``[..., T, 1]`` source (the LSE and delta rows)."""
+        src = self.array_ref(load.operands[0])
+        batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
+        return f"{src}[{''.join(b + ', ' for b in batch)}{row}, 0]"
+
+    def tile(self, tile: BackwardTile, with_mask: bool) -> None:
+        w = self.w
+        for op in tile.scalar_ops:
+            self.scalar().op(op)
+        w.line(f"i0 = {self.scalar().ref(tile.q_load.operands[-1])}")
+        w.line("nq = min(BQ, n_rows - i0)")
+        w.line(f"qs = {self.rows_of(tile.q_load, 'i0', 'nq')}")
+        w.line(f"dos = {self.rows_of(tile.d_out_load, 'i0', 'nq')}")
+        w.line("tile_scores(qs, ks, s, nq, nk)")
+        w.line("tile_scores(dos, vs, dp, nq, nk)")
+        batch = [self.scalar().ref(v) for v in tile.score.operands[:-3]]
+        w.line("for r in range(nq):")
+        with w.indent():
+            i = self.fresh("i")
+            w.line(f"{i} = {element_expr(tile.score.operands[-3], self.names, 'r', '0')}")
+            w.line(f"lse_r = {self.row_value(tile.lse_load, 'i0 + r')}")
+            w.line(f"delta_r = {self.row_value(tile.delta_load, 'i0 + r')}")
+            w.line("for c in range(nk):")
+            with w.indent():
+                j = self.fresh("j")
+                w.line(f"{j} = {element_expr(tile.score.operands[-2], self.names, '0', 'c')}")
+                (x,) = self.scalar().block(tile.score.regions[0], batch + [i, j, "s[r, c]"])
+                if with_mask and tile.mask is not None:
+                    mask_batch = [self.scalar().ref(v) for v in tile.mask.operands[:-2]]
+                    (visible,) = self.scalar().block(tile.mask.regions[0], mask_batch + [i, j])
+                    w.line(f"if not {visible}:")
+                    with w.indent():
+                        w.line("pm[r, c] = ACC(0.0)")
+                        w.line("dsm[r, c] = ACC(0.0)")
+                        w.line("continue")
+                w.line(f"pv = EXP(ACC({x} - lse_r))")
+                w.line("dsv = pv * (dp[r, c] - delta_r)")
+                grad_batch = [self.scalar().ref(v) for v in tile.gradient.operands[:-4]]
+                grads = self.scalar().block(tile.gradient.regions[0], grad_batch + [i, j, "s[r, c]", "dsv"])
+                w.line("pm[r, c] = pv")
+                w.line(f"dsm[r, c] = {grads[0]}")
+                at = 1
+                for k, rank in enumerate(self.t.site_ranks):
+                    index = "".join(f", {x}" for x in grads[at + 1 : at + 1 + rank])
+                    w.line(f"part_{k}[slot{index}] += {grads[at]}")
+                    at += 1 + rank
+        w.line("tile_grad_t(pm, dos, dv_acc, tmp_v, nq, nk)")
+        w.line("tile_grad_t(dsm, qs, dk_acc, tmp_k, nq, nk)")
+        w.line(f"tile_grad_n(dsm, ks, {self.rows_of(tile.q_load, 'i0', 'nq', 'out_dq')}, tmp_q, nq, nk)")
+
+    def loop_body(self) -> None:
+        t, w = self.t, self.w
+        if t.tile_class is None:
+            self.tile(t.masked, with_mask=t.default_class == 1)
+            return
+        for op in t.classify_ops:
+            self.scalar().op(op)
+        tile_class = self.scalar().ref(t.tile_class)
+        w.line(f"if {tile_class} == 1:")
+        with w.indent():
+            self.tile(t.masked, with_mask=True)
+        w.line(f"elif {tile_class} == 2:")
+        with w.indent():
+            self.tile(t.full or t.masked, with_mask=False)
+
+    def write(self, decorator: str) -> str:
+        t, w, nb = self.t, self.w, self.nb
+        q_src = t.masked.q_load.operands[0]
+        v_src = t.v_load.operands[0]
+        w.line(decorator)
+        w.line(f"def {self.name}({', '.join(self.params())}):")
+        with w.indent():
+            w.line(f"ACC = {self.acc}")
+            w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
+            w.line(f"BQ = {t.block_q}")
+            w.line(f"BK = {t.block_k}")
+            w.line(f"G = {self.group}")
+            w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
+            w.line(f"n_keys = {dim_expr(t.k_load.operands[0].type.shape[-2])}")
+            w.line(f"n_d = {self.array_ref(q_src)}.shape[{q_src.type.rank - 1}]")
+            w.line(f"n_e = {self.array_ref(v_src)}.shape[{v_src.type.rank - 1}]")
+            w.line("n_kb = (n_keys + BK - 1) // BK")
+            w.line("n_units = 1" + "".join(f" * out_dk.shape[{a}]" for a in range(nb)))
+            w.line("for slot in prange(n_slots):")
+            with w.indent():
+                for name, shape in (
+                    ("s", "(BQ, BK)"),
+                    ("dp", "(BQ, BK)"),
+                    ("pm", "(BQ, BK)"),
+                    ("dsm", "(BQ, BK)"),
+                    ("dk_acc", "(BK, n_d)"),
+                    ("dv_acc", "(BK, n_e)"),
+                    ("tmp_k", "(BK, n_d)"),
+                    ("tmp_v", "(BK, n_e)"),
+                    ("tmp_q", "(BQ, n_d)"),
+                ):
+                    w.line(f"{name} = np.zeros({shape}, dtype=ACC)")
+                w.line("for unit in range(slot, n_units, n_slots):")
+                with w.indent():
+                    w.line("rest = unit")
+                    for a in reversed(range(nb)):
+                        w.line(f"kv_{a} = rest % out_dk.shape[{a}]")
+                        w.line(f"rest = rest // out_dk.shape[{a}]")
+                    w.line("for kb in range(n_kb):")
+                    with w.indent():
+                        w.line("j0 = kb * BK")
+                        self.names[t.j0] = "j0"
+                        w.line("nk = min(BK, n_keys - j0)")
+                        w.line("dk_acc[:] = ACC(0.0)")
+                        w.line("dv_acc[:] = ACC(0.0)")
+                        self.positions()
+                        w.line(f"out_dk[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dk_acc[:nk]")
+                        w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
+        return w.text()
+
+    def positions(self) -> None:
+        """Loop over the query batch positions of the unit, then over their query blocks."""
+        t, w = self.t, self.w
+        for a, arg in enumerate(t.batch_args):
+            step = "G" if a == 1 else "1"
+            w.line(f"lo_{a} = 0 if out_dk.shape[{a}] == 1 else kv_{a} * {step}")
+            w.line(f"hi_{a} = out_dq.shape[{a}] if out_dk.shape[{a}] == 1 else lo_{a} + {step}")
+            w.line(f"for p_{a} in range(lo_{a}, hi_{a}):")
+            w.depth += 1
+            self.names[arg] = f"p_{a}"
+        for op in t.prologue:
+            self.scalar().op(op)
+        w.line(f"ks = {self.rows_of(t.k_load, 'j0', 'nk')}")
+        w.line(f"vs = {self.rows_of(t.v_load, 'j0', 'nk')}")
+        lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
+        w.line(f"for qb in range({lo}, {hi}):")
+        with w.indent():
+            self.names[t.loop.regions[0].args[0]] = "qb"
+            self.loop_body()
+        w.depth -= len(t.batch_args)
+
+
+def write_backward_kernel(
+    name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], decorator: str
+) -> str:
+    return BackwardKernelWriter(name, tiled, captured, dims).write(decorator)
