@@ -154,3 +154,40 @@ def test_unfused_and_decoder_kernels_cover_every_graph_op():
 
 
 DECODER = "cse,softmax-fusion,kv-cache-reuse,flash-tiling,mask-elimination,canonicalize,cse,dce"
+
+
+@pytest.mark.parametrize(
+    "example,name",
+    [
+        ("causal", "causal"),
+        ("alibi", "causal_alibi"),
+        ("gqa", "grouped_query_attention"),
+        ("lse", "key_padding_with_lse"),
+        ("relative_bias", "relative_bias"),
+    ],
+)
+def test_backward_kernels_compile_without_local_memory(example, name):
+    """The backward kernel (ac.key_grid) at the default 64 x 64 blocks, head dim 64: no local memory,
+    no spills; the graph kernels of the backward (delta = rowsum(d_out * out), ...) too."""
+    from attncomp.backends import numba_cuda
+
+    fn = ac.compile(getattr(load_example(example), name), backend="interp")
+    impl = numba_cuda.build(fn.backward.module)
+    (kernels,) = impl.backward
+    plan = kernels.plan(64, 64)
+    assert (plan.block_q, plan.block_k, plan.keys) == (64, 64, 64)
+    reports = _check(impl, 64)
+    for label, report in reports.items():
+        if "backward" in label:
+            assert report.registers <= 255, label
+
+
+@pytest.mark.parametrize("example,name", [("alibi", "causal_alibi"), ("relative_bias", "relative_bias")])
+def test_unfused_backward_kernels_compile(example, name):
+    """pipeline="": the backward's ac.scatter_add (into slopes [H], into a table [H, R]) as a graph kernel."""
+    from attncomp.backends import numba_cuda
+
+    fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline="")
+    impl = numba_cuda.build(fn.backward.module)
+    assert any(k.name.endswith("scatter_add") for k in impl.graph_kernels)
+    _check(impl, 64)

@@ -3,7 +3,9 @@
 Each tiled attention becomes a fused flash-attention kernel (``kernel.py``:
 one thread block per batch position and query block, key/value chunks in
 shared memory, the online-softmax state in registers, tiles skipped,
-masked or unmasked as mask-elimination decided); every other op becomes a
+masked or unmasked as mask-elimination decided); each tiled backward
+(``ac.key_grid``) a kernel with one thread block per batch position and key
+block that adds its gradients in with atomics (``backward_kernel.py``); every other op becomes a
 small generated kernel (``graph_kernels.py``) launched by the generated
 driver (``driver.py``).  Needs the ``cuda`` extra (numba-cuda); runs on a
 GPU or under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before
@@ -54,9 +56,11 @@ class CudaFunction:
     module: ModuleType = field(repr=False)
     graph_kernels: list[Any] = field(repr=False)
     attention: list[Any] = field(repr=False)
+    #: the backward kernels (``BackwardKernels``), one per ``ac.key_grid``
+    backward: list[Any] = field(default_factory=list, repr=False)
 
     def __call__(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
-        return list(self.module.run(*arrays, env, self.attention))
+        return list(self.module.run(*arrays, env, self.attention, self.backward))
 
     def run(
         self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
@@ -112,9 +116,10 @@ class CudaFunction:
 
     @property
     def source(self) -> str:
-        """The driver module, then each attention kernel as specialised so far (D = E = 64 before any call)."""
+        """The driver module, then each attention and backward kernel as specialised so far (D = E = 64
+        before any call)."""
         chunks = [self.driver_source]
-        for kernels in self.attention:
+        for kernels in [*self.attention, *self.backward]:
             for dims in kernels.specialised or [(64, 64)]:
                 chunks.append(kernels.source(*dims))
         return "\n\n".join(chunks)
@@ -133,6 +138,10 @@ class CudaFunction:
             merge = kernels.merge_kernel(*dims).py_func
             merge_name = f"{kernels.name}_merge[D={dims[0]},E={dims[1]}]"
             found.append(KernelInfo(merge_name, merge, kernels.merge_signature(), source))
+        for kernels in self.backward:
+            dims = self._head_dims(kernels, head_dim, value_dim)
+            name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
+            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
         return found
 
     def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
@@ -172,21 +181,28 @@ class CudaFunction:
         return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
 
 
-def build(module: Module, lanes: int | None = None, split: int | None = None) -> CudaFunction:
+def build(
+    module: Module, lanes: int | None = None, split: int | None = None, backward_lanes: int | None = None
+) -> CudaFunction:
     """Generate and load the driver and graph kernels; attention kernels are made per head dims on use.
 
     ``lanes`` fixes the threads per query row of the attention kernels (the
     default chooses by head dim; tests use it to cover every layout at small
     sizes); ``split`` fixes the number of key splits (flash-decoding; the
-    default splits only launches too small to fill the GPU).
+    default splits only launches too small to fill the GPU); ``backward_lanes`` fixes the threads per
+    key of the backward kernels.
     """
     _require_numba_cuda()
     from attncomp.backends.cache import load_source
     from attncomp.backends.numba_cuda.attention import AttentionKernels
+    from attncomp.backends.numba_cuda.backward import BackwardKernels
     from attncomp.backends.numba_cuda.driver import generate_driver
 
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
     attention = {op: AttentionKernels(k, op, func, lanes, split) for k, op in enumerate(grids)}
-    source, graph_kernels = generate_driver(func, attention)
-    return CudaFunction(source, load_source(source, "cuda"), graph_kernels, list(attention.values()))
+    key_grids = [op for op in func.body.ops if op.name == "ac.key_grid"]
+    backward = {op: BackwardKernels(k, op, func, backward_lanes) for k, op in enumerate(key_grids)}
+    source, graph_kernels = generate_driver(func, attention, backward)
+    module_ = load_source(source, "cuda")
+    return CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))

@@ -2,8 +2,10 @@
 
 0-d ops (scales, sizes) are numpy on the host, as in the CPU driver; every
 other op launches its kernel from ``graph_kernels``; each ``ac.tile_grid``
-launches its attention kernel, specialised for the call's head dims.  The
-driver's ``run`` takes the arguments, the sizes and the attention kernels;
+launches its attention kernel and each ``ac.key_grid`` (a backward) its
+backward kernel into zeroed outputs, both specialised for the call's head
+dims.  The driver's ``run`` takes the arguments, the sizes, the attention
+kernels and the backward kernels;
 numpy arguments are copied in and the results copied back, device
 arguments stay where they are and so do the results.
 """
@@ -13,8 +15,9 @@ from __future__ import annotations
 from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
 from attncomp.backends.numba_cpu.driver import NUMPY_BINARY, NUMPY_COMPARE, NUMPY_UNARY, py_literal, shape_expr
 from attncomp.backends.numba_cuda.attention import AttentionKernels
+from attncomp.backends.numba_cuda.backward import BackwardKernels
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.graph_kernels import GraphKernel, graph_kernel, reshape_copy
+from attncomp.backends.numba_cuda.graph_kernels import GraphKernel, graph_kernel, reshape_copy, scatter_add_kernel
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 
@@ -32,9 +35,10 @@ from attncomp.backends.numba_cuda import runtime as rt
 
 
 class DriverWriter:
-    def __init__(self, func: Func, attention: dict[Op, AttentionKernels]):
+    def __init__(self, func: Func, attention: dict[Op, AttentionKernels], backward: dict[Op, BackwardKernels]):
         self.func = func
         self.attention = attention
+        self.backward = backward
         self.w = SourceWriter()
         self.names: dict[Value, str] = {}
         self.counter = 0
@@ -139,18 +143,66 @@ class DriverWriter:
         stop = dim_expr(out.type.shape[axis])
         self.w.line(f"{self.fresh(out)} = rt.prefix({cache}, {axis}, {stop})")
 
+    def scatter_add(self, op: Op, name: str) -> None:
+        """Atomic adds into zeros (in float32 for a float16 result, narrowed after); bad indices raise."""
+        out = op.results[0]
+        acc = "f64" if out.type.dtype == "f64" else "f32"
+        kernel, count = scatter_add_kernel(name, op, acc)
+        self.kernels.append(kernel)
+        w = self.w
+        target, flags = self.fresh(out), self.fresh(None, "flags")
+        w.line(f"{target} = rt.zeros({shape_expr(out)}, {acc!r})")
+        w.line(f"{flags} = rt.gather_flags({max(len(op.operands) - 1, 1)})")
+        passed = {"out": target, "err": flags}
+        for p in kernel.params:
+            if p.kind == "array":
+                passed[p.name] = self.ref(p.value)
+            elif p.kind == "scalar":
+                passed[p.name] = f"rt.kernel_scalar({self.ref(p.value)}, {p.value.type.dtype!r})"
+        args = ", ".join(passed[p.name] for p in kernel.params)
+        w.line(f"rt.launch_map({kernel.name}, {count}, {args})")
+        w.line(f"rt.check_scatter({flags}, {shape_expr(out)})")
+        w.line(f"{target} = rt.narrow({target}, {out.type.dtype!r})")
+        if out.type.rank == 0:
+            w.line(f"{target} = rt.host_value({target}, {out.type.dtype!r})")
+
+    def captured_args(self, captured) -> list[str]:
+        """Kernel arguments for the values a grid's regions capture: device arrays, host scalars."""
+        args = []
+        for value in captured:
+            if value.type.rank == 0:
+                args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
+            else:
+                args.append(self.ref(value))
+        return args
+
+    def key_grid(self, op: Op) -> None:
+        """The backward kernel adds into zeroed outputs (float32 for float16 results, narrowed after)."""
+        kernels = self.backward[op]
+        acc = kernels.acc_dtype
+        outs = []
+        for result in op.results:
+            outs.append(self.fresh(result))
+            self.w.line(f"{outs[-1]} = rt.zeros({shape_expr(result)}, {acc!r})")
+        dq_type = op.results[0].type
+        positions = " * ".join(dim_expr(d) for d in dq_type.shape[:-2]) or "1"
+        dk_type = op.results[1].type
+        keys = dim_expr(dk_type.shape[-2])
+        head, value = (dim_expr(d) for d in kernels.head_dims)
+        args = outs + self.captured_args(kernels.captured) + [dim_var(d) for d in kernels.dims]
+        self.w.line(f"backward[{kernels.index}].launch({positions}, {keys}, {head}, {value}, {', '.join(args)})")
+        for result, name in zip(op.results, outs):
+            self.w.line(f"{name} = rt.narrow({name}, {result.type.dtype!r})")
+            if result.type.rank == 0:
+                self.w.line(f"{name} = rt.host_value({name}, {result.type.dtype!r})")
+
     def grid(self, op: Op) -> None:
         kernels = self.attention[op]
         outs = []
         for result in op.results:
             outs.append(self.fresh(result))
             self.w.line(f"{outs[-1]} = rt.empty({shape_expr(result)}, {result.type.dtype!r})")
-        args = []
-        for value in kernels.captured:
-            if value.type.rank == 0:
-                args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
-            else:
-                args.append(self.ref(value))
+        args = self.captured_args(kernels.captured)
         dims = [dim_var(d) for d in kernels.dims]
         out_type = op.results[0].type
         n_batch = out_type.rank - 2
@@ -172,8 +224,16 @@ class DriverWriter:
         if op.name == "ac.tile_grid":
             self.grid(op)
             return
+        if op.name == "ac.key_grid":
+            self.key_grid(op)
+            return
+        if op.name == "ac.attention_grad":
+            raise LoweringError("the cuda backend runs ac.attention_grad tiled: run flash-tiling first")
         out = op.results[0]
         name = f"k{len(self.kernels)}_{op.name[3:]}"
+        if op.name == "ac.scatter_add":
+            self.scatter_add(op, name)
+            return
         if out.type.rank == 0 and all(v.type.rank == 0 for v in op.operands):
             self.host_op(op)
         elif op.name == "ac.reshape":
@@ -187,7 +247,7 @@ class DriverWriter:
         """The driver function ``run``; :attr:`kernels` then holds the kernels it launches."""
         w = self.w
         params = [self.fresh(a) for a in self.func.args]
-        w.line(f"def run({', '.join(params + ['env', 'attention'])}):")
+        w.line(f"def run({', '.join(params + ['env', 'attention', 'backward=()'])}):")
         with w.indent():
             w.line(f"to_host = not any(rt.is_device(x) for x in ({''.join(p + ', ' for p in params)}))")
             for d in size_names(self.func):
@@ -204,9 +264,11 @@ class DriverWriter:
         return w.text()
 
 
-def generate_driver(func: Func, attention: dict[Op, AttentionKernels]) -> tuple[str, list[GraphKernel]]:
+def generate_driver(
+    func: Func, attention: dict[Op, AttentionKernels], backward: dict[Op, BackwardKernels] | None = None
+) -> tuple[str, list[GraphKernel]]:
     """The driver module's source (graph kernels, then ``run``) and its kernels."""
-    writer = DriverWriter(func, attention)
+    writer = DriverWriter(func, attention, backward or {})
     run = writer.write()
     chunks = [HEADER.format(name=func.name, device_math=IMPORT)] + [k.source for k in writer.kernels] + [run]
     return "\n\n".join(chunks), writer.kernels

@@ -488,6 +488,89 @@ def _matmul(name: str, op: Op) -> GraphKernel:
     return k.finish("matmul")
 
 
+def _broadcast_extents(values: list[Value]) -> list[tuple[Value, int] | None]:
+    """Per axis of the broadcast shape of ``values``: an operand and axis giving its extent (None: 1)."""
+    rank = max(v.type.rank for v in values)
+    found: list[tuple[Value, int] | None] = []
+    for k in range(rank):
+        pick = None
+        for value in values:
+            m = k - (rank - value.type.rank)
+            if m >= 0 and not (value.type.shape[m].is_const and value.type.shape[m].value == 1):
+                pick = (value, m)
+                break
+        found.append(pick)
+    return found
+
+
+def scatter_add_kernel(name: str, op: Op, acc: str) -> tuple[GraphKernel, str]:
+    """``ac.scatter_add``: the kernel and the driver's expression for its work (the broadcast elements).
+
+    One broadcast element per iteration of a grid-stride loop, added into ``out`` (zeroed by the driver,
+    in the accumulation type ``acc``) with ``cuda.atomic.add``; a thread keeps a running sum while its
+    elements go to one target element (the gradient of ``slopes[h]`` sends T x S of them to each) and
+    issues one atomic per run.  An index out of range sets ``err`` and is dropped; the driver then raises
+    the interpreter's ``IndexError``.
+    """
+    from attncomp.backends.codegen import dim_expr
+
+    k = _Writer(name, op)
+    out = op.results[0]
+    k.params[0].numba_type = array_type(acc, max(out.type.rank, 1), contiguous=True)
+    updates, *indices = op.operands
+    refs = [k.operand(v) for v in op.operands]
+    k.param("err", "err", "int64[::1]")
+    extents = _broadcast_extents(list(op.operands))
+    count = " * ".join(dim_expr(v.type.shape[m]) for v, m in (e for e in extents if e is not None)) or "1"
+    runtime = [f"{refs[op.operands.index(e[0])]}.shape[{e[1]}]" if e else "1" for e in extents]
+    rank = out.type.rank
+    current = "cur_0" if rank == 1 else f"({', '.join(f'cur_{a}' for a in range(rank))})"  # a plain index in 1-d
+    acc_type = NUMPY_SCALAR[acc]
+    w = k.w
+    k.start(
+        " * ".join(runtime) or "1", setup=(f"run = {acc_type}(0.0)", *(f"cur_{a} = np.int64(-1)" for a in range(rank)))
+    )
+    shape = TensorType(tuple(dim(1) if e is None else e[0].type.shape[e[1]] for e in extents), out.type.dtype)
+    index = k.decode(runtime) if extents else []
+    k.out_type = shape
+    value = k.load(updates, index)
+    picks = []
+    for idx in indices:
+        var = k.fresh("ix")
+        w.line(f"{var} = np.int64({k.load(idx, index)})")
+        picks.append(var)
+    if rank == 0:
+        w.line(f"run += {acc_type}({value})")
+    else:
+        bad = [f"{x} < 0 or {x} >= out.shape[{a}]" for a, x in enumerate(picks)]
+        w.line(f"if {' or '.join(f'({b})' for b in bad)}:")
+        with w.indent():
+            for a, x in enumerate(picks):
+                w.line(f"if {bad[a]}:")
+                with w.indent():
+                    w.line(f"err[{2 * a}] = 1")
+                    w.line(f"err[{2 * a + 1}] = {x}")
+        w.line(f"elif {' and '.join(f'{x} == cur_{a}' for a, x in enumerate(picks))}:")
+        with w.indent():
+            w.line(f"run += {acc_type}({value})")
+        w.line("else:")
+        with w.indent():
+            w.line("if cur_0 >= 0:")
+            with w.indent():
+                w.line(f"cuda.atomic.add(out, {current}, run)")
+            for a, x in enumerate(picks):
+                w.line(f"cur_{a} = {x}")
+            w.line(f"run = {acc_type}({value})")
+    w.depth -= 1  # after the loop: this thread's last run
+    if rank == 0:
+        w.line("cuda.atomic.add(out, 0, run)")
+    else:
+        w.line("if cur_0 >= 0:")
+        with w.indent():
+            w.line(f"cuda.atomic.add(out, {current}, run)")
+    return k.finish(), count
+
+
 def graph_kernel(name: str, op: Op) -> GraphKernel:
     """The kernel computing ``op``'s result on the device."""
     if op.name in ELEMENTWISE:

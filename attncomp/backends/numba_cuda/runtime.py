@@ -94,6 +94,49 @@ def fill_zero(array: Any) -> None:
         array.copy_to_device(np.zeros(tuple(array.shape), dtype=array.dtype))
 
 
+@cuda.jit
+def _fill_zero_kernel(flat):
+    for n in range(cuda.grid(1), flat.size, cuda.gridsize(1)):
+        flat[n] = 0
+
+
+@cuda.jit
+def _copy_kernel(out, src):
+    for n in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[n] = src[n]
+
+
+def zeros(shape: tuple[int, ...], dtype: str) -> Any:
+    """A zeroed device array (zeroed by a kernel: no host transfer); 0-d gets one element, as in
+    :func:`empty`.  What the backward's kernels and ``ac.scatter_add`` add into."""
+    array = empty(shape, dtype)
+    if array.size:
+        launch_map(_fill_zero_kernel, int(array.size), array.reshape(array.size))
+    return array
+
+
+def narrow(x: Any, dtype: str) -> Any:
+    """``x`` (a C-contiguous device array) in ``dtype``: itself when it already is, else a converted copy
+    (atomics add in float32; a float16 result is narrowed after)."""
+    want = np.dtype(NUMPY_DTYPES[dtype])
+    if x.dtype == want:
+        return x
+    out = cuda.device_array(tuple(x.shape), dtype=want)
+    if out.size:
+        launch_map(_copy_kernel, int(out.size), out.reshape(out.size), x.reshape(x.size))
+    return out
+
+
+def check_scatter(flags: Any, shape: tuple[int, ...]) -> None:
+    """Raise the ``IndexError`` the interpreter gives when an ``ac.scatter_add`` kernel found an index
+    out of range (it set ``flags`` and dropped the update)."""
+    found = flags.copy_to_host()
+    for axis in range(len(found) // 2):
+        if found[2 * axis]:
+            bad = int(found[2 * axis + 1])
+            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {shape[axis]}")
+
+
 _MULTIPROCESSORS: list[int] = []
 
 

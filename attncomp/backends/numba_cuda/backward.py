@@ -1,0 +1,88 @@
+"""The backward kernels of one ``ac.key_grid``: one per head-dim pair, made on first use.
+
+As for the forward (``attention.py``), the dk and dv slices a thread keeps
+are named registers, so D and E are compile-time constants: the first call
+with new head dims generates and compiles that kernel; other sizes never
+recompile.  The driver zeroes the outputs (every kernel adds into them, see
+``backward_kernel.py``) and launches one thread block per query batch
+position, IR key block and part of a key block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attncomp.backends.backward_tiles import read_tiled_backward
+from attncomp.backends.cache import load_source
+from attncomp.backends.codegen import size_names
+from attncomp.backends.numba_cpu import captured_values
+from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
+from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
+from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
+from attncomp.ir.core import Func, Op
+from attncomp.ir.dims import Dim
+
+
+class BackwardKernels:
+    """The kernels of one ``ac.key_grid``; ``lanes`` fixes the threads per key (default: chosen)."""
+
+    def __init__(self, index: int, grid: Op, func: Func, lanes: int | None = None):
+        self.index = index
+        self.grid = grid
+        self.tiled = read_tiled_backward(grid)
+        self.captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(grid))}
+        self.dims = size_names(func)
+        self.func_name = func.name
+        self.name = f"attention_backward_kernel_{index}"
+        self.lanes = lanes
+        self._kernels: dict[tuple[int, int], Any] = {}
+
+    @property
+    def head_dims(self) -> tuple[Dim, Dim]:
+        """D and E as the IR has them: the last axes of dq and dv."""
+        return self.grid.results[0].type.shape[-1], self.grid.results[2].type.shape[-1]
+
+    @property
+    def acc_dtype(self) -> str:
+        """The element type of the outputs the kernel adds into (float16 results are narrowed after)."""
+        return "f64" if self.grid.results[0].type.dtype == "f64" else "f32"
+
+    def plan(self, head_dim: int, value_dim: int) -> BackwardPlan:
+        acc_bytes = 8 if self.acc_dtype == "f64" else 4
+        t = self.tiled
+        return plan_backward(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes)
+
+    def source(self, head_dim: int, value_dim: int) -> str:
+        plan = self.plan(head_dim, value_dim)
+        return write_backward_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan)
+
+    def signature(self) -> str:
+        """The Numba signature the PTX is compiled for (outputs C-contiguous in the accumulation type)."""
+        acc = self.acc_dtype
+        types = [array_type(acc, max(r.type.rank, 1), contiguous=True) for r in self.grid.results]
+        for value in self.captured:
+            rank = value.type.rank
+            types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
+        types += ["int64"] * len(self.dims)
+        return f"void({', '.join(types)})"
+
+    def kernel(self, head_dim: int, value_dim: int) -> Any:
+        """The backward kernel for these head dims."""
+        key = (head_dim, value_dim)
+        if key not in self._kernels:
+            self._kernels[key] = load_source(self.source(*key), "cuda")
+        return getattr(self._kernels[key], self.name)
+
+    @property
+    def specialised(self) -> list[tuple[int, int]]:
+        """The (D, E) pairs compiled so far."""
+        return list(self._kernels)
+
+    def launch(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
+        """Add the gradients of ``positions`` query batch positions into the zeroed outputs in ``args``
+        (then the captured values and sizes)."""
+        plan = self.plan(head_dim, value_dim)
+        blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts
+        if blocks <= 0:
+            return
+        self.kernel(head_dim, value_dim)[blocks, plan.threads](*args)

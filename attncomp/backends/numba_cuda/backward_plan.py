@@ -1,0 +1,107 @@
+"""How the backward kernel of one ``ac.key_grid`` maps onto a thread block.
+
+A thread block owns ``keys`` consecutive keys of one IR key block (a key
+block of ``block_k`` keys is split over ``ceil(block_k / keys)`` thread
+blocks when its tiles would not fit in shared memory at once; a split never
+straddles two IR key blocks, so the IR's tile classes hold for every part).
+Each key is owned by ``lanes`` consecutive threads: lane ``g`` keeps the
+entries ``g, g + lanes, ...`` of the key's ``dk`` and ``dv`` rows in
+registers (at most ``MAX_SLICE`` of each), whatever the head dims.
+
+The key and value rows of the block stay in shared memory for the whole
+kernel; the query, output-gradient, probability and score-gradient rows
+pass through shared memory ``rows`` query rows at a time.  Rows are padded
+by one element (``pitch``) so that the threads of a warp, which read one
+column of several rows, hit different banks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncomp.backends.tiles import LoweringError
+
+#: registers per thread for the dk slice, and again for the dv slice
+MAX_SLICE = 16
+#: keys per thread block, at most
+MAX_KEYS = 64
+#: query rows staged at a time, at most
+MAX_ROWS = 8
+#: static shared memory a block may use (CUDA's limit without opting in is 48 KiB)
+SHARED_BUDGET = 48 * 1024
+MAX_THREADS = 1024
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    block_q: int  # query rows of the IR's tile
+    block_k: int  # keys of the IR's tile
+    head_dim: int  # D: query/key features
+    value_dim: int  # E: value/output features
+    lanes: int  # threads per key
+    keys: int  # keys per thread block (a part of one IR key block)
+    rows: int  # query rows staged in shared memory at a time
+    acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
+
+    @property
+    def threads(self) -> int:
+        return self.keys * self.lanes
+
+    @property
+    def parts(self) -> int:
+        """Thread blocks per IR key block."""
+        return _ceil_div(self.block_k, self.keys)
+
+    @property
+    def dk_slice(self) -> int:
+        return _ceil_div(self.head_dim, self.lanes)
+
+    @property
+    def dv_slice(self) -> int:
+        return _ceil_div(self.value_dim, self.lanes)
+
+    @property
+    def head_pitch(self) -> int:
+        return self.head_dim + 1
+
+    @property
+    def value_pitch(self) -> int:
+        return self.value_dim + 1
+
+    @property
+    def shared_bytes(self) -> int:
+        staged = self.keys * (self.head_pitch + self.value_pitch) + self.rows * (self.head_pitch + self.value_pitch)
+        return self.acc_bytes * (staged + 2 * self.rows * self.keys)
+
+
+def plan_backward(
+    block_q: int, block_k: int, head_dim: int, value_dim: int, acc_bytes: int = 4, lanes: int | None = None
+) -> BackwardPlan:
+    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it)."""
+    keys = min(block_k, MAX_KEYS)
+    if lanes is None:
+        lanes = 1
+        while lanes < 32 and (_ceil_div(head_dim, lanes) > MAX_SLICE or _ceil_div(value_dim, lanes) > MAX_SLICE):
+            lanes *= 2
+        while lanes < 32 and keys * lanes < 32:  # at least a warp per thread block
+            lanes *= 2
+    if lanes < 1 or 32 % lanes:
+        raise LoweringError(f"cuda backward: lanes per key must divide 32, got {lanes}")
+    while keys * lanes > MAX_THREADS:
+        keys = _ceil_div(keys, 2)
+    rows = min(block_q, max(MAX_ROWS, lanes))
+    plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, keys, rows, acc_bytes)
+    while plan.shared_bytes > SHARED_BUDGET and plan.keys > 1:
+        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, _ceil_div(plan.keys, 2), rows, acc_bytes)
+    while plan.shared_bytes > SHARED_BUDGET and plan.rows > 1:
+        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, plan.keys, plan.rows // 2, acc_bytes)
+    if plan.shared_bytes > SHARED_BUDGET:
+        raise LoweringError(
+            f"cuda backward: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared "
+            f"memory per block, over the {SHARED_BUDGET} available"
+        )
+    return plan

@@ -1,0 +1,139 @@
+"""Gradients on the CUDA backend, under the simulator, against the interpreter's float64 gradients.
+
+The backward kernel (one thread block per batch position and key block, gradients summed with
+atomics) runs with blocks of 16 at sizes that are not multiples of them, so that skipped, masked
+and full tiles, padded query rows and padded keys all occur; the unfused pipeline runs the
+backward graph op by op (``ac.scatter_add`` among them).
+"""
+
+# Dimension names in annotations (ac.f64["T", "D"]) are not forward references.
+# ruff: noqa: F821, UP037
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.testing import relative_error
+from tests.conftest import load_example
+
+#: blocks of 16: the test sizes below make several tiles of every class
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=16},mask-elimination,canonicalize,cse,dce"
+
+
+def _gradients(spec, args, cotangents, pipeline: str = PIPELINE):
+    """(cuda gradients, interp gradients) of ``spec`` at ``args`` for these cotangents."""
+    got = ac.compile(spec, backend="cuda", pipeline=pipeline).vjp(*args)[1](*cotangents)
+    want = ac.compile(spec, backend="interp", pipeline=pipeline).vjp(*args)[1](*cotangents)
+    return got, want
+
+
+def _check(got, want, args, tolerance: float = 1e-4) -> None:
+    assert len(got) == len(want) == len(args)
+    for g, w, a in zip(got, want, args):
+        if w is None:
+            assert g is None
+            continue
+        assert g.shape == a.shape and g.dtype == a.dtype
+        assert np.abs(w).max() > 0  # a gradient that is there to compare
+        assert relative_error(g, w) < tolerance
+
+
+def _normal(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def test_causal_gradients_over_every_tile_class():
+    spec = load_example("causal").causal
+    rng = np.random.default_rng(0)
+    args = [_normal(rng, 1, 2, 40, 8), _normal(rng, 1, 2, 37, 8), _normal(rng, 1, 2, 37, 6)]
+    d_out = _normal(rng, 1, 2, 40, 6)
+    interp = ac.compile(spec, backend="interp", pipeline=PIPELINE)
+    # the backward classifies the same tiles by the same mask (block_map reads forward grids only)
+    assert set(np.unique(interp.block_map(*args))) == {0, 1, 2}
+    assert "ac.key_grid" in interp.backward.ir() and "tile_class = true" in interp.backward.ir()
+    _check(*_gradients(spec, args, [d_out]), args)
+
+
+def test_alibi_slopes_get_their_gradient():
+    spec = load_example("alibi").causal_alibi
+    rng = np.random.default_rng(1)
+    args = [_normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8)]
+    args.append(np.array([0.5, 0.25], dtype=np.float32))
+    got, want = _gradients(spec, args, [_normal(rng, 1, 2, 35, 8)])
+    _check(got, want, args)
+
+
+def test_grouped_query_heads_add_into_their_key_value_head():
+    spec = load_example("gqa").grouped_query_attention
+    rng = np.random.default_rng(2)
+    args = [_normal(rng, 1, 4, 33, 8), _normal(rng, 1, 2, 30, 8), _normal(rng, 1, 2, 30, 8)]
+    got, want = _gradients(spec, args, [_normal(rng, 1, 4, 33, 8)])
+    _check(got, want, args)
+
+
+def test_lse_cotangent_and_a_row_with_every_key_masked():
+    """A length of 0 masks every key of batch entry 0: its gradients are zero, not NaN."""
+    spec = load_example("lse").key_padding_with_lse
+    rng = np.random.default_rng(3)
+    q, k, v = _normal(rng, 2, 1, 34, 8), _normal(rng, 2, 1, 34, 8), _normal(rng, 2, 1, 34, 4)
+    args = [q, k, v, np.array([0, 21], dtype=np.int32)]
+    cotangents = [_normal(rng, 2, 1, 34, 4), _normal(rng, 2, 1, 34)]
+    got, want = _gradients(spec, args, cotangents)
+    _check(got, want, args)
+    for g in got[:3]:
+        assert np.all(g[0] == 0.0)
+    assert np.all(got[1][1, :, 21:] == 0.0)  # keys past the length get nothing
+
+
+def test_unfused_backward_runs_op_by_op():
+    """pipeline="": the backward graph is not fused (the slopes' gradient is an ac.scatter_add)."""
+    spec = load_example("alibi").causal_alibi
+    assert "ac.scatter_add" in ac.compile(spec, backend="interp", pipeline="").backward.ir()
+    rng = np.random.default_rng(4)
+    args = [_normal(rng, 1, 2, 6, 4), _normal(rng, 1, 2, 5, 4), _normal(rng, 1, 2, 5, 4)]
+    args.append(np.array([0.5, 0.25], dtype=np.float32))
+    got, want = _gradients(spec, args, [_normal(rng, 1, 2, 6, 4)], pipeline="")
+    _check(got, want, args)
+
+
+SCATTER = """
+ac.func @scatter(%upd: tensor<M x N x f32>, %idx: tensor<M x 1 x i64>) -> (tensor<R x f32>) {
+  %g = ac.scatter_add %upd, %idx : tensor<R x f32>
+  ac.return %g
+}
+"""
+
+
+def _scatter_module(rows: int):
+    return ac.parse_ir(SCATTER.replace("R x", f"{rows} x"))
+
+
+def test_scatter_add_kernel_adds_repeated_indices_and_rejects_bad_ones():
+    rng = np.random.default_rng(5)
+    updates = _normal(rng, 7, 3)
+    index = np.array([[0], [2], [2], [4], [0], [0], [1]], dtype=np.int64)
+    got = ac.compile(_scatter_module(5), backend="cuda", pipeline="")(updates, index)
+    want = np.zeros(5)
+    np.add.at(want, np.broadcast_to(index, updates.shape), updates)
+    assert relative_error(got, want) < 1e-6
+    bad = index.copy()
+    bad[3, 0] = 5
+    with pytest.raises(IndexError, match="out of range"):
+        ac.compile(_scatter_module(5), backend="cuda", pipeline="")(updates, bad)
+
+
+@ac.spec
+def causal64(q: ac.f64["B", "H", "T", "D"], k: ac.f64["B", "H", "S", "D"], v: ac.f64["B", "H", "S", "E"]):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+
+def test_float64_gradients():
+    rng = np.random.default_rng(6)
+    args = [_normal(rng, 1, 1, 30, 4, dtype=np.float64), _normal(rng, 1, 1, 36, 4, dtype=np.float64)]
+    args.append(_normal(rng, 1, 1, 36, 3, dtype=np.float64))
+    got, want = _gradients(causal64, args, [_normal(rng, 1, 1, 30, 3, dtype=np.float64)])
+    _check(got, want, args, tolerance=1e-10)
