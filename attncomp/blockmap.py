@@ -57,8 +57,12 @@ class BlockRecorder:
 
 
 def block_map(func: Func, constraints, args: tuple[Any, ...]) -> np.ndarray:
-    """The tile classes of the first tiled attention in ``func`` for these inputs."""
-    grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+    """The tile classes of the first tiled attention in ``func`` for these inputs.
+
+    In a backward (``ac.key_grid``: key blocks outside, query blocks inside) the
+    map is transposed back, so it reads as the forward's: ``[*batch, q_blocks, kv_blocks]``.
+    """
+    grids = [op for op in func.body.ops if op.name in ("ac.tile_grid", "ac.key_grid")]
     if not grids:
         raise AttncompError("block_map needs tiled attention: compile with the flash-tiling pass")
     arrays, env = bind_arguments(func, args, constraints)
@@ -67,6 +71,17 @@ def block_map(func: Func, constraints, args: tuple[Any, ...]) -> np.ndarray:
     interp.ctx.recorder = recorder
     interp.run(arrays)
     grid = grids[0]
+    if grid.name == "ac.key_grid":
+        dq_shape = grid.results[0].type.concrete_shape(env)
+        keys = grid.results[1].type.concrete_shape(env)[-2]
+        loops = [o for o in grid.regions[0].ops if o.name == "ac.tile_for"]
+        q_blocks = -(-dq_shape[-2] // loops[0].attrs["block_q"]) if loops else 0
+        k_blocks = -(-keys // grid.attrs["block_k"])
+        shape = tuple(dq_shape[:-2]) + (k_blocks, q_blocks)
+        out = np.zeros(shape, dtype=np.int8)
+        for index, tile_class in recorder.grids.get(grid, {}).items():
+            out[index] = tile_class
+        return np.swapaxes(out, -1, -2)
     out_shape = grid.results[0].type.concrete_shape(env)
     rows = out_shape[-2]
     block_q = grid.attrs["block_q"]

@@ -241,3 +241,19 @@ def test_cpu_unfused_backward_runs_as_numpy():
     assert "rt.scatter_add(" in fn.backward.source
     for g, w in zip(got, want):
         assert relative_error(g, w) < 1e-5
+
+
+@pytest.mark.parametrize("example, spec", [("causal", "causal"), ("sliding_window", "causal_sliding_window")])
+def test_backward_skips_the_tiles_the_forward_skips(example: str, spec: str):
+    """The backward's block map (key blocks outside, query blocks inside) equals the forward's."""
+    from conftest import load_example
+
+    module = load_example(example)
+    q, k, v = module.make_inputs(np.random.default_rng(0), T=300, S=300)
+    fn = ac.compile(getattr(module, spec), backend="interp")
+    out, lse = fn.forward_saving(q, k, v)[-2:]
+    forward = fn.block_map(q, k, v)
+    backward = fn.backward.block_map(q, k, v, out, lse, np.ones_like(out))
+    assert backward.shape == forward.shape == (1, 2, 5, 5)
+    assert np.array_equal(backward, forward)
+    assert np.count_nonzero(backward[0, 0]) == 15  # the lower triangle of 5 x 5 blocks
