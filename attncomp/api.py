@@ -247,6 +247,15 @@ class CompiledFunction:
         """int8 ``[*batch, q_blocks, kv_blocks]``: 0 skipped, 1 computed with its mask, 2 without."""
         return block_map(self.func, self.constraints, args)
 
+    def to_torch(self) -> Any:
+        """This function as a differentiable ``torch.library`` custom op over tensors (API.md section 6).
+
+        Imported here, not at the top, so that ``import attncomp`` never loads torch (an optional extra).
+        """
+        from attncomp.torch_op import to_torch
+
+        return to_torch(self)
+
     def __repr__(self) -> str:
         return f"<attncomp {self.backend} function {self.name} [{', '.join(self.stages)}]>"
 

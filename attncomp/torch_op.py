@@ -1,0 +1,303 @@
+"""A compiled function as a differentiable PyTorch op (API.md section 6).
+
+``fn.to_torch()`` registers two ``torch.library`` custom ops per compiled function:
+
+- ``attncomp::NAME_HASH``: the forward that saves residuals (``fn.forward_saving``).
+  It returns the spec's results and what the backward reads (each fused
+  attention's output and LSE), each distinct IR value once, so that a result that
+  is also a residual is one tensor, not two aliasing ones.
+- ``attncomp::NAME_HASH_backward``: the compiled backward (``fn.backward``), taking
+  the arguments, the residuals and one cotangent per result.
+
+Both have a fake function (shapes from the IR's result types, symbolic sizes bound
+from the input tensors' sizes, which may be ``SymInt``s), so ``torch.compile``
+traces them, dynamic shapes included; the forward's autograd saves its inputs and
+residuals and calls the backward op, so the forward is never run twice.  The
+callable that ``to_torch`` returns hides the residuals.
+
+Tensors cross into numpy without copies: a contiguous CPU tensor is read through
+``.numpy()`` and results are wrapped with ``torch.from_numpy``.  Argument checks are
+the binding's own (``attncomp/ir/binding.py``), so a tensor of the wrong dtype or size
+raises the same ``TypeError`` / ``ShapeError`` as a numpy array.
+
+torch is imported only when ``to_torch`` is called: ``import attncomp`` never loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attncomp.errors import ShapeError
+from attncomp.ir.binding import bind_arguments, check_dtype
+from attncomp.ir.types import NUMPY_DTYPES, is_float
+
+if TYPE_CHECKING:
+    import torch
+
+    from attncomp.api import CompiledFunction
+
+#: the device type each backend's tensors must be on
+BACKEND_DEVICES = {"cpu": "cpu", "interp": "cpu", "cuda": "cuda"}
+
+#: op name -> the callable registered under it (torch.library refuses to register a name twice)
+_REGISTERED: dict[str, TorchFunction] = {}
+
+
+def require_torch() -> Any:
+    """``import torch``, or an ImportError saying how to install it (torch is an optional extra)."""
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError(
+            'fn.to_torch() needs PyTorch, the torch extra of attncomp: pip install "attncomp[torch]"'
+        ) from error
+    return torch
+
+
+def op_name(fn: CompiledFunction) -> str:
+    """``NAME_HASH``: the spec's name and a hash of the backend and every stage's IR text.
+
+    Equal compiled functions get equal names (in every process), different ones
+    different names, so ops never collide and graphs that name them stay valid.
+    """
+    digest = hashlib.sha256(f"{fn.backend}\n{fn.pipeline}\n{fn.dump()}".encode()).hexdigest()[:12]
+    return f"{re.sub(r'[^0-9A-Za-z_]', '_', fn.name)}_{digest}"
+
+
+def check_device(name: str, device: torch.device, backend: str, *, allow_meta: bool = False) -> None:
+    """Raise ``ValueError`` naming the argument if ``device`` is not the one ``backend`` runs on.
+
+    ``allow_meta``: the fake (shape-only) function also serves meta tensors.
+    """
+    want = BACKEND_DEVICES[backend]
+    if device.type == want or (allow_meta and device.type == "meta"):
+        return
+    raise ValueError(
+        f"{name}: a {device.type} tensor, but this function runs on the {backend!r} backend, "
+        f"which takes {want} tensors (move it with .to({want!r}))"
+    )
+
+
+def numpy_dtype(tensor: torch.Tensor, want: str, name: str) -> np.dtype:
+    """The numpy dtype of ``tensor``; a dtype numpy lacks (bfloat16) is the binding's TypeError."""
+    try:
+        return np.dtype(str(tensor.dtype).removeprefix("torch."))
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected {want} ({np.dtype(NUMPY_DTYPES[want]).name}) elements, "
+            f"got {str(tensor.dtype).removeprefix('torch.')}"
+        ) from None
+
+
+class TorchFunction:
+    """``fn`` as a PyTorch callable: tensors in, tensors out (one, or a tuple for several results).
+
+    ``op`` and ``backward_op`` are the registered custom ops (for ``torch.library.opcheck``).
+    """
+
+    def __init__(self, fn: CompiledFunction, name: str):
+        torch = require_torch()
+        self.fn = fn
+        self.name = name
+        forward, backward = fn.forward_saving, fn.backward
+        self._forward, self._backward = forward, backward
+        self._arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
+        self._floating = [is_float(a.type.dtype) for a in fn.func.args]
+        # Each distinct IR value the saving forward returns is one output of the op; a result that is
+        # also a residual (the attention's output) is returned once and read twice.
+        values = list(forward.func.results)
+        distinct = list(dict.fromkeys(values))
+        self._outputs = distinct
+        self._slots = [distinct.index(v) for v in values]
+        n_results = len(fn.func.results)
+        self._result_slots, self._saved_slots = self._slots[:n_results], self._slots[n_results:]
+
+        params = ", ".join(f"Tensor {n}" for n in self._arg_names)
+        self.op = torch.library.custom_op(
+            f"attncomp::{name}", self._forward_impl, mutates_args=(), schema=f"({params}) -> {_returns(distinct)}"
+        )
+        self.op.register_fake(self._forward_fake)
+        backward_params = ", ".join(f"Tensor {a.name or f'arg{k}'}" for k, a in enumerate(backward.func.args))
+        self.backward_op = torch.library.custom_op(
+            f"attncomp::{name}_backward",
+            self._backward_impl,
+            mutates_args=(),
+            schema=f"({backward_params}) -> {_returns(backward.func.results)}",
+        )
+        self.backward_op.register_fake(self._backward_fake)
+        self.op.register_autograd(self._backward_rule, setup_context=self._setup_context)
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if len(tensors) != len(self._arg_names):
+            raise TypeError(
+                f"@{self.fn.func.name} takes {len(self._arg_names)} arguments ({', '.join(self._arg_names)}), "
+                f"got {len(tensors)}"
+            )
+        outputs = self.op(*tensors)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        results = tuple(outputs[slot] for slot in self._result_slots)
+        return results[0] if len(results) == 1 else results
+
+    def __repr__(self) -> str:
+        return f"<attncomp torch op attncomp::{self.name} ({self.fn.backend})>"
+
+    # running ----------------------------------------------------------------------------------
+    def _run(
+        self, compiled: CompiledFunction, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None = None
+    ) -> list[torch.Tensor]:
+        """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results."""
+        torch = require_torch()
+        names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
+        for t, name, arg in zip(tensors, names, compiled.func.args):
+            check_device(name, t.device, self.fn.backend)
+            numpy_dtype(t, arg.type.dtype, name)
+        # detach: .numpy() and __cuda_array_interface__ refuse tensors that require grad
+        inputs = [t.detach().contiguous() for t in tensors]
+        if self.fn.backend == "cuda":
+            outputs = _run_cuda(torch, compiled, inputs)
+            return outputs if picked is None else [outputs[k] for k in picked]
+        arrays = [t.numpy() for t in inputs]
+        outputs = compiled._run(arrays)
+        outputs = outputs if picked is None else [outputs[k] for k in picked]
+        return [torch.from_numpy(a) for a in _owned(outputs, arrays)]
+
+    def _forward_impl(self, *tensors: torch.Tensor) -> Any:
+        first = [self._slots.index(k) for k in range(len(self._outputs))]  # each distinct value once
+        return _tuple_or_one(self._run(self._forward, tensors, first))
+
+    def _backward_impl(self, *tensors: torch.Tensor) -> Any:
+        return _tuple_or_one(self._run(self._backward, tensors))
+
+    # fake (shape-only) functions: what torch.compile and opcheck trace --------------------------
+    def _sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """The spec's sizes bound from the tensors' sizes (ints, or ``SymInt``s under dynamic shapes).
+
+        Static sizes go through the binding itself, so tracing raises the same errors as a call;
+        symbolic ones are bound by name without comparing them (a comparison would add guards).
+        """
+        func = self.fn.func
+        dtypes = []
+        for t, name, arg in zip(tensors, self._arg_names, func.args):
+            check_device(name, t.device, self.fn.backend, allow_meta=True)
+            dtypes.append(numpy_dtype(t, arg.type.dtype, name))
+        shapes = [tuple(t.shape) for t in tensors]
+        if all(type(size) is int for shape in shapes for size in shape):
+            # zero-stride arrays of the tensors' dtypes and shapes: checked, never allocated
+            stand_ins = [np.broadcast_to(np.zeros((), dtype), shape) for dtype, shape in zip(dtypes, shapes)]
+            return bind_arguments(func, stand_ins, self.fn.constraints)[1]
+        sizes: dict[str, Any] = {}
+        for shape, dtype, name, arg in zip(shapes, dtypes, self._arg_names, func.args):
+            check_dtype(np.empty(0, dtype), arg.type.dtype, name)
+            if len(shape) != arg.type.rank:
+                raise ShapeError(f"{name}: expected rank {arg.type.rank}, got rank {len(shape)}")
+            for size, d in zip(shape, arg.type.shape):
+                if d.is_symbol:
+                    sizes.setdefault(d.symbol, size)
+        return sizes
+
+    def _empty(self, value: Any, sizes: dict[str, Any], like: torch.Tensor) -> torch.Tensor:
+        torch = require_torch()
+        shape = [d.evaluate(sizes) for d in value.type.shape]
+        return like.new_empty(shape, dtype=getattr(torch, np.dtype(NUMPY_DTYPES[value.type.dtype]).name))
+
+    def _forward_fake(self, *tensors: torch.Tensor) -> Any:
+        sizes = self._sizes(tensors)
+        return _tuple_or_one([self._empty(v, sizes, tensors[0]) for v in self._outputs])
+
+    def _backward_fake(self, *tensors: torch.Tensor) -> Any:
+        torch = require_torch()
+        args = tensors[: len(self._arg_names)]
+        grads = [
+            torch.empty_like(t, dtype=getattr(torch, np.dtype(NUMPY_DTYPES[a.type.dtype]).name))
+            for t, a, floating in zip(args, self.fn.func.args, self._floating)
+            if floating
+        ]
+        return _tuple_or_one(grads)
+
+    # autograd -------------------------------------------------------------------------------------
+    def _setup_context(self, ctx: Any, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*inputs, *(outputs[slot] for slot in self._saved_slots))
+
+    def _backward_rule(self, ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns."""
+        torch = require_torch()
+        saved = ctx.saved_tensors
+        inputs, residuals = saved[: len(self._arg_names)], saved[len(self._arg_names) :]
+        cotangents, seen = [], set()
+        for slot, value in zip(self._result_slots, self.fn.func.results):
+            grad = grads[slot] if slot not in seen else None  # a result returned twice: its grad once
+            seen.add(slot)
+            if grad is None:  # an unused result: a zero cotangent, as pullback(None) gives
+                grad = torch.zeros_like(self._empty(value, self._sizes(inputs), inputs[0]))
+            cotangents.append(grad)
+        out = self.backward_op(*inputs, *residuals, *cotangents)
+        floating = iter(out if isinstance(out, tuple) else (out,))
+        return tuple(
+            next(floating).to(t.dtype) if is_floating else None for t, is_floating in zip(inputs, self._floating)
+        )
+
+
+def _returns(values: Sequence[Any]) -> str:
+    return "Tensor" if len(values) == 1 else f"({', '.join('Tensor' for _ in values)})"
+
+
+def _tuple_or_one(tensors: list[Any]) -> Any:
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``outputs``, each writable, contiguous and sharing memory with no input and no other output.
+
+    A custom op's outputs must not alias its inputs or each other; a spec that returns an argument
+    as it is (or a backward whose gradient is a cotangent) would otherwise hand one buffer out twice.
+    """
+    owned: list[np.ndarray] = []
+    for out in outputs:
+        shared = any(np.may_share_memory(out, other) for other in (*inputs, *owned))
+        if shared or not (out.flags.writeable and out.flags.c_contiguous):
+            out = np.array(out, order="C", copy=True)
+        owned.append(out)
+    return owned
+
+
+def _run_cuda(torch: Any, compiled: CompiledFunction, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The cuda backend on CUDA tensors, in place through ``__cuda_array_interface__``.
+
+    UNTESTED ON A GPU (written on a machine without one).  The backend launches on Numba's
+    default stream and takes no stream argument, so this synchronises PyTorch's current stream
+    before the call (its producers are done) and Numba's work after it (the results are ready
+    whichever stream PyTorch reads them on): correct on any stream, at the cost of overlap.
+    """
+    from numba import cuda
+
+    device = inputs[0].device
+    torch.cuda.current_stream(device).synchronize()
+    outputs = compiled._run(list(inputs))
+    cuda.synchronize()
+    results: list[torch.Tensor] = []
+    taken = {t.untyped_storage().data_ptr() for t in inputs}
+    for out in outputs:
+        if isinstance(out, np.ndarray):  # 0-d results stay on the host
+            result = torch.from_numpy(np.array(out)).to(device)
+        else:
+            result = torch.as_tensor(out, device=device)
+        if result.untyped_storage().data_ptr() in taken:  # as in _owned: outputs alias nothing
+            result = result.clone()
+        taken.add(result.untyped_storage().data_ptr())
+        results.append(result)
+    return results
+
+
+def to_torch(fn: CompiledFunction) -> TorchFunction:
+    """``fn`` as a differentiable PyTorch op; the same compiled function gives the same op."""
+    require_torch()
+    name = op_name(fn)
+    if name not in _REGISTERED:
+        _REGISTERED[name] = TorchFunction(fn, name)
+    return _REGISTERED[name]
