@@ -269,17 +269,19 @@ def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[
 def _run_cuda(torch: Any, compiled: CompiledFunction, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The cuda backend on CUDA tensors, in place through ``__cuda_array_interface__``.
 
-    UNTESTED ON A GPU (written on a machine without one).  The backend launches on Numba's
-    default stream and takes no stream argument, so this synchronises PyTorch's current stream
-    before the call (its producers are done) and Numba's work after it (the results are ready
-    whichever stream PyTorch reads them on): correct on any stream, at the cost of overlap.
+    Every launch, allocation and copy of the call is enqueued on PyTorch's current stream
+    (wrapped as a Numba external stream), so the op orders with the tensors' producers and
+    consumers as any torch op does, with no synchronisation.  Not yet run on a GPU (the
+    machines it was written on have none); the simulator runs the same launches.
     """
     from numba import cuda
 
+    from attncomp.backends.numba_cuda import runtime
+
     device = inputs[0].device
-    torch.cuda.current_stream(device).synchronize()
-    outputs = compiled._run(list(inputs))
-    cuda.synchronize()
+    torch_stream = torch.cuda.current_stream(device)
+    with runtime.on_stream(cuda.external_stream(torch_stream.cuda_stream)):
+        outputs = compiled._run(list(inputs))
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
     for out in outputs:

@@ -105,7 +105,7 @@ class CudaFunction:
 
         if any(runtime.is_device(x) for x in inputs):
             return list(outputs)
-        return [runtime.device_view(o).copy_to_host() if runtime.is_device(o) else o for o in outputs]
+        return [runtime.copy_to_host(runtime.device_view(o)) if runtime.is_device(o) else o for o in outputs]
 
     def _head_dims(self, kernels: Any, head_dim: int | None, value_dim: int | None) -> tuple[int, int]:
         done = kernels.specialised

@@ -161,7 +161,8 @@ class AttentionKernels:
                 n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
-            self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads](*args, n_split, *parts)
+            launch = self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads, rt.stream()]
+            launch(*args, n_split, *parts)
             if n_split > 1:
                 merge = self.merge_kernel(head_dim, value_dim, rows)
                 rt.launch_map(merge, n_flat * value_dim, *outs, *parts)

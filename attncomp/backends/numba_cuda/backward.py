@@ -16,6 +16,7 @@ from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu import captured_values
+from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
@@ -85,4 +86,4 @@ class BackwardKernels:
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts
         if blocks <= 0:
             return
-        self.kernel(head_dim, value_dim)[blocks, plan.threads](*args)
+        self.kernel(head_dim, value_dim)[blocks, plan.threads, rt.stream()](*args)

@@ -10,6 +10,9 @@ the same code runs either way.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,34 @@ SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
 #: faster there, and the kernels' code is the same apart from these constants.
 THREADS, MAX_BLOCKS, MAX_GRID_Z = (8, 1, 2) if SIMULATED else (256, 8192, 65535)
 MATMUL_TILE = 8 if SIMULATED else 16
+
+
+#: the stream every launch, allocation and copy of a call is enqueued on (0: Numba's default)
+_STREAM: contextvars.ContextVar[Any] = contextvars.ContextVar("attncomp_cuda_stream", default=0)
+
+
+def stream() -> Any:
+    """The stream of the current call: 0 (the default stream) unless :func:`on_stream` set one."""
+    return _STREAM.get()
+
+
+@contextlib.contextmanager
+def on_stream(cuda_stream: Any) -> Iterator[None]:
+    """Run the calls inside on ``cuda_stream`` (a Numba stream, such as ``cuda.external_stream``
+    over PyTorch's current stream); results copied to the host are waited for."""
+    token = _STREAM.set(cuda_stream)
+    try:
+        yield
+    finally:
+        _STREAM.reset(token)
+
+
+def copy_to_host(x: Any) -> np.ndarray:
+    """A device array copied to the host on the current stream (waited for)."""
+    out = x.copy_to_host(stream=stream())
+    if stream() != 0:
+        stream().synchronize()
+    return out
 
 
 def _simulated_array_type() -> type | None:
@@ -55,13 +86,13 @@ def to_device(x: Any) -> Any:
     """An argument on the device: device memory as it is, host arrays copied in."""
     if is_device(x):
         return device_view(x)
-    return cuda.to_device(np.ascontiguousarray(x))
+    return cuda.to_device(np.ascontiguousarray(x), stream=stream())
 
 
 def host_value(x: Any, dtype: str) -> np.ndarray:
     """A 0-d value on the host (copied back if it is on the device)."""
     if is_device(x):
-        x = device_view(x).copy_to_host()
+        x = copy_to_host(device_view(x))
     return np.asarray(x, dtype=NUMPY_DTYPES[dtype]).reshape(())
 
 
@@ -80,18 +111,18 @@ def kernel_scalar(x: Any, dtype: str):
 
 def empty(shape: tuple[int, ...], dtype: str) -> Any:
     """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
-    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES[dtype])
+    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES[dtype], stream=stream())
 
 
 def scratch(shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised device array of a numpy dtype (kernel workspace)."""
-    return cuda.device_array(shape, dtype=dtype)
+    return cuda.device_array(shape, dtype=dtype, stream=stream())
 
 
 def fill_zero(array: Any) -> None:
     """Zero a device array (``cuda.device_array`` leaves it uninitialised)."""
     if array.size:
-        array.copy_to_device(np.zeros(tuple(array.shape), dtype=array.dtype))
+        array.copy_to_device(np.zeros(tuple(array.shape), dtype=array.dtype), stream=stream())
 
 
 @cuda.jit
@@ -121,7 +152,7 @@ def narrow(x: Any, dtype: str) -> Any:
     want = np.dtype(NUMPY_DTYPES[dtype])
     if x.dtype == want:
         return x
-    out = cuda.device_array(tuple(x.shape), dtype=want)
+    out = cuda.device_array(tuple(x.shape), dtype=want, stream=stream())
     if out.size:
         launch_map(_copy_kernel, int(out.size), out.reshape(out.size), x.reshape(x.size))
     return out
@@ -130,7 +161,7 @@ def narrow(x: Any, dtype: str) -> Any:
 def check_scatter(flags: Any, shape: tuple[int, ...]) -> None:
     """Raise the ``IndexError`` the interpreter gives when an ``ac.scatter_add`` kernel found an index
     out of range (it set ``flags`` and dropped the update)."""
-    found = flags.copy_to_host()
+    found = copy_to_host(flags)
     for axis in range(len(found) // 2):
         if found[2 * axis]:
             bad = int(found[2 * axis + 1])
@@ -160,7 +191,7 @@ def resident_blocks(threads: int) -> int:
 
 
 def from_host(x: Any, shape: tuple[int, ...]) -> Any:
-    return cuda.to_device(np.ascontiguousarray(np.reshape(x, shape)))
+    return cuda.to_device(np.ascontiguousarray(np.reshape(x, shape)), stream=stream())
 
 
 def work(array: Any, axis: int | None = None) -> int:
@@ -175,7 +206,7 @@ def launch_map(kernel, count: int, *args: Any) -> None:
     if count <= 0:
         return
     blocks = min(-(-count // THREADS), MAX_BLOCKS)
-    kernel[blocks, THREADS](*args)
+    kernel[blocks, THREADS, stream()](*args)
 
 
 def launch_matmul(kernel, out: Any, *args: Any) -> None:
@@ -185,16 +216,16 @@ def launch_matmul(kernel, out: Any, *args: Any) -> None:
     if m == 0 or n == 0 or batch == 0:
         return
     grid = (-(-n // MATMUL_TILE), -(-m // MATMUL_TILE), min(batch, MAX_GRID_Z))
-    kernel[grid, (MATMUL_TILE, MATMUL_TILE)](out, *args)
+    kernel[grid, (MATMUL_TILE, MATMUL_TILE), stream()](out, *args)
 
 
 def gather_flags(n_axes: int) -> Any:
     """Per index axis: a flag and an offending index, set by a gather kernel."""
-    return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64))
+    return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64), stream=stream())
 
 
 def check_gather(flags: Any, src: Any) -> None:
-    found = flags.copy_to_host()
+    found = copy_to_host(flags)
     for axis in range(len(found) // 2):
         if found[2 * axis]:
             bad = int(found[2 * axis + 1])
@@ -215,5 +246,5 @@ def prefix(x: Any, axis: int, stop: int) -> Any:
 def result(x: Any, dtype: str, to_host: bool) -> Any:
     """A function result: a device array (or copied to the host), or a 0-d host value."""
     if is_device(x):
-        return device_view(x).copy_to_host() if to_host else x
+        return copy_to_host(device_view(x)) if to_host else x
     return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
