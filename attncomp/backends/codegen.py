@@ -214,6 +214,23 @@ class KernelSource:
     def array_ref(self, value: Value) -> str:
         return self.captured[value]
 
+    def by_tile_class(self, tiled, emit: Callable[[object, bool], None]) -> None:
+        """The loop body of ``tiled`` (a TiledAttention or TiledBackward): its classification, then
+        ``emit(tile, with_mask)`` for the masked class (1) and the full class (2); skipped tiles (0) do
+        nothing.  Without a classification, the loop's default class."""
+        if tiled.tile_class is None:
+            emit(tiled.masked, tiled.default_class == 1)
+            return
+        for op in tiled.classify_ops:
+            self.scalar().op(op)
+        tile_class = self.scalar().ref(tiled.tile_class)
+        self.w.line(f"if {tile_class} == 1:")
+        with self.w.indent():
+            emit(tiled.masked, True)
+        self.w.line(f"elif {tile_class} == 2:")
+        with self.w.indent():
+            emit(tiled.full or tiled.masked, False)
+
     def scalar(self) -> ScalarEmitter:
         if self.functions is None:
             return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref)

@@ -110,19 +110,7 @@ class BackwardKernelWriter(KernelSource):
         w.line(f"tile_grad_n(dsm, ks, {self.rows_of(tile.q_load, 'i0', 'nq', 'out_dq')}, tmp_q, nq, nk)")
 
     def loop_body(self) -> None:
-        t, w = self.t, self.w
-        if t.tile_class is None:
-            self.tile(t.masked, with_mask=t.default_class == 1)
-            return
-        for op in t.classify_ops:
-            self.scalar().op(op)
-        tile_class = self.scalar().ref(t.tile_class)
-        w.line(f"if {tile_class} == 1:")
-        with w.indent():
-            self.tile(t.masked, with_mask=True)
-        w.line(f"elif {tile_class} == 2:")
-        with w.indent():
-            self.tile(t.full or t.masked, with_mask=False)
+        self.by_tile_class(self.t, self.tile)
 
     def write(self, decorator: str) -> str:
         t, w, nb = self.t, self.w, self.nb

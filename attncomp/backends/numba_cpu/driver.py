@@ -146,17 +146,8 @@ class DriverWriter:
             dtype = "np.float64" if result.type.dtype == "f64" else "np.float32"
             self.w.line(f"{name} = np.empty({shape_expr(result)}, dtype={dtype})")
             outs.append(name)
-        args = []
         acc = "f64" if op.results[0].type.dtype == "f64" else "f32"
-        tiles = {o.operands[0] for o in op.regions[0].walk() if o.name == "ac.tile_load"}
-        for value in captured:
-            value_ref = self.ref(self.buffers.get(value, value))
-            if value.type.rank == 0:
-                args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
-            elif value in tiles:
-                args.append(f"rt.kernel_array({value_ref}, {acc!r})")
-            else:
-                args.append(f"rt.kernel_array({value_ref})")
+        args = self.kernel_args(op, captured, acc)
         dims = [dim_var(d) for d in self.dim_names()]
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():

@@ -287,19 +287,7 @@ class KernelWriter(KernelSource):
                     w.line(f"out_1[{prefix}i0 + r] = -np.inf if total == 0.0 else top_safe + math.log(total)")
 
     def loop_body(self) -> None:
-        t, w = self.t, self.w
-        if t.tile_class is None:
-            self.key_tile(t.masked, with_mask=t.default_class == 1)
-            return
-        for op in t.classify_ops:
-            self.scalar().op(op)
-        tile_class = self.scalar().ref(t.tile_class)
-        w.line(f"if {tile_class} == 1:")
-        with w.indent():
-            self.key_tile(t.masked, with_mask=True)
-        w.line(f"elif {tile_class} == 2:")
-        with w.indent():
-            self.key_tile(t.full or t.masked, with_mask=False)
+        self.by_tile_class(self.t, self.key_tile)
 
     def finish(self) -> None:
         t, w = self.t, self.w

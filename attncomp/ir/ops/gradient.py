@@ -33,15 +33,8 @@ from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.ops.elementwise import promote
+from attncomp.ir.ops.structural import check_indices
 from attncomp.ir.types import BOOL_DTYPE, TensorType, is_float, is_int
-
-
-def check_indices(target_shape: tuple[int, ...], indices: list[np.ndarray], what: str) -> None:
-    for axis, idx in enumerate(indices):
-        idx = np.asarray(idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= target_shape[axis]):
-            bad = idx.min() if idx.min() < 0 else idx.max()
-            raise IndexError(f"{what}: index {bad} is out of range for axis {axis} of size {target_shape[axis]}")
 
 
 def scatter_into(target: np.ndarray, updates: np.ndarray, indices: list[np.ndarray], what: str) -> None:

@@ -128,11 +128,17 @@ class Gather(OpDef):
 
     def evaluate(self, op, args, ctx):
         src, *indices = args
-        for axis, idx in enumerate(indices):
-            if idx.size and (idx.min() < 0 or idx.max() >= src.shape[axis]):
-                bad = idx.min() if idx.min() < 0 else idx.max()
-                raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
+        check_indices(src.shape, indices, "ac.gather")
         return [np.asarray(src[tuple(indices)])]
+
+
+def check_indices(shape: tuple[int, ...], indices: list[np.ndarray], what: str) -> None:
+    """``IndexError`` for an index outside its axis (negative indices do not wrap around)."""
+    for axis, idx in enumerate(indices):
+        idx = np.asarray(idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= shape[axis]):
+            bad = idx.min() if idx.min() < 0 else idx.max()
+            raise IndexError(f"{what}: index {bad} is out of range for axis {axis} of size {shape[axis]}")
 
 
 class Terminator(OpDef):
