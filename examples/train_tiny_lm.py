@@ -17,8 +17,6 @@ is taken on the second half only).
 # Dimension names such as ac.f32["B", "T"] are sizes, not forward references.
 # ruff: noqa: F821
 
-from __future__ import annotations
-
 import time
 
 import numpy as np
@@ -138,9 +136,7 @@ def train(kind: str, steps: int, *, seed: int = 0, batch: int = 16, half: int = 
         tokens = torch.from_numpy(copy_batch(rng, batch, half, vocab))
         logits = model(tokens[:, :-1])
         # the loss of the copied half: positions half-1 .. 2*half-2 predict tokens half .. 2*half-1
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, half - 1 :].reshape(-1, vocab), tokens[:, half:].reshape(-1)
-        )
+        loss = torch.nn.functional.cross_entropy(logits[:, half - 1 :].reshape(-1, vocab), tokens[:, half:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
