@@ -360,6 +360,53 @@ print(json.dumps({"growth": peak[0] - before, "io": 8 * q.nbytes}))
 """
 
 
+TORCH_STEP_MEMORY_PROBE = r"""
+import json, os, sys, threading, time
+import numpy as np
+import torch
+torch.set_num_threads(2)
+T = int(sys.argv[1]); who = sys.argv[2]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+if who == "attncomp":
+    import attncomp as ac
+    from benchmarks import specs
+    attention = ac.compile(specs.causal, backend="cpu").to_torch()
+else:
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+def step(t):
+    q, k, v = (torch.randn(1, 8, t, 64, requires_grad=True) for _ in range(3))
+    attention(q, k, v).square().sum().backward()
+    return q, k, v
+step(64)
+q, k, v = (torch.randn(1, 8, T, 64, requires_grad=True) for _ in range(3))
+before = rss(); peak = [before]; done = []
+def sample():
+    while not done:
+        peak[0] = max(peak[0], rss()); time.sleep(0.001)
+thread = threading.Thread(target=sample); thread.start()
+attention(q, k, v).square().sum().backward(); done.append(1); thread.join()
+peak[0] = max(peak[0], rss())
+print(json.dumps({"growth": peak[0] - before, "scores": 4 * 8 * T * T}))
+"""
+
+
+def torch_step_memory_rows(t: int = 2048) -> list[str]:
+    """Peak memory of one training step through fn.to_torch() against torch SDPA's."""
+    if peers.torch_or_none() is None:
+        return []
+    lines = []
+    for who in ("attncomp", "torch"):
+        probe = run_probe(TORCH_STEP_MEMORY_PROBE, str(t), who)
+        lines.append(
+            f"  peak memory of a training step through torch, causal T=S={t} H=8 D=64, {who:<8}: "
+            f"{probe['growth'] / 2**20:7.1f} MiB (one T x S float32 score array: {probe['scores'] / 2**20:.0f} MiB)"
+        )
+    return lines
+
+
 def memory_rows(quick: bool) -> list[str]:
     t = 2048 if quick else 16384
     lines = []
@@ -377,7 +424,7 @@ def memory_rows(quick: bool) -> list[str]:
         f"{probe['growth'] / probe['io']:.2f}x q, k, v, out, d_out and the three gradients "
         f"({probe['io'] / 2**20:.0f} MiB)"
     )
-    return lines
+    return lines + torch_step_memory_rows()
 
 
 def compile_rows() -> list[str]:
