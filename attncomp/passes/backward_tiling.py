@@ -27,24 +27,10 @@ from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import TensorType
-from attncomp.passes.builder import Builder, inline_region
+from attncomp.passes.builder import Builder
 from attncomp.passes.patterns import constant_value
 from attncomp.passes.rewrite import replace_uses
-
-
-def _named(value: Value, name: str) -> Value:
-    value.name = name
-    return value
-
-
-def _retyped(region: Block, arg_types: list[TensorType], acc: str, float_yields: list[bool]) -> Block:
-    """``region`` with new argument types; its float yields cast to ``acc``."""
-    block = Block()
-    args = [block.add_arg(t, a.name) for t, a in zip(arg_types, region.args)]
-    b = Builder(block)
-    results = inline_region(b, region, args)
-    b.yield_(*(b.cast(r, acc) if is_float else r for r, is_float in zip(results, float_yields)))
-    return block
+from attncomp.passes.tile_building import grid_region, kv_head_of, load_rows, named, positions, retyped_region
 
 
 def _with_row_axis(b: Builder, x: Value) -> Value:
@@ -54,8 +40,6 @@ def _with_row_axis(b: Builder, x: Value) -> Value:
 
 def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op | None:
     """Replace ``op`` by an ``ac.key_grid``; None (untouched) when q is broadcast over batch axes."""
-    from attncomp.passes.flash_tiling import BATCH_NAMES, _batch_indices, _positions
-
     q, k, v, out, lse, d_out, d_lse = op.operands
     if q.type.shape[:-2] != out.type.shape[:-2]:
         return None
@@ -69,34 +53,18 @@ def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op 
     ).result
     if constant_value(d_lse) != 0.0:  # the spec's LSE has a cotangent
         delta = top.emit("ac.sub", delta, _with_row_axis(top, d_lse))
-    delta = _named(top.cast(delta, acc), "delta")
+    delta = named(top.cast(delta, acc), "delta")
     lse_rows = _with_row_axis(top, lse)
 
     nb = dq_type.rank - 2
-    grid = Block()
-    names = BATCH_NAMES.get(nb, [f"b{n}" for n in range(nb)])
-    grid_index = [grid.add_arg(TensorType((), "i64"), n) for n in names]
-    j0 = grid.add_arg(TensorType((), "i64"), "j0")
+    grid, grid_index, j0 = grid_region(nb, "j0")
     g = Builder(grid)
-    kv_repeat = dim(op.attrs["kv_repeat"])
-    kv_head = None
-    if kv_repeat != dim(1):
-        kv_head = _named(g.emit("ac.floordiv", grid_index[1], g.dim(kv_repeat)), "kv_head")
-    k_tile = _named(
-        g.cast(
-            g.op("ac.tile_load", [k, *_batch_indices(g, k, grid_index, kv_head), j0], {"rows": block_k}).result, acc
-        ),
-        "k_tile",
-    )
-    v_tile = _named(
-        g.cast(
-            g.op("ac.tile_load", [v, *_batch_indices(g, v, grid_index, kv_head), j0], {"rows": block_k}).result, acc
-        ),
-        "v_tile",
-    )
+    kv_head = kv_head_of(g, grid_index, dim(op.attrs["kv_repeat"]))
+    k_tile = named(load_rows(g, k, grid_index, kv_head, j0, block_k, acc), "k_tile")
+    v_tile = named(load_rows(g, v, grid_index, kv_head, j0, block_k, acc), "v_tile")
     keys = k.type.shape[-2]
-    cols_raw, cols = _positions(g, j0, block_k, 1, keys)
-    key_in_bounds = _named(g.emit("ac.cmp", cols_raw, g.dim(keys), pred="lt"), "key_in_bounds")
+    cols_raw, cols = positions(g, j0, block_k, 1, keys)
+    key_in_bounds = named(g.emit("ac.cmp", cols_raw, g.dim(keys), pred="lt"), "key_in_bounds")
     site_types = [s.type.with_dtype(acc) for s in sites]
     init = [
         g.const(0.0, acc, tuple(dq_type.shape[nb:])),
@@ -106,7 +74,7 @@ def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op 
     ]
     rows_total = q.type.shape[-2]
     extent = (rows_total + (block_q - 1)) // block_q
-    n_blocks = _named(g.dim(extent), "n_q_blocks")
+    n_blocks = named(g.dim(extent), "n_q_blocks")
     body = _query_loop(op, acc, block_q, grid_index, k_tile, v_tile, cols, key_in_bounds, [q, d_out, lse_rows, delta])
     loop = g.op(
         "ac.tile_for",
@@ -140,8 +108,6 @@ def _query_loop(
     key_in_bounds: Value,
     row_inputs: list[Value],
 ) -> Block:
-    from attncomp.passes.flash_tiling import _batch_indices, _positions
-
     q, d_out, lse_rows, delta = row_inputs
     score_region, mask_region, grad_region = op.regions
     sites = op.results[3:]
@@ -154,41 +120,40 @@ def _query_loop(
         *(body.add_arg(s.type.with_dtype(acc), s.name or "site") for s in sites),
     ]
     b = Builder(body)
-    i0 = _named(b.emit("ac.mul", qb, b.const(block_q, "i64")), "i0")
+    i0 = named(b.emit("ac.mul", qb, b.const(block_q, "i64")), "i0")
 
     def rows_of(x: Value, name: str) -> Value:
-        load = b.op("ac.tile_load", [x, *_batch_indices(b, x, grid_index, None), i0], {"rows": block_q}).result
-        return _named(b.cast(load, acc), name)
+        return named(load_rows(b, x, grid_index, None, i0, block_q, acc), name)
 
     q_tile = rows_of(q, "q_tile")
     do_tile = rows_of(d_out, "d_out_tile")
     lse_tile = rows_of(lse_rows, "lse_tile")
     delta_tile = rows_of(delta, "delta_tile")
-    rows_raw, rows = _positions(b, i0, block_q, 0, q.type.shape[-2])
+    rows_raw, rows = positions(b, i0, block_q, 0, q.type.shape[-2])
     row_in_bounds = b.emit("ac.cmp", rows_raw, b.dim(q.type.shape[-2]), pred="lt")
-    qk = _named(b.emit("ac.matmul", q_tile, b.emit("ac.transpose", k_tile, perm=[1, 0])), "qk")
+    qk = named(b.emit("ac.matmul", q_tile, b.emit("ac.transpose", k_tile, perm=[1, 0])), "qk")
     index = [TensorType((), "i64")] * (len(grid_index) + 2)
     scalar = TensorType((), acc)
     tile = qk.type
-    score = _retyped(score_region, index + [scalar], acc, [True])
-    mask = _retyped(mask_region, index + [], acc, [False])
+    score = retyped_region(score_region, index + [scalar], [acc])
+    mask = retyped_region(mask_region, index, [None])
     n_yield = len(grad_region.ops[-1].operands)
     floats = [True] + [False] * (n_yield - 1)
     at = 1
     for site in sites:
         floats[at] = True
         at += 1 + site.type.rank
-    gradient = _retyped(grad_region, index + [scalar, scalar], acc, floats)
-    s = _named(b.op("ac.map", [*grid_index, rows, cols, qk], {"role": "score"}, [tile], [score]).result, "s")
+    gradient = retyped_region(grad_region, index + [scalar, scalar], [acc if f else None for f in floats])
+    s = named(b.op("ac.map", [*grid_index, rows, cols, qk], {"role": "score"}, [tile], [score]).result, "s")
     visible = b.op("ac.map", [*grid_index, rows, cols], {"role": "mask"}, [tile.with_dtype("i1")], [mask]).result
-    visible = _named(b.emit("ac.and", b.emit("ac.and", visible, key_in_bounds), row_in_bounds), "visible")
+    visible = named(b.emit("ac.and", b.emit("ac.and", visible, key_in_bounds), row_in_bounds), "visible")
     zero = b.const(0.0, acc)
-    p = _named(b.emit("ac.where", visible, b.emit("ac.exp", b.emit("ac.sub", s, lse_tile)), zero), "p")
-    dp = _named(b.emit("ac.matmul", do_tile, b.emit("ac.transpose", v_tile, perm=[1, 0])), "dp")
-    ds = _named(b.emit("ac.mul", p, b.emit("ac.sub", dp, delta_tile)), "ds")
+    p = named(b.emit("ac.where", visible, b.emit("ac.exp", b.emit("ac.sub", s, lse_tile)), zero), "p")
+    dp = named(b.emit("ac.matmul", do_tile, b.emit("ac.transpose", v_tile, perm=[1, 0])), "dp")
+    ds = named(b.emit("ac.mul", p, b.emit("ac.sub", dp, delta_tile)), "ds")
     grad_types = [tile] + [tile.with_dtype(acc if f else "i64") for f in floats[1:]]
     grads = b.op("ac.map", [*grid_index, rows, cols, qk, ds], {"role": "gradient"}, grad_types, [gradient]).results
-    ds_raw = _named(b.emit("ac.where", visible, grads[0], zero), "ds_raw")
+    ds_raw = named(b.emit("ac.where", visible, grads[0], zero), "ds_raw")
     dq = b.op("ac.tile_add", [carried[0], i0, b.emit("ac.matmul", ds_raw, k_tile)]).result
     dk = b.emit("ac.add", carried[1], b.emit("ac.matmul", b.emit("ac.transpose", ds_raw, perm=[1, 0]), q_tile))
     dv = b.emit("ac.add", carried[2], b.emit("ac.matmul", b.emit("ac.transpose", p, perm=[1, 0]), do_tile))
@@ -200,5 +165,5 @@ def _query_loop(
         added = b.op("ac.scatter_add", [contribution, *indices], declared=[acc_in.type]).result
         new_sites.append(b.emit("ac.add", acc_in, added))
         at += 1 + site.type.rank
-    b.yield_(_named(dq, "dq_new"), _named(dk, "dk_new"), _named(dv, "dv_new"), *new_sites)
+    b.yield_(named(dq, "dq_new"), named(dk, "dk_new"), named(dv, "dv_new"), *new_sites)
     return body

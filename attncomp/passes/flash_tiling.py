@@ -26,41 +26,9 @@ from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import TensorType
 from attncomp.passes.backward_tiling import tile_attention_grad
 from attncomp.passes.base import Pass, register_pass
-from attncomp.passes.builder import Builder, inline_region
+from attncomp.passes.builder import Builder
 from attncomp.passes.rewrite import replace_uses
-
-BATCH_NAMES = {0: [], 1: ["b"], 2: ["b", "h"]}
-
-
-def named(value: Value, name: str) -> Value:
-    value.name = name
-    return value
-
-
-def retyped_region(region: Block, arg_types: list[TensorType], result_dtype: str) -> Block:
-    """``region`` with new argument types, yielding ``result_dtype``."""
-    block = Block()
-    args = [block.add_arg(t, a.name) for t, a in zip(arg_types, region.args)]
-    builder = Builder(block)
-    (result,) = inline_region(builder, region, args)
-    builder.yield_(builder.cast(result, result_dtype))
-    return block
-
-
-def _batch_indices(builder: Builder, operand: Value, grid_index: list[Value], kv_head: Value | None):
-    """The batch indices of ``operand`` for the grid position (broadcast axes read 0)."""
-    rank = operand.type.rank - 2
-    offset = len(grid_index) - rank
-    out = []
-    for axis in range(rank):
-        d = operand.type.shape[axis]
-        if d.is_const and d.value == 1:
-            out.append(builder.const(0, "i64"))
-        elif kv_head is not None and axis + offset == 1:
-            out.append(kv_head)
-        else:
-            out.append(grid_index[axis + offset])
-    return out
+from attncomp.passes.tile_building import grid_region, kv_head_of, load_rows, named, positions, retyped_region
 
 
 @dataclass
@@ -68,14 +36,6 @@ class TileConfig:
     block_q: int
     block_k: int
     acc: str  # the accumulation dtype
-
-
-def _positions(builder: Builder, start: Value, block: int, axis: int, length) -> tuple[Value, Value]:
-    """(start + arange(block) along ``axis``, the same clamped to ``length - 1``)."""
-    shape = (block, 1) if axis == 0 else (1, block)
-    ramp = builder.op("ac.iota", [], {"axis": axis}, [TensorType.of(shape, "i64")]).result
-    raw = builder.emit("ac.add", start, ramp)
-    return raw, builder.emit("ac.minimum", raw, builder.dim(length - 1))
 
 
 def _key_loop(
@@ -91,14 +51,14 @@ def _key_loop(
     acc_in = body.add_arg(TensorType.of((bq, v.type.shape[-1]), acc), "acc")
     b = Builder(body)
     j0 = named(b.emit("ac.mul", kb, b.const(bk, "i64")), "j0")
-    k_tile = b.cast(b.op("ac.tile_load", [k, *_batch_indices(b, k, grid_index, kv_head), j0], {"rows": bk}).result, acc)
-    v_tile = b.cast(b.op("ac.tile_load", [v, *_batch_indices(b, v, grid_index, kv_head), j0], {"rows": bk}).result, acc)
+    k_tile = load_rows(b, k, grid_index, kv_head, j0, bk, acc)
+    v_tile = load_rows(b, v, grid_index, kv_head, j0, bk, acc)
     raw = named(b.emit("ac.matmul", q_tile, b.emit("ac.transpose", k_tile, perm=[1, 0])), "qk")
-    cols_raw, cols = _positions(b, j0, bk, 1, length)
+    cols_raw, cols = positions(b, j0, bk, 1, length)
     in_bounds = named(b.emit("ac.cmp", cols_raw, b.dim(length), pred="lt"), "in_bounds")
     index_types = [TensorType((), "i64")] * (len(grid_index) + 2)
-    score_region = retyped_region(attn.regions[0], index_types + [TensorType((), acc)], acc)
-    mask_region = retyped_region(attn.regions[1], index_types, "i1")
+    score_region = retyped_region(attn.regions[0], index_types + [TensorType((), acc)], [acc])
+    mask_region = retyped_region(attn.regions[1], index_types, ["i1"])
     tile = TensorType.of((bq, bk), acc)
     scores = b.op("ac.map", [*grid_index, rows, cols, raw], {"role": "score"}, [tile], [score_region]).result
     visible = b.op("ac.map", [*grid_index, rows, cols], {"role": "mask"}, [tile.with_dtype("i1")], [mask_region]).result
@@ -133,23 +93,12 @@ def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
     acc = "f32" if out_type.dtype == "f16" else promote([q.type, k.type, v.type])
     cfg = TileConfig(block_q, block_k, acc)
     nb = out_type.rank - 2
-    grid = Block()
-    names = BATCH_NAMES.get(nb, [f"b{k}" for k in range(nb)])
-    grid_index = [grid.add_arg(TensorType((), "i64"), n) for n in names]
-    i0 = grid.add_arg(TensorType((), "i64"), "i0")
+    grid, grid_index, i0 = grid_region(nb, "i0")
     b = Builder(grid)
     kv_repeat = dim(attn.attrs["kv_repeat"])
-    kv_head = None
-    if kv_repeat != dim(1):
-        kv_head = named(b.emit("ac.floordiv", grid_index[1], b.dim(kv_repeat)), "kv_head")
-    q_tile = named(
-        b.cast(
-            b.op("ac.tile_load", [q, *_batch_indices(b, q, grid_index, None), i0], {"rows": block_q}).result,
-            acc,
-        ),
-        "q_tile",
-    )
-    _, rows = _positions(b, i0, block_q, 0, q.type.shape[-2])
+    kv_head = kv_head_of(b, grid_index, kv_repeat)
+    q_tile = named(load_rows(b, q, grid_index, None, i0, block_q, acc), "q_tile")
+    _, rows = positions(b, i0, block_q, 0, q.type.shape[-2])
     e = v.type.shape[-1]
     init = [
         b.const(float("-inf"), acc, (block_q, 1)),

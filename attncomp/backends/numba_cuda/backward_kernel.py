@@ -45,10 +45,10 @@ zeroed before the launch.
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
-from attncomp.backends.codegen import KernelSource, dim_expr
+from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
-from attncomp.backends.numba_cuda.device_math import FUNCTIONS, IMPORT
-from attncomp.backends.numba_cuda.kernel import split_invariant
+from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.kernel import CudaKernelSource
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
@@ -67,10 +67,8 @@ from numba import cuda
 """
 
 
-class BackwardKernelWriter(KernelSource):
+class BackwardKernelWriter(CudaKernelSource):
     """Writes the backward kernel of one ``ac.key_grid`` for one plan."""
-
-    functions = FUNCTIONS
 
     def __init__(
         self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: BackwardPlan
@@ -87,9 +85,6 @@ class BackwardKernelWriter(KernelSource):
             (rank, f"sacc_{k}", [f"sidx_{k}_{a}" for a in range(rank)]) for k, rank in enumerate(tiled.site_ranks)
         ]
 
-    def ref(self, value: Value) -> str:
-        return self.scalar().ref(value)
-
     def params(self) -> list[str]:
         sites = [f"site_{k}" for k in range(len(self.sites))]
         return ["out_dq", "out_dk", "out_dv", *sites, *self.captured.values(), *[f"d_{d}" for d in self.dims]]
@@ -99,26 +94,6 @@ class BackwardKernelWriter(KernelSource):
         return f"g + {k * self.plan.lanes}" if self.plan.lanes > 1 else str(k)
 
     # regions ------------------------------------------------------------------
-    def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
-        """Bind the region's batch arguments, emit its position-independent ops; return the others."""
-        region = map_op.regions[0]
-        n_batch = len(region.args) - n_variant
-        for arg, outer in zip(region.args[:n_batch], map_op.operands[:n_batch]):
-            self.names[arg] = self.ref(outer)
-        hoisted, rest = split_invariant(region, lambda v: v in self.names or v in self.captured)
-        for op in hoisted:
-            self.scalar().op(op)
-        return rest
-
-    def apply(self, map_op: Op, rest: list[Op], variant: list[str]) -> list[str]:
-        """Emit the position-dependent ops of a region for one element; return what it yields."""
-        region = map_op.regions[0]
-        for arg, expr in zip(region.args[len(region.args) - len(variant) :], variant):
-            self.names[arg] = expr
-        for op in rest:
-            self.scalar().op(op)
-        return [self.ref(v) for v in region.ops[-1].operands]
-
     def positions(self, map_op: Op, n_index: int) -> list[str]:
         """The row and column of the current element, from the region's index operands (each
         expression computed once per element: the score, mask and gradient maps share them)."""
@@ -210,12 +185,12 @@ class BackwardKernelWriter(KernelSource):
                 gi, gj = self.positions(tile.gradient, 4)
                 with_mask = masked is not None and tile.mask is not None
                 mi, mj = self.positions(tile.mask, 2) if with_mask else (i, j)
-                (x,) = self.apply(tile.score, hoisted[tile.score], [i, j, "s_raw"])
+                (x,) = self.apply_all(tile.score, hoisted[tile.score], [i, j, "s_raw"])
                 w.line("visible = True")
                 if with_mask:
                     w.line(f"if {masked}:")
                     with w.indent():
-                        (seen,) = self.apply(tile.mask, hoisted[tile.mask], [mi, mj])
+                        (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [mi, mj])
                         w.line(f"visible = {seen}")
                 w.line("if visible:")
                 with w.indent():
@@ -226,7 +201,7 @@ class BackwardKernelWriter(KernelSource):
                     w.line(f"delta_r = ACC({delta}[{self.prefix(tile.delta_load)}{row}, 0])")
                     w.line(f"pv = ACC(math.exp(ACC({x} - lse_r)))")
                     w.line("gv = pv * (dpv - delta_r)")
-                    grads = self.apply(tile.gradient, hoisted[tile.gradient], [gi, gj, "s_raw", "gv"])
+                    grads = self.apply_all(tile.gradient, hoisted[tile.gradient], [gi, gj, "s_raw", "gv"])
                     w.line(f"dsv = ACC({grads[0]})")
                     at = 1
                     for k, (rank, _, _) in enumerate(self.sites):

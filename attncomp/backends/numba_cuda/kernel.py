@@ -77,10 +77,40 @@ def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[
     return hoisted, rest
 
 
-class AttentionKernelWriter(KernelSource):
-    """Writes the kernel of one tiled attention for one plan."""
+class CudaKernelSource(KernelSource):
+    """What the CUDA kernel writers (forward and backward) share: scalar references with the
+    device math functions, and a region's scalar code split into what is hoisted out of the
+    tile loops and what runs per element."""
 
     functions = FUNCTIONS
+
+    def ref(self, value: Value) -> str:
+        return self.scalar().ref(value)
+
+    def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
+        """Bind the region's batch arguments, emit its position-independent ops; return the others."""
+        region = map_op.regions[0]
+        n_batch = len(region.args) - n_variant
+        for arg, outer in zip(region.args[:n_batch], map_op.operands[:n_batch]):
+            self.names[arg] = self.ref(outer)
+        # Known before the tile loop: the batch indices, the prologue's scalars, captured arrays.
+        hoisted, rest = split_invariant(region, lambda v: v in self.names or v in self.captured)
+        for op in hoisted:
+            self.scalar().op(op)
+        return rest
+
+    def apply_all(self, map_op: Op, rest: list[Op], variant: list[str]) -> list[str]:
+        """Emit the position-dependent ops of a region for one element; return what it yields."""
+        region = map_op.regions[0]
+        for arg, expr in zip(region.args[len(region.args) - len(variant) :], variant):
+            self.names[arg] = expr
+        for op in rest:
+            self.scalar().op(op)
+        return [self.ref(v) for v in region.ops[-1].operands]
+
+
+class AttentionKernelWriter(CudaKernelSource):
+    """Writes the kernel of one tiled attention for one plan."""
 
     def __init__(
         self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
@@ -91,9 +121,6 @@ class AttentionKernelWriter(KernelSource):
         self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
         super().__init__(captured, dims)
 
-    def ref(self, value: Value) -> str:
-        return self.scalar().ref(value)
-
     def outs(self) -> list[str]:
         return ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
 
@@ -101,27 +128,9 @@ class AttentionKernelWriter(KernelSource):
         split = ["n_split", "part_o", "part_m", "part_l"]
         return self.outs() + list(self.captured.values()) + [f"d_{d}" for d in self.dims] + split
 
-    # regions ------------------------------------------------------------------
-    def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
-        """Bind the region's batch arguments, emit its position-independent ops; return the others."""
-        region = map_op.regions[0]
-        n_batch = len(region.args) - n_variant
-        for arg, outer in zip(region.args[:n_batch], map_op.operands[:n_batch]):
-            self.names[arg] = self.ref(outer)
-        # Known before the key loop: the batch indices, the prologue's scalars, captured arrays.
-        hoisted, rest = split_invariant(region, lambda v: v in self.names or v in self.captured)
-        for op in hoisted:
-            self.scalar().op(op)
-        return rest
-
     def apply(self, map_op: Op, rest: list[Op], variant: list[str]) -> str:
         """Emit the position-dependent ops of a region for one element; return its value."""
-        region = map_op.regions[0]
-        for arg, expr in zip(region.args[len(region.args) - len(variant) :], variant):
-            self.names[arg] = expr
-        for op in rest:
-            self.scalar().op(op)
-        return self.ref(region.ops[-1].operands[0])
+        return self.apply_all(map_op, rest, variant)[0]
 
     # pieces -------------------------------------------------------------------
     def batch_decode(self, rank: int) -> list[str]:
