@@ -14,7 +14,7 @@ from attncomp.errors import ShapeError
 from attncomp.ir import parser as _parser
 from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Module
-from attncomp.ir.interpreter import Interpreter, interpret_func
+from attncomp.ir.interpreter import Interpreter, interpret_func, interpret_unrounded
 from attncomp.ir.types import NUMPY_DTYPES, is_float
 from attncomp.ir.verifier import verify_module
 from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
@@ -161,9 +161,7 @@ class CompiledFunction:
         if self.backend == "cuda":  # device arrays are bound in place and results may stay on the device
             return self._impl.run(self.func, args, self.constraints, sizes)
         if exact and self._impl is None:
-            declared = [np.asarray(a).astype(NUMPY_DTYPES[v.type.dtype]) for a, v in zip(args, self.func.args)]
-            _, env = bind_arguments(self.func, declared, self.constraints, sizes)
-            return Interpreter(self.func, env).run([np.asarray(a) for a in args])
+            return interpret_unrounded(self.func, args, self.constraints, sizes)
         arrays, env = bind_arguments(self.func, args, self.constraints, sizes)
         if self._impl is not None:
             outputs = self._impl(arrays, env)

@@ -69,13 +69,9 @@ def tolerance_for(dtypes: Sequence[str]) -> float:
 
 def interpret_float64(func: Func, args: Sequence[np.ndarray], sizes: dict[str, int] | None = None) -> list:
     """Run ``func`` in the interpreter on float64 arguments as given (no rounding to the declared types)."""
-    from attncomp.ir.binding import bind_arguments
-    from attncomp.ir.interpreter import Interpreter
-    from attncomp.ir.verifier import verify_func
+    from attncomp.ir.interpreter import interpret_unrounded
 
-    declared = [np.asarray(a).astype(NUMPY_DTYPES[v.type.dtype]) for a, v in zip(args, func.args)]
-    _, env = bind_arguments(func, declared, verify_func(func), sizes)
-    return Interpreter(func, env).run([np.asarray(a) for a in args])
+    return interpret_unrounded(func, args, sizes=sizes)
 
 
 def directional_derivatives(

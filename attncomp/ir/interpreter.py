@@ -63,6 +63,17 @@ class Interpreter:
         return self.run_block(self.func.body, inputs)
 
 
+def interpret_unrounded(func: Func, args: Sequence[Any], constraints=None, sizes: dict[str, int] | None = None):
+    """Run ``func`` on the arguments as given, float64 ones unrounded to the declared types (sizes
+    and element kinds are still checked against them); return every result, in float64."""
+    from attncomp.ir.types import NUMPY_DTYPES
+
+    declared = [np.asarray(a).astype(NUMPY_DTYPES[v.type.dtype]) for a, v in zip(args, func.args)]
+    constraints = verify_func(func) if constraints is None else constraints
+    _, env = bind_arguments(func, declared, constraints, sizes)
+    return Interpreter(func, env).run([np.asarray(a) for a in args])
+
+
 def interpret_func(func: Func, args: Sequence[Any], trace: bool = False, sizes: dict[str, int] | None = None):
     """Bind ``args`` (and caller-known ``sizes``) to ``func``, run it, return its results (and the trace)."""
     constraints = verify_func(func)

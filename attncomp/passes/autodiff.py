@@ -266,7 +266,7 @@ def backward_function(fwd: Func) -> Func:
         g = sweep.grads.get(arg)
         grads.append(g if g is not None else ad.zeros(mapping[arg].type))
     for arg, g in zip(float_args, grads):
-        if g.owner is not None and isinstance(g.owner, Op) and g not in block.args:
+        if isinstance(g.owner, Op):  # not an argument passed straight through
             g.name = f"d_{arg.name}"
     ad.op("ac.return", grads)
     func = Func(f"{fwd.name}_backward", block, dict(fwd.attrs))
