@@ -7,7 +7,10 @@ Cases: dense and causal attention at T = S = 4096 and 16384 with D = 64 and
 128, and one decoding step (T = 1) over a 32k-entry cache.  Then one step of
 a decoder (``fn.decoder``, its cache on the GPU) with grouped-query heads
 32/8, D = 128 and 4096 cached tokens, against torch SDPA (``enable_gqa``)
-over the same cache and against a device-to-device copy's bandwidth.  Inputs are torch
+over the same cache and against a device-to-device copy's bandwidth.  Then training steps:
+forward+backward through ``fn.to_torch()`` against SDPA's forward+backward (causal at
+T = 2048, 8192 and 16384, H = 8, D = 64, and a causal window of 256 keys at T = 8192 against
+SDPA with a boolean mask).  Inputs are torch
 CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
 so no copy is timed.  Each time is the median of CUDA-event-timed calls after
 a warm-up call (which compiles).  Printed: milliseconds, achieved TFLOP/s
@@ -146,13 +149,13 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
         dec.length = cache - 1  # the same step again: append the last token, attend over all
         return dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
 
-    kc, vc = (torch.as_tensor(a, device="cuda") for a in dec.cache.values())
+    got = torch.as_tensor(step(), device="cuda")
+    kc, vc = (torch.as_tensor(a, device="cuda") for a in dec.cache.values())  # all `cache` entries, after the step
     last = q[:, :, -1:]
 
     def theirs():
         return torch.nn.functional.scaled_dot_product_attention(last, kc, vc, enable_gqa=True)
 
-    got = torch.as_tensor(step(), device="cuda")
     error = float((got - theirs()).abs().max() / theirs().abs().max())
     if error > 1e-3:
         raise AssertionError(f"decoder step: attncomp differs from torch by {error:.2e}")
@@ -170,10 +173,58 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
     )
 
 
+def training_rows(torch, quick: bool, repeats: int) -> list[str]:
+    """Forward+backward through ``fn.to_torch()`` against SDPA's.
+
+    No peak-memory column: attncomp's kernels allocate through Numba, which PyTorch's memory
+    counters do not see (benchmarks.cpu measures the backward's memory).
+    """
+    lengths = [1024] if quick else [2048, 8192, 16384]
+    cases = [(f"causal T=S={t}", specs.causal, {}, t, {"is_causal": True}, t * (t + 1) / 2) for t in lengths]
+    t = 2048 if quick else 8192
+    i, j = torch.arange(t, device="cuda")[:, None], torch.arange(t, device="cuda")[None, :]
+    window = (j <= i) & (i - j < 256)
+    cases.append(
+        (f"causal window 256 T=S={t}", specs.causal_window, {"window": 256}, t, {"attn_mask": window}, t * 256)
+    )
+    lines = [
+        f"{'forward+backward, B=1 H=8 D=64':34s} {'attncomp ms':>12s} {'torch ms':>10s} {'TFLOP/s':>8s} {'ratio':>7s}"
+    ]
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    for name, spec, constants, t, peer, pairs in cases:
+        q, k, v, d_out = (torch.randn((1, 8, t, 64), device="cuda", generator=generator) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_()
+        attn = ac.compile(spec, backend="cuda", **constants).to_torch()
+
+        def ours(attn=attn, q=q, k=k, v=v, d_out=d_out):
+            q.grad = k.grad = v.grad = None
+            attn(q, k, v).backward(d_out)
+            return q.grad
+
+        def theirs(q=q, k=k, v=v, d_out=d_out, peer=peer):
+            q.grad = k.grad = v.grad = None
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, **peer).backward(d_out)
+            return q.grad
+
+        got, want = ours().clone(), theirs()
+        error = float((got - want).abs().max() / want.abs().max())
+        if error > 1e-3:
+            raise AssertionError(f"{name}: attncomp's dq differs from torch's by {error:.2e}")
+        mine, other = median_ms(torch, ours, repeats), median_ms(torch, theirs, repeats)
+        flops = 7 * 2 * pairs * 64 * 8  # 2 products forward, 5 backward
+        lines.append(f"{name:34s} {mine:12.3f} {other:10.3f} {flops / (mine * 1e-3) / 1e12:8.2f} {mine / other:7.2f}")
+        torch.cuda.empty_cache()
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--only", choices=["forward", "decoder", "training"], help="run one part of the table (default: all)"
+    )
     args = parser.parse_args(argv)
     reason = gpu_or_reason()
     if reason is not None:
@@ -183,16 +234,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}  (float32, median of {args.repeats} calls)")
-    header = f"{'case':34s} {'attncomp ms':>12s} {'torch ms':>10s} {'TFLOP/s':>8s} {'GB/s':>8s} {'ratio':>7s}"
-    print(header)
-    print("-" * len(header))
-    for case in cases(args.quick):
-        ours, theirs, _ = run_case(torch, case, args.repeats)
-        tflops = case.flops() / (ours * 1e-3) / 1e12
-        gbps = case.bytes() / (ours * 1e-3) / 1e9
-        print(f"{case.name:34s} {ours:12.3f} {theirs:10.3f} {tflops:8.2f} {gbps:8.1f} {ours / theirs:7.2f}")
-        torch.cuda.empty_cache()
-    print(decoder_step_row(torch, args.quick, args.repeats))
+    if args.only in (None, "forward"):
+        header = f"{'case':34s} {'attncomp ms':>12s} {'torch ms':>10s} {'TFLOP/s':>8s} {'GB/s':>8s} {'ratio':>7s}"
+        print(header)
+        print("-" * len(header))
+        for case in cases(args.quick):
+            ours, theirs, _ = run_case(torch, case, args.repeats)
+            tflops = case.flops() / (ours * 1e-3) / 1e12
+            gbps = case.bytes() / (ours * 1e-3) / 1e9
+            print(f"{case.name:34s} {ours:12.3f} {theirs:10.3f} {tflops:8.2f} {gbps:8.1f} {ours / theirs:7.2f}")
+            torch.cuda.empty_cache()
+    if args.only in (None, "decoder"):
+        print(decoder_step_row(torch, args.quick, args.repeats))
+    if args.only in (None, "training"):
+        for line in training_rows(torch, args.quick, args.repeats):
+            print(line)
     return 0
 
 

@@ -52,7 +52,25 @@ class BackwardTile:
     gradient: Op
 
 
-def _tile(block: Block) -> BackwardTile:
+def _scalar_ops(block: Block, carried: list[Value]) -> list[Op]:
+    """The tile's scalar prologue: rank-0 ops, less the sites' sums.
+
+    A site read at no index (a learnable 0-d temperature) sums its contributions into a rank-0
+    ``ac.scatter_add`` added to the loop's carried sum; those are tile work, not prologue.
+    """
+    tile_work = {id(v) for v in carried}
+    found = []
+    for op in block.ops:
+        if not op.results or op.regions:
+            continue
+        if op.name == "ac.scatter_add" or any(id(v) in tile_work for v in op.operands):
+            tile_work.update(id(r) for r in op.results)
+        elif op.results[0].type.rank == 0:
+            found.append(op)
+    return found
+
+
+def _tile(block: Block, carried: list[Value]) -> BackwardTile:
     maps = {op.attrs.get("role"): op for op in block.ops if op.name == "ac.map"}
     if "score" not in maps or "gradient" not in maps:
         raise LoweringError("unrecognised backward tile: expected score and gradient maps")
@@ -68,7 +86,7 @@ def _tile(block: Block) -> BackwardTile:
     lse = producer(exp.operands[0]).operands[1]
     dp_minus_delta = producer(ds.operands[1])
     dp = producer(dp_minus_delta.operands[0])
-    scalar_ops = [op for op in block.ops if op.results and op.results[0].type.rank == 0 and not op.regions]
+    scalar_ops = _scalar_ops(block, carried)
     return BackwardTile(
         block,
         scalar_ops,
@@ -129,10 +147,11 @@ def read_tiled_backward(grid: Op) -> TiledBackward:
     if switches:
         switch = switches[0]
         classify = loop_body.ops[: loop_body.ops.index(switch)]
-        masked, full = _tile(switch.regions[1]), _tile(switch.regions[2])
+        carried = loop_body.args[1:]
+        masked, full = _tile(switch.regions[1], carried), _tile(switch.regions[2], carried)
         tile_class, default = switch.operands[0], 1
     else:
-        classify, masked, full, tile_class = [], _tile(loop_body), None, None
+        classify, masked, full, tile_class = [], _tile(loop_body, loop_body.args[1:]), None, None
         default = loop.attrs.get("tile_class", 1)
     qk = producer(masked.score.operands[-1])
     dp = producer(producer(producer(masked.gradient.operands[-1]).operands[1]).operands[0])

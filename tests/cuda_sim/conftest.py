@@ -1,10 +1,13 @@
-"""Tests that run the CUDA backend under Numba's CUDA simulator.
+"""Tests that run the CUDA backend under Numba's CUDA simulator, or on a real GPU.
 
 They need ``NUMBA_ENABLE_CUDASIM=1`` set before Numba is imported, so they
 run in their own process: ``tests/backends/test_cuda_simulator.py`` starts
 ``python -m pytest tests/cuda_sim`` with it set.  In any other pytest process
 this directory is not collected (importing its modules would start Numba's
-CUDA target without the simulator).
+CUDA target without the simulator), unless ``ATTNCOMP_TEST_GPU=1`` asks for
+the same tests on the GPU::
+
+    ATTNCOMP_TEST_GPU=1 python -m pytest tests/cuda_sim tests/gpu
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    collect_ignore_glob = ["test_*.py"]
-else:
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     # The simulator runs each CUDA thread as a Python thread and polls them from the main
     # thread; switching threads every 0.5 ms instead of every 5 ms halves its run time.
     sys.setswitchinterval(5e-4)
+elif os.environ.get("ATTNCOMP_TEST_GPU") != "1":
+    collect_ignore_glob = ["test_*.py"]

@@ -87,6 +87,16 @@ def test_alibi_slopes_get_their_gradient():
     _check(got, want, args)
 
 
+def test_a_learnable_temperature_read_at_no_index():
+    """A 0-d site: every score's contribution sums into one number."""
+    from tests.passes.specs import learned_temperature
+
+    rng = np.random.default_rng(7)
+    args = [_normal(rng, 21, 8), _normal(rng, 19, 8), _normal(rng, 19, 8), np.array([0.7], dtype=np.float32)]
+    got, want = _gradients(learned_temperature, args, [_normal(rng, 21, 8)])
+    _check(got, want, args)
+
+
 def test_grouped_query_heads_add_into_their_key_value_head():
     spec = load_example("gqa").grouped_query_attention
     rng = np.random.default_rng(2)
