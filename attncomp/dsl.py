@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attncomp.errors import SpecError, TypeCheckError
+from attncomp.errors import SpecError, TypeCheckError, with_location
 from attncomp.ir.core import Block, Func, Location, Module, Op
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.graph import remove_dead_ops
@@ -86,13 +86,7 @@ def user_location() -> Location | None:
 
 
 def _with_location(message: str, loc: Location | None) -> str:
-    if loc is None:
-        return message
-    import linecache
-
-    source = linecache.getline(loc.file, loc.line).strip()
-    text = f"{loc}: {message}"
-    return text + (f"\n    {source}" if source else "")
+    return with_location(message, None if loc is None else str(loc))
 
 
 class Tracer:

@@ -37,3 +37,14 @@ class IRParseError(AttncompError):
 
 class PipelineError(AttncompError):
     """A pipeline string names an unknown pass or option, or a pass failed."""
+
+
+def with_location(message: str, where: str | None) -> str:
+    """``message`` prefixed by ``where`` ("file:line") and followed by that source line, if known."""
+    if not where:
+        return message
+    import linecache
+
+    file, _, line = where.rpartition(":")
+    source = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+    return f"{where}: {message}" + (f"\n    {source}" if source else "")

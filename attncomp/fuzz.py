@@ -6,10 +6,14 @@
 
 Hypothesis draws random specs from a grammar of score modifications (scales,
 per-head biases from a captured tensor, soft-capping, a relative-position
-table, an additive bias tensor) and masks (affine conditions on i and j
+table, an additive bias tensor, and gathers that may leave their table: an unclamped
+relative position, two slopes read by every head, a table read at document ids) and
+masks (affine conditions on i and j
 combined with & | ~, key lengths and document ids from captured tensors),
 random sizes (not multiples of the blocks, single rows, rows that see no
-key) and random pipelines.  Each case runs the reference interpreter on the
+key) and random pipelines.  Where the reference interpreter raises ``IndexError``
+(a gather out of range), every stage and backend must raise it too, naming the
+same axis, size and index.  Otherwise each case runs the reference interpreter on the
 traced graph and on the IR after every pass, checks the gradients (the
 unfused graph's against finite differences, then every stage of the backward
 and each backend's pullback against those), and, every ``--cpu-every``
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 import tempfile
 import textwrap
@@ -42,6 +47,10 @@ SCORE_MODS = {
     "softcap": "s = {c} * ac.tanh(s / {c})",
     "relative": "s = s + table[ac.minimum(ac.maximum(i - j + 3, 0), 6)]",
     "bias": "s = s + bias[b, h, i, j]",
+    # gathers that leave their source for some sizes or inputs
+    "unclamped": "s = s + table[i - j + {n}]",
+    "two_slopes": "s = s + two[h] * (j - i)",
+    "by_document": "s = s + table[doc[b, i] + {n}]",
 }
 AFFINE_ATOMS = ["j <= i + {c}", "i - j < {w}", "j >= {c}", "j < i + {w}", "(i // 4) == (j // 4)", "j > i - {w}"]
 DATA_ATOMS = {"lengths": "j < lengths[b]", "doc": "doc[b, i] == doc[b, j]"}
@@ -61,11 +70,12 @@ class Case:
     @property
     def captured(self) -> list[str]:
         text = "\n".join(self.score) + (self.mask or "")
-        return [name for name in ("slopes", "table", "bias", "lengths", "doc") if name + "[" in text]
+        return [name for name in ("slopes", "two", "table", "bias", "lengths", "doc") if name + "[" in text]
 
     def source(self) -> str:
         args = {
             "slopes": 'slopes: ac.f32["H"]',
+            "two": "two: ac.f32[2]",
             "table": "table: ac.f32[7]",
             "bias": 'bias: ac.f32["B", "H", "T", "S"]',
             "lengths": 'lengths: ac.i32["B"]',
@@ -93,6 +103,7 @@ class Case:
         arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((B, H, T, D), (B, H, S, D), (B, H, S, D))]
         makers = {
             "slopes": lambda: rng.uniform(0.0, 0.5, H).astype(np.float32),
+            "two": lambda: rng.uniform(0.0, 0.5, 2).astype(np.float32),
             "table": lambda: rng.standard_normal(7).astype(np.float32),
             "bias": lambda: rng.standard_normal((B, H, T, S)).astype(np.float32),
             "lengths": lambda: rng.integers(0, S + 1, B).astype(np.int32),
@@ -125,7 +136,10 @@ def run_case(
     """
     spec = load_case(case, directory)
     inputs = case.inputs(seed)
-    reference = _as_list(ac.interpret(spec, *inputs))
+    try:
+        reference = _as_list(ac.interpret(spec, *inputs))
+    except IndexError as error:
+        return _check_index_error(spec, case.pipeline, inputs, backends, str(error))
     grads = _reference_gradients(spec, inputs, seed) if gradients else None
     if isinstance(grads, str):
         return grads
@@ -144,6 +158,49 @@ def run_case(
             problem = _check_backward(fn, inputs, *grads)
             if problem is not None:
                 return f"backend {backend}: {problem}"
+    return None
+
+
+_GATHER_ERROR = re.compile(
+    r"ac\.gather: (?:an )?index (?:may reach )?(-?\d+),? (?:is )?out of range for axis (\d+) of size (\d+)"
+)
+
+
+def gather_error(message: str) -> tuple[int, int, int] | None:
+    """(index, axis, size) of an out-of-range gather's message, whichever stage or backend raised it."""
+    found = _GATHER_ERROR.search(message)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
+
+
+def _check_index_error(
+    spec: ac.Spec, pipeline: str, inputs: list[np.ndarray], backends: tuple[str, ...], message: str
+) -> str | None:
+    """Every stage and backend raises the interpreter's ``IndexError`` (the same index, axis and size)."""
+    want = gather_error(message)
+    if want is None:
+        return f"the interpreter raised an IndexError that names no gather: {message}"
+    for backend in backends:
+        fn = ac.compile(spec, backend=backend, pipeline=pipeline)
+        runs = [
+            (f"backend {backend}", lambda fn=fn: fn(*inputs)),
+            (f"backend {backend} vjp", lambda fn=fn: fn.vjp(*inputs)),
+        ]
+        if backend == "interp":
+            runs += [
+                (
+                    f"interpreting the IR after {stage}",
+                    lambda stage=stage, fn=fn: ac.interpret(ac.parse_ir(fn.ir(stage)), *inputs),
+                )
+                for stage in fn.stages
+            ]
+        for what, run in runs:
+            try:
+                run()
+            except IndexError as error:
+                if gather_error(str(error)) != want:
+                    return f"{what}: raised {error!s} where the interpreter raised {message}"
+                continue
+            return f"{what}: no IndexError where the interpreter raised {message}"
     return None
 
 
@@ -212,9 +269,10 @@ def strategies():
         ),
         max_leaves=3,
     )
+    offset = st.integers(0, 8)
     score = st.lists(st.sampled_from(sorted(SCORE_MODS)), max_size=3).flatmap(
-        lambda names: st.tuples(*[constant for _ in names]).map(
-            lambda cs: [SCORE_MODS[n].format(c=c) for n, c in zip(names, cs)]
+        lambda names: st.tuples(*[st.tuples(constant, offset) for _ in names]).map(
+            lambda cs: [SCORE_MODS[n].format(c=c, n=o) for n, (c, o) in zip(names, cs)]
         )
     )
     sizes = st.fixed_dictionaries(
@@ -239,7 +297,7 @@ def strategies():
     )
 
     def fix(case: Case) -> Case:
-        if "doc[" in (case.mask or ""):  # document ids index both axes: self-attention
+        if "doc[" in (case.mask or "") + "".join(case.score):  # document ids index both axes: self-attention
             case.sizes["S"] = case.sizes["T"]
         return case
 

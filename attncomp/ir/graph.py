@@ -45,12 +45,17 @@ def users(block: Block) -> dict[Value, list[Op]]:
 
 
 def live_ops(block: Block) -> set[Op]:
-    """Ops that the block's terminator depends on, directly or not."""
+    """Ops that the block's terminator or its checks (ops with an effect) depend on, directly or not."""
     if not block.ops:
         return set()
+    from attncomp.ir.ops import OP_DEFS
+
     graph = use_def_graph(block)
-    terminator = block.ops[-1]
-    return nx.ancestors(graph, terminator) | {terminator}
+    roots = [block.ops[-1]] + [op for op in block.ops if op.name in OP_DEFS and OP_DEFS[op.name].effect]
+    live = set(roots)
+    for root in roots:
+        live |= nx.ancestors(graph, root)
+    return live
 
 
 def remove_dead_ops(block: Block) -> int:

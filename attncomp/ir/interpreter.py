@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from attncomp.errors import with_location
 from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Block, Func, Op, Value
 from attncomp.ir.ops import OP_DEFS, EvalContext
@@ -51,7 +52,12 @@ class Interpreter:
         return []
 
     def run_op(self, op: Op, inputs: list[np.ndarray], env: dict[Value, np.ndarray]) -> None:
-        outputs = OP_DEFS[op.name].evaluate(op, inputs, self.ctx)
+        try:
+            outputs = OP_DEFS[op.name].evaluate(op, inputs, self.ctx)
+        except IndexError as error:
+            if op.name != "ac.gather" or op.loc is None:
+                raise
+            raise IndexError(with_location(str(error), str(op.loc))) from None
         for value, array in zip(op.results, outputs):
             array = np.asarray(array, dtype=float64_like(value.type.dtype))
             env[value] = array

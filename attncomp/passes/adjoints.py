@@ -73,7 +73,9 @@ Rule = Callable[[Adjoint, Op, list[Value], list[Value], list[Value | None]], Gra
 RULES: dict[str, Rule] = {}
 
 #: ops whose results carry no gradient (integers, booleans, positions, constants)
-NO_GRADIENT = frozenset("ac.constant ac.dim ac.iota ac.cmp ac.and ac.or ac.not ac.floordiv ac.block_reduce".split())
+NO_GRADIENT = frozenset(
+    "ac.constant ac.dim ac.iota ac.cmp ac.and ac.or ac.not ac.floordiv ac.block_reduce ac.check_index".split()
+)
 
 
 def rule(*names: str):

@@ -168,6 +168,7 @@ def gradient_region(score: Block, active_outer: set[Value]) -> tuple[Block, list
             [mapping.get(v, v) for v in op.operands],
             [r.type for r in op.results],
             op.attrs,
+            loc=op.loc,
             result_names=[r.name for r in op.results],
         )
         block.ops.append(clone)
@@ -251,6 +252,7 @@ def backward_function(fwd: Func) -> Func:
             [mapping[v] for v in op.operands],
             [r.type for r in op.results],
             op.attrs,
+            loc=op.loc,
             result_names=[r.name for r in op.results],
         )
         block.ops.append(clone)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attncomp.ir.core import Block, Op, Value
+from attncomp.ir.core import Block, Location, Op, Value
 from attncomp.ir.dims import Dim
 from attncomp.ir.ops import OP_DEFS, Checker
 from attncomp.ir.types import TensorType
@@ -25,10 +25,11 @@ class Builder:
         declared: list[TensorType] | None = None,
         regions: list[Block] | None = None,
         names: list[str | None] | None = None,
+        loc: Location | None = None,
     ) -> Op:
         attrs = attrs or {}
         types = OP_DEFS[name].infer([v.type for v in operands], attrs, declared, Checker())
-        op = Op.create(name, operands, types, attrs, regions, result_names=names)
+        op = Op.create(name, operands, types, attrs, regions, loc, names)
         if self.at is None:
             self.block.ops.append(op)
         else:
@@ -74,7 +75,7 @@ def inline_region(builder: Builder, region: Block, args: list[Value]) -> list[Va
         elif OP_DEFS[op.name].declared_result:
             declared = [r.type for r in op.results]
         regions = [_clone_block(r, mapping) for r in op.regions]
-        new = builder.op(op.name, operands, op.attrs, declared, regions)
+        new = builder.op(op.name, operands, op.attrs, declared, regions, loc=op.loc)
         mapping.update(zip(op.results, new.results))
     raise ValueError("region has no ac.yield")
 
@@ -91,6 +92,7 @@ def _clone_block(block: Block, outer: dict[Value, Value]) -> Block:
             [r.type for r in op.results],
             op.attrs,
             [_clone_block(r, mapping) for r in op.regions],
+            op.loc,
         )
         mapping.update(zip(op.results, new.results))
         clone.ops.append(new)

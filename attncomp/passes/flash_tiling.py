@@ -27,6 +27,7 @@ from attncomp.ir.types import TensorType
 from attncomp.passes.backward_tiling import tile_attention_grad
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
+from attncomp.passes.gather_bounds import guard_gathers
 from attncomp.passes.rewrite import replace_uses
 from attncomp.passes.tile_building import grid_region, kv_head_of, load_rows, named, positions, retyped_region
 
@@ -149,8 +150,10 @@ class FlashTiling(Pass):
     def run(self, module: Module, remarks: list[str]) -> None:
         for func in module.funcs:
             for op in [o for o in func.body.ops if o.name == "ac.attention"]:
+                guard_gathers(func.body, op)
                 tile_attention(func.body, op, self.block_q, self.block_k)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
+                guard_gathers(func.body, op)
                 if tile_attention_grad(func.body, op, self.block_q, self.block_k) is None:
                     remarks.append("flash-tiling: ac.attention_grad with q broadcast over batch axes is not tiled")
             remove_dead_ops(func.body)

@@ -87,6 +87,7 @@ def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tupl
     """Run ``passes`` in order on a copy of ``module``, verifying after each."""
     stages = [Stage("input", print_module(module), 0.0)]
     current = parse_ir(stages[0].text)
+    _copy_locations(module, current)
     _forget_numbers(current)
     for p in passes:
         start = time.perf_counter()
@@ -104,6 +105,13 @@ def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tupl
         _forget_numbers(current)
         stages.append(Stage(p.name, print_module(current), seconds))
     return current, stages
+
+
+def _copy_locations(source: Module, copy: Module) -> None:
+    """Give ``copy`` (``source`` printed and parsed back) the source locations text does not carry."""
+    for original, parsed in zip(source.funcs, copy.funcs):
+        for a, b in zip(original.body.walk(), parsed.body.walk()):
+            b.loc = a.loc
 
 
 def _forget_numbers(module: Module) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from attncomp.ir.core import Block, Func, Module, Op, Value
+from attncomp.ir.core import Block, Func, Location, Module, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops, use_def_graph, users
 from attncomp.ir.ops import Checker
@@ -91,8 +91,8 @@ class RegionBuilder:
         self.memo: dict[Value, Value] = {}
         self.builder = Builder(self.block)
 
-    def emit(self, name: str, operands: list[Value], attrs: dict | None = None) -> Value:
-        return self.builder.op(name, operands, attrs).result
+    def emit(self, name: str, operands: list[Value], attrs: dict | None = None, loc: Location | None = None) -> Value:
+        return self.builder.op(name, operands, attrs, loc=loc).result
 
     def cast(self, value: Value, dtype: str) -> Value:
         return self.builder.cast(value, dtype)
@@ -113,7 +113,7 @@ class RegionBuilder:
             result = self.clone_elementwise(op)
         elif op is not None and op.name == "ac.gather":
             src, *indices = op.operands
-            result = self.emit("ac.gather", [src] + [self.value(i) for i in indices])
+            result = self.emit("ac.gather", [src] + [self.value(i) for i in indices], loc=op.loc)
         else:
             indices = [
                 self.zero_index() if d.is_const and d.value == 1 else self.index[axis + offset]

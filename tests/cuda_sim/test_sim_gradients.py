@@ -57,6 +57,16 @@ def test_causal_gradients_over_every_tile_class():
     _check(*_gradients(spec, args, [d_out]), args)
 
 
+def test_a_head_narrower_than_the_lanes_of_a_key():
+    """D = E = 2 with 8 lanes per key: the padded features read zeros inside the staged tiles."""
+    spec = load_example("causal").causal
+    rng = np.random.default_rng(8)
+    args = [_normal(rng, 1, 1, 3, 2), _normal(rng, 1, 1, 5, 2), _normal(rng, 1, 1, 5, 2)]
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=4,block_k=4},mask-elimination,canonicalize,cse,dce"
+    got, want = _gradients(spec, args, [_normal(rng, 1, 1, 3, 2)], pipeline)
+    _check(got, want, args)
+
+
 def test_a_call_runs_on_the_stream_it_is_given():
     """What fn.to_torch() does with PyTorch's current stream: every launch and copy on that stream."""
     from numba import cuda

@@ -70,3 +70,26 @@ def test_gradients_at_default_blocks(module, spec):
             assert np.abs(g).max() < tolerance, f"argument {k}: {np.abs(g).max():.2e}, not zero"
             continue
         assert relative_error(g, w) < tolerance, f"argument {k}: {relative_error(g, w):.2e}"
+
+
+def test_offsets_past_two_to_the_31_on_the_device():
+    """A [1, 1, T, T] float32 bias of T = 46341 on the GPU (8.6 GB, 2^31 + 2^16 elements): the
+    kernel reads its last rows at flat offsets past 2^31."""
+    from tests.e2e.test_gather_bounds import windowed_bias
+
+    t = 46341
+    bias = cuda.device_array((1, 1, t, t), dtype=np.float32)
+    rows = np.zeros((2, t), dtype=np.float32)
+    rows[0, [t - 3, t - 2]] = [-1.0, 4.0]
+    rows[1, [t - 2, t - 1]] = [3.0, -2.0]
+    bias[0, 0, t - 2 :, :].copy_to_device(rows)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 1, t, 4)).astype(np.float32) for _ in range(3))
+    out = ac.compile(windowed_bias, backend="cuda")(q, k, v, bias)
+    out = out.copy_to_host() if hasattr(out, "copy_to_host") else out
+    for row, values in ((t - 2, rows[0]), (t - 1, rows[1])):
+        keys = [row - 1, row]
+        s = q[0, 0, row] @ k[0, 0, keys].T * 0.5 + values[keys].astype(np.float64)
+        p = np.exp(s - s.max())
+        np.testing.assert_allclose(out[0, 0, row], (p / p.sum()) @ v[0, 0, keys], rtol=1e-5, atol=1e-6)
+    del bias

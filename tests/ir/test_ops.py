@@ -347,7 +347,8 @@ def test_gathers(rng):
 def test_gather_out_of_range_raises_index_error(rng, bad, message):
     ids = np.array([0, 5, bad, 2])
     args = (f64(rng, 1, 1, 1, 1), f64(rng, 1), np.zeros((1, 1), np.int64), f64(rng, 6), ids)
-    with pytest.raises(IndexError, match=f"^ac.gather: {message} for axis 0 of size 6$"):
+    # the spec's file and line, the interpreter's message, then the line's source
+    with pytest.raises(IndexError, match=rf"^\S+test_ops.py:\d+: ac.gather: {message} for axis 0 of size 6\n    \S"):
         ac.interpret(gathers, *args)
 
 
@@ -819,3 +820,32 @@ def test_dtype_promotion_in_printed_types():
     ]
     assert "%7 = ac.div %a, %6 : tensor<T x f32>" in text
     assert re.search(r"= ac.cmp %x, %a \{pred = \"lt\"\} : tensor<T x i1>", text)
+
+
+CHECK_INDEX_IR = """\
+ac.func @checked(%table: tensor<R x f32>, %lo: tensor<i64>, %hi: tensor<i64>) -> tensor<R x f32> {
+  %n = ac.dim {value = (2*R)} : tensor<i64>
+  ac.check_index %lo, %hi, %n {at = "", axis = 0, exact = true, size = R}
+  ac.return %table
+}
+"""
+IR_TEXTS.append(CHECK_INDEX_IR)
+
+
+def test_check_index_passes_in_range_and_raises_out_of_it():
+    module = ac.parse_ir(CHECK_INDEX_IR)
+    assert str(module) == CHECK_INDEX_IR  # prints back, and dce-free parsing keeps it
+    table = np.arange(5.0, dtype=np.float32)
+    assert_same(ac.interpret(module, table, np.array(0), np.array(4)), table)
+    with pytest.raises(IndexError, match=r"^ac.gather: index 5 is out of range for axis 0 of size 5$"):
+        ac.interpret(module, table, np.array(1), np.array(5))
+    with pytest.raises(IndexError, match=r"^ac.gather: index -2 is out of range for axis 0 of size 5$"):
+        ac.interpret(module, table, np.array(-2), np.array(7))
+    inexact = ac.parse_ir(CHECK_INDEX_IR.replace("exact = true", "exact = false"))
+    with pytest.raises(IndexError, match=r"^ac.gather: an index may reach 7, out of range for axis 0 of size 5"):
+        ac.interpret(inexact, table, np.array(0), np.array(7))
+    from attncomp.ir.graph import remove_dead_ops
+
+    body = ac.parse_ir(CHECK_INDEX_IR).main.body
+    remove_dead_ops(body)
+    assert [op.name for op in body.ops] == ["ac.dim", "ac.check_index", "ac.return"]  # a check is live

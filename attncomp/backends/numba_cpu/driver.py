@@ -64,6 +64,16 @@ def _slice(a: list[str], attrs: dict, out: Value) -> str:
     return f"{a[0]}[{', '.join(index)},]"
 
 
+def check_index_call(op: Op, operands: list[str]) -> str:
+    """The driver line of an ``ac.check_index``: raises before the kernels run."""
+    attrs = op.attrs
+    size = dim_expr(dim(attrs["size"]))
+    return (
+        f"rt.check_index_range(int({operands[0]}), int({operands[1]}), int({operands[2]}), {size}, "
+        f"{attrs['axis']}, {attrs['exact']}, {attrs.get('at', '')!r})"
+    )
+
+
 def _call(fn: str):
     """The lowering ``fn(operands...)``."""
     return lambda a, attrs, out: f"{fn}({', '.join(a)})"
@@ -130,6 +140,10 @@ class DriverWriter:
             self.grid(op)
         elif name == "ac.key_grid":
             self.key_grid(op)
+        elif name == "ac.check_index":
+            self.w.line(check_index_call(op, a))
+        elif name == "ac.gather" and op.loc is not None:
+            self.assign(op.results[0], f"rt.gather({', '.join(a)}, at={str(op.loc)!r})")
         elif name in GRAPH_OPS:
             self.assign(op.results[0], GRAPH_OPS[name](a, op.attrs, op.results[0]))
             if name == "ac.cache_append":

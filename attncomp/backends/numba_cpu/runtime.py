@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from attncomp.errors import with_location
+from attncomp.ir.ops.structural import check_index_range, check_indices
+
+__all__ = ["check_index_range"]
+
 NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
 
 
@@ -36,13 +41,14 @@ def iota(shape: tuple[int, ...], axis: int) -> np.ndarray:
     return np.arange(shape[axis], dtype=np.int64).reshape(view)
 
 
-def gather(src: np.ndarray, *indices: np.ndarray) -> np.ndarray:
-    for axis, idx in enumerate(indices):
-        idx = np.asarray(idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= src.shape[axis]):
-            bad = idx.min() if idx.min() < 0 else idx.max()
-            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
-    return src[tuple(np.asarray(i) for i in indices)]
+def gather(src: np.ndarray, *indices: np.ndarray, at: str = "") -> np.ndarray:
+    """``src[indices]``; an index out of range is the interpreter's ``IndexError`` (``at``: the spec's line)."""
+    indices = tuple(np.asarray(i) for i in indices)
+    try:
+        check_indices(src.shape, list(indices), "ac.gather")
+    except IndexError as error:
+        raise IndexError(with_location(str(error), at)) from None
+    return src[indices]
 
 
 def scatter_add(shape: tuple[int, ...], updates: np.ndarray, *indices: np.ndarray) -> np.ndarray:
@@ -99,7 +105,7 @@ def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:
 
 
 class _ScipyBlasThreads:
-    """Pins the BLAS that Numba's ``np.dot`` calls (SciPy's OpenBLAS) to one thread.
+    """Pins the BLAS the kernels call (SciPy's OpenBLAS: Numba's ``np.dot``, ``intrinsics.gemm``) to one thread.
 
     Kernels call BLAS from every worker of their ``prange``; a BLAS that also
     starts threads oversubscribes the cores (measured: 10x slower tiles).

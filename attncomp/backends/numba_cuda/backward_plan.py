@@ -12,7 +12,8 @@ The key and value rows of the block stay in shared memory for the whole
 kernel; the query, output-gradient, probability and score-gradient rows
 pass through shared memory ``rows`` query rows at a time.  Rows are padded
 by one element (``pitch``) so that the threads of a warp, which read one
-column of several rows, hit different banks.
+column of several rows, hit different banks, and at least to the lanes' padded
+features (zeros), which every lane reads when the head is narrower than its lanes.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ class BackwardPlan:
 
     @property
     def head_pitch(self) -> int:
-        return self.head_dim + 1
+        return max(self.head_dim + 1, self.lanes * self.dk_slice)
 
     @property
     def value_pitch(self) -> int:
-        return self.value_dim + 1
+        return max(self.value_dim + 1, self.lanes * self.dv_slice)
 
     @property
     def shared_bytes(self) -> int:

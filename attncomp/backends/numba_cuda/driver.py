@@ -13,7 +13,14 @@ arguments stay where they are and so do the results.
 from __future__ import annotations
 
 from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
-from attncomp.backends.numba_cpu.driver import NUMPY_BINARY, NUMPY_COMPARE, NUMPY_UNARY, py_literal, shape_expr
+from attncomp.backends.numba_cpu.driver import (
+    NUMPY_BINARY,
+    NUMPY_COMPARE,
+    NUMPY_UNARY,
+    check_index_call,
+    py_literal,
+    shape_expr,
+)
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
 from attncomp.backends.numba_cuda.device_math import IMPORT
@@ -229,6 +236,9 @@ class DriverWriter:
             return
         if op.name == "ac.attention_grad":
             raise LoweringError("the cuda backend runs ac.attention_grad tiled: run flash-tiling first")
+        if op.name == "ac.check_index":
+            self.w.line(check_index_call(op, [self.ref(v) for v in op.operands]))
+            return
         out = op.results[0]
         name = f"k{len(self.kernels)}_{op.name[3:]}"
         if op.name == "ac.scatter_add":

@@ -238,10 +238,14 @@ def _elementwise(name: str, op: Op) -> GraphKernel:
         for axis, idx in enumerate(op.operands[1:]):
             var = k.fresh("ix")
             k.w.line(f"{var} = {k.load(idx, index)}")
-            k.w.line(f"if {var} < 0 or {var} >= {src}.shape[{axis}]:")  # reported by the driver
+            # the lowest negative and the highest too-large index, reported by the driver as the interpreter does
+            k.w.line(f"if {var} < 0:")
             with k.w.indent():
-                k.w.line(f"err[{2 * axis}] = 1")
-                k.w.line(f"err[{2 * axis + 1}] = {var}")
+                k.w.line(f"cuda.atomic.min(err, {2 * axis}, {var})")
+                k.w.line(f"{var} = 0")
+            k.w.line(f"elif {var} >= {src}.shape[{axis}]:")
+            with k.w.indent():
+                k.w.line(f"cuda.atomic.max(err, {2 * axis + 1}, {var})")
                 k.w.line(f"{var} = 0")
             picks.append(var)
         expr = widen(dtype, f"{src}[{', '.join(picks)}]")
@@ -251,7 +255,8 @@ def _elementwise(name: str, op: Op) -> GraphKernel:
         emitter.op(op)
         expr = names[out]
     k.store(index, expr)
-    after = ["rt.check_gather({err}, {a0})"] if op.name == "ac.gather" else []
+    at = "" if op.loc is None else str(op.loc).replace("{", "{{").replace("}", "}}")
+    after = [f"rt.check_gather({{err}}, {{a0}}, {at!r})"] if op.name == "ac.gather" else []
     return k.finish(after=after)
 
 

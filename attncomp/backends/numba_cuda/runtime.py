@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from attncomp.errors import with_location
+from attncomp.ir.ops.structural import check_index_range
 from attncomp.ir.types import NUMPY_DTYPES
+
+__all__ = ["check_index_range"]
 
 SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
 #: threads per block and the most blocks of a 1-d (grid-stride) launch; the most batch
@@ -224,12 +228,16 @@ def gather_flags(n_axes: int) -> Any:
     return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64), stream=stream())
 
 
-def check_gather(flags: Any, src: Any) -> None:
+def check_gather(flags: Any, src: Any, at: str = "") -> None:
+    """The interpreter's ``IndexError`` if a gather kernel saw an index out of range: per axis, the
+    kernel keeps the lowest negative index and the highest one past the end (0 when none)."""
     found = copy_to_host(flags)
     for axis in range(len(found) // 2):
-        if found[2 * axis]:
-            bad = int(found[2 * axis + 1])
-            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}")
+        low, high = int(found[2 * axis]), int(found[2 * axis + 1])
+        if low < 0 or high >= src.shape[axis]:
+            bad = low if low < 0 else high
+            message = f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}"
+            raise IndexError(with_location(message, at))
 
 
 def is_contiguous(x: Any) -> bool:

@@ -107,6 +107,8 @@ class OpDef:
     #: number of operands, or None for variadic
     num_operands: ClassVar[int | None] = None
     terminator: ClassVar[bool] = False
+    #: evaluating it may raise (a check): kept by dce though nothing uses a result
+    effect: ClassVar[bool] = False
 
     def infer(
         self,

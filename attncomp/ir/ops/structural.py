@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attncomp.errors import TypeCheckError
-from attncomp.ir.dims import Dim
+from attncomp.errors import TypeCheckError, with_location
+from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.base import (
     EvalContext,
     OpDef,
@@ -139,6 +139,62 @@ def check_indices(shape: tuple[int, ...], indices: list[np.ndarray], what: str) 
         if idx.size and (idx.min() < 0 or idx.max() >= shape[axis]):
             bad = idx.min() if idx.min() < 0 else idx.max()
             raise IndexError(f"{what}: index {bad} is out of range for axis {axis} of size {shape[axis]}")
+
+
+@register
+class CheckIndex(OpDef):
+    """Raises ``IndexError`` unless ``[lo, hi]`` lies inside ``[0, size)`` (or ``count`` is 0).
+
+    flash-tiling puts one before a tiled attention for each axis of each gather in its
+    regions: ``lo`` and ``hi`` bound that index over every position of the grid (interval
+    arithmetic on the index expression, computed at call time from the sizes and captured
+    values) and ``count`` is the number of positions.  The kernels then read without a check.
+    ``exact`` says the bounds are attained, so a failure is the interpreter's own error;
+    otherwise the message says the index *may* reach the bound.  ``at`` is the gather's
+    ``file:line`` in the spec.
+    """
+
+    name = "ac.check_index"
+    num_operands = 3
+    effect = True
+    attributes = {
+        "axis": "the source axis the index is for",
+        "size": "that axis's size (a dimension)",
+        "exact": "bool: the bounds are attained over the grid",
+        "at": "the gather's file:line in the spec, or empty",
+    }
+
+    def infer(self, operands, attrs, declared, checker):
+        for t in operands:
+            if t.rank != 0 or not is_int(t.dtype):
+                raise TypeCheckError(f"{self.name}: lo, hi and count must be 0-d integers, got {t}")
+        require_attr(attrs, "axis", int, self.name)
+        require_attr(attrs, "size", (int, Dim), self.name)
+        require_attr(attrs, "exact", bool, self.name)
+        if declared:
+            raise TypeCheckError(f"{self.name}: has no results")
+        return []
+
+    def evaluate(self, op, args, ctx):
+        lo, hi, count = (int(np.asarray(a)) for a in args)
+        size = dim(op.attrs["size"]).evaluate(ctx.env)
+        check_index_range(lo, hi, count, size, op.attrs["axis"], op.attrs["exact"], op.attrs.get("at", ""))
+        return []
+
+
+def check_index_range(lo: int, hi: int, count: int, size: int, axis: int, exact: bool, at: str = "") -> None:
+    """``IndexError`` when an index bounded by ``[lo, hi]`` may leave ``[0, size)`` (see ``ac.check_index``)."""
+    if count <= 0 or (0 <= lo and hi < size):
+        return
+    bad = lo if lo < 0 else hi
+    if exact:
+        message = f"ac.gather: index {bad} is out of range for axis {axis} of size {size}"
+    else:
+        message = (
+            f"ac.gather: an index may reach {bad}, out of range for axis {axis} of size {size} "
+            "(its bound over every position, by interval arithmetic)"
+        )
+    raise IndexError(with_location(message, at))
 
 
 class Terminator(OpDef):
