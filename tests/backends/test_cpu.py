@@ -101,3 +101,27 @@ def test_flash_decoding_splits_the_keys_of_a_single_query():
     want_out, want_lse = ac.interpret(pass_specs.spelled_gqa_lse, q, k, v)
     assert worst_error([out, lse], [want_out, want_lse]) < 1e-5
     assert "n_split" in fn.source and "part_acc" in fn.source
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_gemm_multiplies_submatrices_in_place(dtype, trans_a, trans_b, beta):
+    """The backward's BLAS product: tiles' leading parts and row slices of a larger array, no copies."""
+    from numba import njit
+
+    from attncomp.backends.numba_cpu.intrinsics import gemm
+
+    @njit
+    def product(trans_a, trans_b, m, n, k, a, b, beta, c):
+        gemm(trans_a, trans_b, m, n, k, a, b, beta, c[2:])
+
+    rng = np.random.default_rng(0)
+    m, n, k = 5, 7, 3
+    a, b, c = (rng.standard_normal(shape).astype(dtype) for shape in ((9, 9), (9, 8), (12, 11)))
+    op_a = a[:k, :m].T if trans_a else a[:m, :k]
+    op_b = b[:n, :k].T if trans_b else b[:k, :n]
+    want = c.copy()
+    want[2 : 2 + m, :n] = op_a.astype(np.float64) @ op_b + beta * c[2 : 2 + m, :n]
+    product(trans_a, trans_b, m, n, k, a, b, beta, c)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)

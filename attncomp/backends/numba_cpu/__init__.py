@@ -33,7 +33,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from attncomp.backends.numba_cpu import runtime as rt
-from attncomp.backends.numba_cpu.intrinsics import float_from_bits, maximum_f32, maximum_f64
+from attncomp.backends.numba_cpu.intrinsics import float_from_bits, gemm, maximum_f32, maximum_f64
 
 FASTMATH = {fastmath!r}
 
@@ -97,27 +97,13 @@ def tile_values(s, vs, pv, nq, nk):  # pv[:nq] = s[:nq, :nk] @ vs[:nk]
         pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)
 
 
-# The backward's tile products: acc[:nk] += a[:nq, :nk]ᵀ @ b[:nq] and rows[:nq] += a[:nq, :nk] @ b[:nk].
-@njit(fastmath=set(FASTMATH), cache=True)
-def tile_grad_t(a, b, acc, tmp, nq, nk):
-    if nq == a.shape[0] and nk == a.shape[1]:
-        np.dot(a.T, b, tmp)
-    else:
-        tmp[:nk] = np.dot(np.ascontiguousarray(a[:nq, :nk]).T, b[:nq])
-    for c in range(nk):
-        for e in range(acc.shape[1]):
-            acc[c, e] += tmp[c, e]
-
-
-@njit(fastmath=set(FASTMATH), cache=True)
-def tile_grad_n(a, b, rows, tmp, nq, nk):
-    if nq == a.shape[0] and nk == a.shape[1]:
-        np.dot(a, b, tmp)
-    else:
-        tmp[:nq] = np.dot(np.ascontiguousarray(a[:nq, :nk]), b[:nk])
-    for r in range(nq):
-        for e in range(rows.shape[1]):
-            rows[r, e] += tmp[r, e]
+# The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small
+# products are fast as q @ k and slow as q @ kᵀ, so each key/value tile is transposed once.
+@njit(cache=True)
+def transpose_into(src, dst, n):  # dst[:, :n] = src[:n].T
+    for c in range(n):
+        for e in range(src.shape[1]):
+            dst[e, c] = src[c, e]
 """
 
 

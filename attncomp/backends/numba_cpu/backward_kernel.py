@@ -11,10 +11,10 @@ gradient is summed in the same order on every run (no atomics):
             for each query head g of the group:
                 prologue (GQA head, query-loop bounds from the IR)
                 for qb in [first, end):     # skipped, masked or full per the IR's classification
-                    s = q_tile @ k_tileᵀ; dp = d_out_tile @ v_tileᵀ      # BLAS, rows read in place
+                    s = q_tile @ kt; dp = d_out_tile @ vt   # BLAS; kt, vt: the key block's k, v transposed once
                     per element: score, mask, p = exp(s - lse), ds = p (dp - delta),
                                  the score's derivative -> ds_raw, site contributions
-                    dv += pᵀ d_out_tile;  dk += ds_rawᵀ q_tile          # BLAS
+                    dv += pᵀ d_out_tile;  dk += ds_rawᵀ q_tile          # BLAS, accumulating in place
                     dq[rows of the tile] += ds_raw k_tile                 # this unit owns these rows
             store dk, dv rows of the key block
 
@@ -72,8 +72,8 @@ class BackwardKernelWriter(KernelSource):
         w.line("nq = min(BQ, n_rows - i0)")
         w.line(f"qs = {self.rows_of(tile.q_load, 'i0', 'nq')}")
         w.line(f"dos = {self.rows_of(tile.d_out_load, 'i0', 'nq')}")
-        w.line("tile_scores(qs, ks, s, nq, nk)")
-        w.line("tile_scores(dos, vs, dp, nq, nk)")
+        w.line("gemm(0, 0, nq, nk, n_d, qs, kt, 0.0, s)")
+        w.line("gemm(0, 0, nq, nk, n_e, dos, vt, 0.0, dp)")
         batch = [self.scalar().ref(v) for v in tile.score.operands[:-3]]
         w.line("for r in range(nq):")
         with w.indent():
@@ -105,9 +105,9 @@ class BackwardKernelWriter(KernelSource):
                     index = "".join(f", {x}" for x in grads[at + 1 : at + 1 + rank])
                     w.line(f"part_{k}[slot{index}] += {grads[at]}")
                     at += 1 + rank
-        w.line("tile_grad_t(pm, dos, dv_acc, tmp_v, nq, nk)")
-        w.line("tile_grad_t(dsm, qs, dk_acc, tmp_k, nq, nk)")
-        w.line(f"tile_grad_n(dsm, ks, {self.rows_of(tile.q_load, 'i0', 'nq', 'out_dq')}, tmp_q, nq, nk)")
+        w.line("gemm(1, 0, nk, n_e, nq, pm, dos, 1.0, dv_acc)")
+        w.line("gemm(1, 0, nk, n_d, nq, dsm, qs, 1.0, dk_acc)")
+        w.line(f"gemm(0, 0, nq, n_d, nk, dsm, ks, 1.0, {self.rows_of(tile.q_load, 'i0', 'nq', 'out_dq')})")
 
     def loop_body(self) -> None:
         self.by_tile_class(self.t, self.tile)
@@ -139,9 +139,8 @@ class BackwardKernelWriter(KernelSource):
                     ("dsm", "(BQ, BK)"),
                     ("dk_acc", "(BK, n_d)"),
                     ("dv_acc", "(BK, n_e)"),
-                    ("tmp_k", "(BK, n_d)"),
-                    ("tmp_v", "(BK, n_e)"),
-                    ("tmp_q", "(BQ, n_d)"),
+                    ("kt", "(n_d, BK)"),
+                    ("vt", "(n_e, BK)"),
                 ):
                     w.line(f"{name} = np.zeros({shape}, dtype=ACC)")
                 w.line("for unit in range(slot, n_units, n_slots):")
@@ -176,6 +175,8 @@ class BackwardKernelWriter(KernelSource):
             self.scalar().op(op)
         w.line(f"ks = {self.rows_of(t.k_load, 'j0', 'nk')}")
         w.line(f"vs = {self.rows_of(t.v_load, 'j0', 'nk')}")
+        w.line("transpose_into(ks, kt, nk)")
+        w.line("transpose_into(vs, vt, nk)")
         lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
         w.line(f"for qb in range({lo}, {hi}):")
         with w.indent():

@@ -4,14 +4,17 @@
 returns NaN when either operand is NaN (as PyTorch's max does).  LLVM vectorises a
 row's max reduction written with it; Numba's ``max`` builtin keeps a scalar
 compare-and-branch chain (a 3x slower score pass).  ``float_from_bits`` is a
-bit cast, so that ``exp`` can build ``2**n`` from its exponent bits.
+bit cast, so that ``exp`` can build ``2**n`` from its exponent bits.  ``gemm`` is
+BLAS's matrix product with its transposes, leading dimensions and ``beta``, which
+``np.dot`` hides: it multiplies tiles in place and accumulates without a temporary.
 """
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
+from numba.core import cgutils, types
+from numba.extending import get_cython_function_address, intrinsic
 
 
 def _maximum(numba_type: types.Float, llvm_type: ir.Type):
@@ -39,3 +42,74 @@ def float_from_bits(typingctx, bits):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+# BLAS gemm ------------------------------------------------------------------------------
+# SciPy's Fortran ``sgemm``/``dgemm`` under names of our own: generated kernels call them by
+# name, so their compiled code holds no process address and stays cacheable on disk.
+for _kind in "sd":
+    llvm.add_symbol(f"attncomp_{_kind}gemm", get_cython_function_address("scipy.linalg.cython_blas", f"{_kind}gemm"))
+
+
+def _gemm_codegen(dtype: types.Float):
+    def codegen(context, builder, signature, args):
+        trans_a, trans_b, m, n, k, a, b, beta, c = args
+        real = context.get_value_type(dtype)
+        i32, char = ir.IntType(32), ir.IntType(8)
+        # transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc: all by reference
+        params = (char, char, i32, i32, i32, real, real, i32, real, i32, real, real, i32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.PointerType(t) for t in params])
+        fn = cgutils.get_or_insert_function(
+            builder.module, fnty, f"attncomp_{'s' if dtype == types.float32 else 'd'}gemm"
+        )
+        itemsize = context.get_abi_sizeof(real)
+
+        def slot(value):
+            return cgutils.alloca_once_value(builder, value)
+
+        def int_slot(value):
+            return slot(builder.sext(value, i32) if value.type.width < 32 else builder.trunc(value, i32))
+
+        def matrix(ty, value):
+            """The data pointer and the leading dimension (row stride in elements, at least 1)."""
+            array = context.make_array(ty)(context, builder, value)
+            rows = builder.sdiv(cgutils.unpack_tuple(builder, array.strides)[0], ir.Constant(cgutils.intp_t, itemsize))
+            one = ir.Constant(cgutils.intp_t, 1)
+            return array.data, int_slot(builder.select(builder.icmp_signed("<", rows, one), one, rows))
+
+        def flag(trans):
+            transposed = builder.icmp_signed("!=", trans, ir.Constant(trans.type, 0))
+            return slot(builder.select(transposed, ir.Constant(char, ord("t")), ir.Constant(char, ord("n"))))
+
+        a_data, lda = matrix(signature.args[5], a)
+        b_data, ldb = matrix(signature.args[6], b)
+        c_data, ldc = matrix(signature.args[8], c)
+        alpha = slot(ir.Constant(real, 1.0))
+        beta = slot(context.cast(builder, beta, signature.args[7], dtype))
+        # Fortran is column-major: a row-major c = op(a) op(b) is the column-major cᵀ = op(b)ᵀ op(a)ᵀ
+        m, n, k = (int_slot(x) for x in (m, n, k))
+        builder.call(fn, [flag(trans_b), flag(trans_a), n, m, k, alpha, b_data, ldb, a_data, lda, beta, c_data, ldc])
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
+    """``c[:m, :n] = op(a) @ op(b) + beta * c[:m, :n]`` by BLAS (``beta = 1`` accumulates).
+
+    ``op(a)`` is the ``m x k`` matrix ``a[:m, :k]``, or ``a[:k, :m].T`` when ``trans_a`` is
+    nonzero; ``op(b)``, ``k x n``, likewise.  The arrays are 2-d, C-contiguous and of one
+    float type; the products read and write the tiles' rows in place (submatrices of larger
+    buffers included), with no copies and no temporaries.
+    """
+    arrays = (a, b, c)
+    if not all(isinstance(x, types.Array) and x.ndim == 2 and x.layout == "C" for x in arrays):
+        return None
+    if a.dtype not in (types.float32, types.float64) or not a.dtype == b.dtype == c.dtype:
+        return None
+    if not all(isinstance(x, types.Integer) for x in (trans_a, trans_b, m, n, k)):
+        return None
+    if not isinstance(beta, (types.Integer, types.Float)):
+        return None
+    return types.void(trans_a, trans_b, m, n, k, a, b, beta, c), _gemm_codegen(a.dtype)
