@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends import BACKENDS
+from attncomp.backends.notice import compile_notice
 from attncomp.blockmap import block_map
 from attncomp.decoder import Decoder
 from attncomp.dsl import Spec
@@ -85,6 +86,7 @@ class CompiledFunction:
             self.module, self._stages = more, self._stages + stages[1:]
         self.constraints = verify_module(self.module)
         self._impl = None
+        self._called = False
         self._saving: CompiledFunction | None = None
         self._backward: CompiledFunction | None = None
         if backend == "cpu":
@@ -159,15 +161,27 @@ class CompiledFunction:
         ``exact`` (the interpreter only): take float64 arguments and give float64 results.
         """
         if self.backend == "cuda":  # device arrays are bound in place and results may stay on the device
-            return self._impl.run(self.func, args, self.constraints, sizes)
+            with compile_notice(self.name, self.backend, self._first_call()):
+                return self._impl.run(self.func, args, self.constraints, sizes)
         if exact and self._impl is None:
             return interpret_unrounded(self.func, args, self.constraints, sizes)
         arrays, env = bind_arguments(self.func, args, self.constraints, sizes)
         if self._impl is not None:
-            outputs = self._impl(arrays, env)
+            with compile_notice(self.name, self.backend, self._first_call()):
+                outputs = self._impl(arrays, env)
         else:
             outputs = Interpreter(self.func, env).run(arrays)
         return [np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype]) for out, value in zip(outputs, self.func.results)]
+
+    def _first_call(self) -> bool:
+        """Whether this call may compile: the first one, with a kernel Numba has not compiled yet."""
+        if self._called:
+            return False
+        self._called = True
+        kernels = getattr(self._impl, "kernels", None)
+        if isinstance(kernels, list):  # the cpu backend's Numba dispatchers
+            return any(not k.signatures for k in kernels)
+        return True
 
     # gradients -------------------------------------------------------------------
     @property
