@@ -61,40 +61,50 @@ def exp_nonpositive_f32(x):
     return np.float32(0.0) if x < np.float32(-87.0) else p * two_n
 
 
-# The two tile products, shared by every kernel of this file (compiled once, not per variant).
-# A few query rows (decoding) are matrix-vector work: plain loops beat a BLAS call's overhead.
+# 2**y in float32 for y < 128, the same fit as above without the multiply by log2(e): the
+# forward kernels keep their scores in base 2 (one multiply per score, folded with the
+# scale), and their weights 2**(score - reference max) stay below 2**LAZY.  Below -126 the
+# result is 0.
+@njit(fastmath=set(FASTMATH), inline="always")
+def exp2_f32(y):
+    n = np.floor(max(y, np.float32(-126.0)))
+    f = max(y, np.float32(-126.0)) - n
+    p = np.float32(EXP_C[6])
+    p = p * f + np.float32(EXP_C[5])
+    p = p * f + np.float32(EXP_C[4])
+    p = p * f + np.float32(EXP_C[3])
+    p = p * f + np.float32(EXP_C[2])
+    p = p * f + np.float32(EXP_C[1])
+    p = p * f + np.float32(EXP_C[0])
+    two_n = float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return np.float32(0.0) if y < np.float32(-126.0) else p * two_n
+
+
+# The forward kernels hold a tile's scores transposed, one key per row (st[c, r]): keys are
+# read in place and q is transposed once per task, so both products are BLAS gemm calls
+# without a transposed tile (OpenBLAS's small q @ kᵀ is slow), and the softmax runs down
+# the rows, vectorised over the queries.  A few query rows (decoding) are matrix-vector
+# work: plain loops on row-major scores beat a BLAS call's overhead.
 FEW_ROWS = 4
 
 
 @njit(fastmath=set(FASTMATH), cache=True)
-def tile_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T, ks read in place
-    if nq <= FEW_ROWS:
-        for r in range(nq):
-            for c in range(nk):
-                total = q.dtype.type(0.0)
-                for d in range(q.shape[1]):
-                    total += q[r, d] * ks[c, d]
-                s[r, c] = total
-    elif nk == s.shape[1]:
-        np.dot(q[:nq], ks.T, s[:nq])
-    else:
-        s[:nq, :nk] = np.dot(q[:nq], ks.T)
+def rows_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T
+    for r in range(nq):
+        for c in range(nk):
+            total = q.dtype.type(0.0)
+            for d in range(q.shape[1]):
+                total += q[r, d] * ks[c, d]
+            s[r, c] = total
 
 
 @njit(fastmath=set(FASTMATH), cache=True)
-def tile_values(s, vs, pv, nq, nk):  # pv[:nq] = s[:nq, :nk] @ vs[:nk]
-    if nq <= FEW_ROWS:
-        for r in range(nq):
-            for e in range(pv.shape[1]):
-                pv[r, e] = 0.0
-            for c in range(nk):
-                weight = s[r, c]
-                for e in range(pv.shape[1]):
-                    pv[r, e] += weight * vs[c, e]
-    elif nk == s.shape[1]:
-        np.dot(s[:nq], vs, pv[:nq])
-    else:
-        pv[:nq] = np.dot(np.ascontiguousarray(s[:nq, :nk]), vs)
+def rows_values(s, vs, acc, nq, nk):  # acc[:nq] += s[:nq, :nk] @ vs[:nk]
+    for r in range(nq):
+        for c in range(nk):
+            weight = s[r, c]
+            for e in range(acc.shape[1]):
+                acc[r, e] += weight * vs[c, e]
 
 
 # The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small

@@ -5,15 +5,23 @@ attention, per (batch, key/value head, query block), the task handling the
 ``G`` query heads that share a key/value head together, so every key and
 value tile is read from memory once and used ``G`` times:
 
-    for each head g of the group: prologue, load its query tile, m = -inf, l = 0, acc = 0
+    for each head g of the group: prologue, load its query tile (and its transpose), m = -inf, l = 0, acc = 0
     for kb in [first, end):                 # the union of the heads' loop bounds (from the IR)
         for each head g:
             tile_class = ...                # the IR's classification code, or its default
             skipped: nothing; otherwise
-            s = q_tile @ k_tileᵀ            # BLAS, keys read in place
-            per row: score(s), mask only when tile_class == 1, online softmax
-            acc += p @ v_tile               # BLAS
-    out = acc / l, lse = m + log(l)         # rows with no visible key: 0 and -inf
+            st = k_tile @ q_tileᵀ           # BLAS gemm, keys read in place: scores transposed
+            per key, vectorised over the rows: score(st), mask only when tile_class == 1, row max
+            per row: keep m unless the max grew by more than 2**LAZY (then rescale l, acc)
+            st = exp2(st - m), l += row sums
+            acc += stᵀ @ v_tile             # BLAS gemm, accumulating in place
+    out = acc / l, lse = (m + log2(l)) ln 2 # rows with no visible key: 0 and -inf
+
+Scores and maxima are kept in base 2 (the score times log2(e); exp2 needs no multiply).
+The transposed tile makes both products plain gemm calls (OpenBLAS's small q @ kᵀ with
+a transposed operand is about 2x slower) and the softmax passes run down the rows of
+``st`` over contiguous queries.  A few query rows (decoding) use a row-major tile and
+loops, each row vectorised over its keys.
 
 When there are fewer units than threads (one token decoded for few heads),
 each unit's key blocks are split into chunks computed in parallel, and a
@@ -72,7 +80,7 @@ class KernelWriter(KernelSource):
             self.scalar().op(op)
 
     def load_query(self) -> None:
-        """Copy the query tile of head ``g`` (rows past the end are zero)."""
+        """Copy the query tile of head ``g``, by rows and transposed (rows past the end are zero)."""
         w = self.w
         load = self.t.q_load
         src = self.array_ref(load.operands[0])
@@ -82,63 +90,143 @@ class KernelWriter(KernelSource):
         with w.indent():
             w.line("for dd in range(n_d):")
             with w.indent():
-                w.line(f"qt[g, rr, dd] = ACC({src}[{prefix}i0 + rr, dd]) if rr < nq else ACC(0.0)")
+                w.line(f"x = ACC({src}[{prefix}i0 + rr, dd]) if rr < nq else ACC(0.0)")
+                w.line("qt[g, rr, dd] = x")
+                w.line("qt_t[g, dd, rr] = x")
 
-    def row_loop(self, compute: TileCompute, with_mask: bool) -> None:
-        """Score, optional mask and the online-softmax update for each query row."""
+    def score(self, compute: TileCompute, with_mask: bool, i: str, j: str, at: str) -> None:
+        """``xv`` = the score of element ``at`` (row ``i``, key ``j``) in base 2, -inf where masked."""
         w = self.w
         batch_vals = [self.scalar().ref(v) for v in compute.score.operands[:-3]]
+        (x,) = self.scalar().block(compute.score.regions[0], batch_vals + [i, j, at])
+        if with_mask and compute.mask is not None:
+            mask_batch = [self.scalar().ref(v) for v in compute.mask.operands[:-2]]
+            (visible,) = self.scalar().block(compute.mask.regions[0], mask_batch + [i, j])
+            w.line(f"xv = ACC({x} * LOG2E) if {visible} else ACC(-np.inf)")
+        else:
+            w.line(f"xv = ACC({x} * LOG2E)")
+
+    def row_index(self, compute: TileCompute) -> str:
+        i = self.fresh("i")
+        self.w.line(f"{i} = {element_expr(compute.score.operands[-3], self.names, 'r', '0')}")
+        return i
+
+    def key_index(self, compute: TileCompute) -> str:
+        j = self.fresh("j")
+        self.w.line(f"{j} = {element_expr(compute.score.operands[-2], self.names, '0', 'c')}")
+        return j
+
+    def scores_by_keys(self, compute: TileCompute, with_mask: bool) -> None:
+        """Scores of the transposed tile ``st[c, r]`` and each row's max, vectorised over the rows."""
+        w = self.w
         w.line("for r in range(nq):")
         with w.indent():
-            i = self.fresh("i")
-            w.line(f"{i} = {element_expr(compute.score.operands[-3], self.names, 'r', '0')}")
-            w.line("mx = ACC(-np.inf)")
+            w.line("mx[r] = ACC(-np.inf)")
+        w.line("for c in range(nk):")
+        with w.indent():
+            j = self.key_index(compute)
+            w.line("for r in range(nq):")
+            with w.indent():
+                self.score(compute, with_mask, self.row_index(compute), j, "st[c, r]")
+                w.line("st[c, r] = xv")
+                w.line("mx[r] = MAXIMUM(mx[r], xv)  # NaN-propagating, and vectorised")
+
+    def scores_by_rows(self, compute: TileCompute, with_mask: bool) -> None:
+        """Scores of the row-major tile ``sr[r, c]`` and each row's max, vectorised over the keys."""
+        w = self.w
+        w.line("for r in range(nq):")
+        with w.indent():
+            i = self.row_index(compute)
+            w.line("row_max = ACC(-np.inf)")
             w.line("for c in range(nk):")
             with w.indent():
-                j = self.fresh("j")
-                w.line(f"{j} = {element_expr(compute.score.operands[-2], self.names, '0', 'c')}")
-                (x,) = self.scalar().block(compute.score.regions[0], batch_vals + [i, j, "s[r, c]"])
-                if with_mask and compute.mask is not None:
-                    mask_batch = [self.scalar().ref(v) for v in compute.mask.operands[:-2]]
-                    (visible,) = self.scalar().block(compute.mask.regions[0], mask_batch + [i, j])
-                    w.line(f"xv = {x} if {visible} else ACC(-np.inf)")
-                else:
-                    w.line(f"xv = {x}")
-                w.line("s[r, c] = xv")
-                w.line("mx = MAXIMUM(mx, xv)  # NaN-propagating, and vectorised")
-            w.line("m_new = m[g, r] if m[g, r] > mx else mx")
-            w.line("m_safe = ACC(0.0) if m_new == -np.inf else m_new")
-            w.line("alpha = EXP(ACC(m[g, r] - m_safe))")
-            w.line("row_sum = ACC(0.0)")
+                self.score(compute, with_mask, i, self.key_index(compute), "sr[r, c]")
+                w.line("sr[r, c] = xv")
+                w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
+            w.line("mx[r] = row_max")
+
+    def reference_max(self) -> None:
+        """Each row's reference max ``m_safe`` for this tile, from its max ``mx``.
+
+        A row keeps its max ``m`` while the tile's exceeds it by at most ``LAZY`` (in base 2:
+        P stays below ``2**LAZY``, far from overflow); only when it grows more (or is NaN) are
+        ``m`` replaced and ``l`` and the accumulator row rescaled -- after the first key
+        blocks, rarely.
+        """
+        w = self.w
+        w.line("for r in range(nq):")
+        with w.indent():
+            w.line("m_old = m[g, r]")
+            w.line("if mx[r] <= m_old + LAZY:")
+            with w.indent():
+                w.line("m_safe[r] = ACC(0.0) if m_old == -np.inf else m_old")
+            w.line("else:")
+            with w.indent():
+                w.line("m_new = m_old if m_old > mx[r] else mx[r]")
+                w.line("m_safe[r] = ACC(0.0) if m_new == -np.inf else m_new")
+                w.line("alpha = EXP2(ACC(m_old - m_safe[r]))")
+                w.line("m[g, r] = m_new")
+                w.line("l[g, r] *= alpha")
+                w.line("for e in range(n_e):")
+                with w.indent():
+                    w.line("acc[g, r, e] *= alpha")
+
+    def weights_by_keys(self) -> None:
+        """``st`` becomes P; each row's sum is added to ``l``."""
+        w = self.w
+        w.line("for r in range(nq):")
+        with w.indent():
+            w.line("row_sum[r] = ACC(0.0)")
+        w.line("for c in range(nk):")
+        with w.indent():
+            w.line("for r in range(nq):")
+            with w.indent():
+                w.line("p = EXP2(ACC(st[c, r] - m_safe[r]))")
+                w.line("st[c, r] = p")
+                w.line("row_sum[r] += p")
+        w.line("for r in range(nq):")
+        with w.indent():
+            w.line("l[g, r] += row_sum[r]")
+
+    def weights_by_rows(self) -> None:
+        """``sr`` becomes P; each row's sum is added to ``l``."""
+        w = self.w
+        w.line("for r in range(nq):")
+        with w.indent():
+            w.line("m_row = m_safe[r]")
+            w.line("total = ACC(0.0)")
             w.line("for c in range(nk):")
             with w.indent():
-                w.line("p = EXP(ACC(s[r, c] - m_safe))")
-                w.line("s[r, c] = p")
-                w.line("row_sum += p")
-            w.line("for c in range(nk, BK):")
-            with w.indent():
-                w.line("s[r, c] = ACC(0.0)")
-            w.line("l[g, r] = alpha * l[g, r] + row_sum")
-            w.line("m[g, r] = m_new")
-            w.line("alphas[r] = alpha")
+                w.line("p = EXP2(ACC(sr[r, c] - m_row))")
+                w.line("sr[r, c] = p")
+                w.line("total += p")
+            w.line("l[g, r] += total")
 
     def key_tile(self, compute: TileCompute, with_mask: bool) -> None:
+        """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
+        decoding) by loops on row-major scores, each row vectorised over its keys."""
         w = self.w
         for op in compute.scalar_ops:
             self.scalar().op(op)
         w.line(f"j0 = {self.scalar().ref(compute.k_load.operands[-1])}")
         w.line("nk = min(BK, n_keys - j0)")
-        # Keys and values are read in place: a C-contiguous slice, so BLAS takes kᵀ as a transpose flag.
+        # Keys and values are read in place: C-contiguous rows, multiplied without a transpose.
         w.line(f"ks = {self.tile_rows(compute.k_load)}")
         w.line(f"vs = {self.tile_rows(compute.v_load)}")
-        w.line("tile_scores(qt[g], ks, s, nq, nk)")
-        self.row_loop(compute, with_mask)
-        w.line("tile_values(s, vs, pv, nq, nk)")
-        w.line("for r in range(nq):")
+        w.line("if nq > FEW_ROWS:")
         with w.indent():
-            w.line("for e in range(n_e):")
-            with w.indent():
-                w.line("acc[g, r, e] = acc[g, r, e] * alphas[r] + pv[r, e]")
+            w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
+            self.scores_by_keys(compute, with_mask)
+            self.reference_max()
+            self.weights_by_keys()
+            w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
+        w.line("else:")
+        with w.indent():
+            w.line("rows_scores(qt[g], ks, sr, nq, nk)")
+            self.scores_by_rows(compute, with_mask)
+            self.reference_max()
+            self.weights_by_rows()
+            w.line("rows_values(sr, vs, acc[g], nq, nk)")
 
     def tile_rows(self, load_op) -> str:
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
@@ -156,7 +244,10 @@ class KernelWriter(KernelSource):
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line(f"ACC = {self.acc}")
-            w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
+            w.line(f"EXP2 = {'exp2_f32' if self.acc == 'np.float32' else 'np.exp2'}")
+            w.line("LOG2E = ACC(1.4426950408889634)  # scores and maxima are kept in base 2")
+            w.line("LN2 = ACC(0.6931471805599453)")
+            w.line("LAZY = ACC(8.0)")
             w.line(f"MAXIMUM = {'maximum_f32' if self.acc == 'np.float32' else 'maximum_f64'}")
             w.line(f"BQ = {t.block_q}")
             w.line(f"BK = {t.block_k}")
@@ -187,11 +278,13 @@ class KernelWriter(KernelSource):
                 w.line("split = task % n_split")
                 self.unit_start(nb)
                 w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
-                w.line("s = np.empty((BQ, BK), dtype=ACC)")
-                w.line("pv = np.empty((BQ, n_e), dtype=ACC)")
+                w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
+                w.line("st = np.empty((BK, BQ), dtype=ACC)")
+                w.line("sr = np.empty((FEW_ROWS, BK), dtype=ACC)")
                 w.line("m = np.full((G, BQ), -np.inf, dtype=ACC)")
                 w.line("l = np.zeros((G, BQ), dtype=ACC)")
-                w.line("alphas = np.ones(BQ, dtype=ACC)")
+                for row in ("mx", "m_safe", "row_sum"):
+                    w.line(f"{row} = np.empty(BQ, dtype=ACC)")
                 w.line("acc = np.zeros((G, BQ, n_e), dtype=ACC)")
                 w.line("first = np.int64(1) << 62")
                 w.line("end = np.int64(0)")
@@ -274,17 +367,17 @@ class KernelWriter(KernelSource):
                 w.line("total = ACC(0.0)")
                 w.line("for sp in range(n_split):")
                 with w.indent():
-                    w.line("total += EXP(ACC(part_m[base + sp, g, r] - top_safe)) * part_l[base + sp, g, r]")
+                    w.line("total += EXP2(ACC(part_m[base + sp, g, r] - top_safe)) * part_l[base + sp, g, r]")
                 w.line("denominator = total if total != 0.0 else ACC(1.0)")
                 w.line("for e in range(n_e):")
                 with w.indent():
                     w.line("value = ACC(0.0)")
                     w.line("for sp in range(n_split):")
                     with w.indent():
-                        w.line("value += EXP(ACC(part_m[base + sp, g, r] - top_safe)) * part_acc[base + sp, g, r, e]")
+                        w.line("value += EXP2(ACC(part_m[base + sp, g, r] - top_safe)) * part_acc[base + sp, g, r, e]")
                     w.line(f"out_0[{prefix}i0 + r, e] = value / denominator")
                 if t.with_lse:
-                    w.line(f"out_1[{prefix}i0 + r] = -np.inf if total == 0.0 else top_safe + math.log(total)")
+                    w.line(f"out_1[{prefix}i0 + r] = -np.inf if total == 0.0 else top_safe * LN2 + math.log(total)")
 
     def loop_body(self) -> None:
         self.by_tile_class(self.t, self.key_tile)
@@ -299,7 +392,7 @@ class KernelWriter(KernelSource):
             with w.indent():
                 w.line(f"out_0[{prefix}i0 + r, e] = acc[g, r, e] / denominator")
             if t.with_lse:
-                w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[g, r] == 0.0 else m[g, r] + math.log(l[g, r])")
+                w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[g, r] == 0.0 else m[g, r] * LN2 + math.log(l[g, r])")
 
 
 def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], decorator: str) -> str:
