@@ -4,9 +4,10 @@
     python -m benchmarks.cpu --quick        # smaller sizes, for a smoke run
     python -m benchmarks.cpu --plot cpu.png # also draw the times (needs the plot extra)
 
-Ratios are attncomp's time over the peer's: below 1.0 attncomp is faster.  The
-forward+backward rows call attncomp and torch alternately and report the
-median of the per-pair ratios, which the shared machine's load drifts less.
+Ratios are attncomp's time over the peer's: below 1.0 attncomp is faster.  Against
+torch, attncomp and torch are called alternately and the ratio is the median of
+the per-pair ratios (the times shown are the medians), which the shared machine's
+load drifts less; numpy's time is the best of its runs.
 Peak memory is the growth of resident memory during one call, sampled every
 millisecond in a fresh process.  Compile time is measured in fresh processes
 with an empty and with a warm cache directory.
@@ -36,6 +37,8 @@ class Row:
     case: str
     seconds: dict[str, float | None] = field(default_factory=dict)
     note: str = ""
+    #: attncomp's time over torch's: the median of per-pair ratios, the two called alternately
+    torch_ratio: float | None = None
 
 
 def best_of(fn, repeats: int) -> float:
@@ -65,11 +68,13 @@ def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
 def time_case(name, spec, args, constants, torch_call, numpy_call, repeats, with_numpy=True) -> Row:
     fn = ac.compile(spec, backend="cpu", **constants)
     row = Row(name)
-    row.seconds["attncomp"] = best_of(lambda: fn(*args), repeats)
     torch = peers.torch_or_none()
     if torch is not None:
         check(name, fn(*args), torch_call(torch))
-        row.seconds["torch"] = best_of(lambda: torch_call(torch), repeats)
+        mine, theirs, row.torch_ratio = paired(lambda: fn(*args), lambda: torch_call(torch), max(repeats, 5))
+        row.seconds["attncomp"], row.seconds["torch"] = mine, theirs
+    else:
+        row.seconds["attncomp"] = best_of(lambda: fn(*args), repeats)
     row.seconds["numpy"] = best_of(numpy_call, 1) if with_numpy else None
     return row
 
@@ -443,6 +448,8 @@ def print_table(rows: list[Row]) -> None:
         s = row.seconds
         cells = [f"{s[k] * 1e3:9.1f}ms" if s.get(k) else f"{'-':>10}" for k in ("attncomp", "torch", "numpy")]
         ratios = [f"{s['attncomp'] / s[k]:9.2f}" if s.get(k) else f"{'-':>9}" for k in ("torch", "numpy")]
+        if row.torch_ratio is not None:
+            ratios[0] = f"{row.torch_ratio:9.2f}"
         print(f"{row.case:<42} {' '.join(cells)} {' '.join(ratios)}")
 
 
