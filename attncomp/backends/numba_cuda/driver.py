@@ -168,7 +168,7 @@ class DriverWriter:
                 passed[p.name] = f"rt.kernel_scalar({self.ref(p.value)}, {p.value.type.dtype!r})"
         args = ", ".join(passed[p.name] for p in kernel.params)
         w.line(f"rt.launch_map({kernel.name}, {count}, {args})")
-        w.line(f"rt.check_scatter({flags}, {shape_expr(out)})")
+        w.line(f"rt.check_indices({flags}, {shape_expr(out)})")
         w.line(f"{target} = rt.narrow({target}, {out.type.dtype!r})")
         if out.type.rank == 0:
             w.line(f"{target} = rt.host_value({target}, {out.type.dtype!r})")

@@ -218,6 +218,17 @@ class _Writer:
         return GraphKernel(self.name, self.w.text(), self.params, launch, work, work_axis, after or [])
 
 
+def record_bad_index(w, axis: int, index: str) -> None:
+    """Keep the lowest negative and the highest too-large ``index`` of ``axis`` in ``err`` (zeros when
+    none), which ``rt.check_indices`` turns into the interpreter's ``IndexError`` after the kernel."""
+    w.line(f"if {index} < 0:")
+    with w.indent():
+        w.line(f"cuda.atomic.min(err, {2 * axis}, {index})")
+    w.line("else:")
+    with w.indent():
+        w.line(f"cuda.atomic.max(err, {2 * axis + 1}, {index})")
+
+
 def _elementwise(name: str, op: Op) -> GraphKernel:
     k = _Writer(name, op)
     for value in op.operands:
@@ -238,14 +249,9 @@ def _elementwise(name: str, op: Op) -> GraphKernel:
         for axis, idx in enumerate(op.operands[1:]):
             var = k.fresh("ix")
             k.w.line(f"{var} = {k.load(idx, index)}")
-            # the lowest negative and the highest too-large index, reported by the driver as the interpreter does
-            k.w.line(f"if {var} < 0:")
+            k.w.line(f"if {var} < 0 or {var} >= {src}.shape[{axis}]:")
             with k.w.indent():
-                k.w.line(f"cuda.atomic.min(err, {2 * axis}, {var})")
-                k.w.line(f"{var} = 0")
-            k.w.line(f"elif {var} >= {src}.shape[{axis}]:")
-            with k.w.indent():
-                k.w.line(f"cuda.atomic.max(err, {2 * axis + 1}, {var})")
+                record_bad_index(k.w, axis, var)
                 k.w.line(f"{var} = 0")
             picks.append(var)
         expr = widen(dtype, f"{src}[{', '.join(picks)}]")
@@ -256,7 +262,7 @@ def _elementwise(name: str, op: Op) -> GraphKernel:
         expr = names[out]
     k.store(index, expr)
     at = "" if op.loc is None else str(op.loc).replace("{", "{{").replace("}", "}}")
-    after = [f"rt.check_gather({{err}}, {{a0}}, {at!r})"] if op.name == "ac.gather" else []
+    after = [f"rt.check_indices({{err}}, {{a0}}.shape, {at!r})"] if op.name == "ac.gather" else []
     return k.finish(after=after)
 
 
@@ -553,8 +559,7 @@ def scatter_add_kernel(name: str, op: Op, acc: str) -> tuple[GraphKernel, str]:
             for a, x in enumerate(picks):
                 w.line(f"if {bad[a]}:")
                 with w.indent():
-                    w.line(f"err[{2 * a}] = 1")
-                    w.line(f"err[{2 * a + 1}] = {x}")
+                    record_bad_index(w, a, x)
         w.line(f"elif {' and '.join(f'{x} == cur_{a}' for a, x in enumerate(picks))}:")
         with w.indent():
             w.line(f"run += {acc_type}({value})")

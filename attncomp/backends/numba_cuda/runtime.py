@@ -162,16 +162,6 @@ def narrow(x: Any, dtype: str) -> Any:
     return out
 
 
-def check_scatter(flags: Any, shape: tuple[int, ...]) -> None:
-    """Raise the ``IndexError`` the interpreter gives when an ``ac.scatter_add`` kernel found an index
-    out of range (it set ``flags`` and dropped the update)."""
-    found = copy_to_host(flags)
-    for axis in range(len(found) // 2):
-        if found[2 * axis]:
-            bad = int(found[2 * axis + 1])
-            raise IndexError(f"ac.gather: index {bad} is out of range for axis {axis} of size {shape[axis]}")
-
-
 _MULTIPROCESSORS: list[int] = []
 
 
@@ -228,15 +218,15 @@ def gather_flags(n_axes: int) -> Any:
     return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64), stream=stream())
 
 
-def check_gather(flags: Any, src: Any, at: str = "") -> None:
-    """The interpreter's ``IndexError`` if a gather kernel saw an index out of range: per axis, the
-    kernel keeps the lowest negative index and the highest one past the end (0 when none)."""
+def check_indices(flags: Any, shape: tuple[int, ...], at: str = "") -> None:
+    """The interpreter's ``IndexError`` if a gather or scatter_add kernel saw an index out of range: per
+    axis, the kernel keeps the lowest negative index and the highest one past the end (0 when none)."""
     found = copy_to_host(flags)
     for axis in range(len(found) // 2):
         low, high = int(found[2 * axis]), int(found[2 * axis + 1])
-        if low < 0 or high >= src.shape[axis]:
+        if low < 0 or high >= shape[axis]:
             bad = low if low < 0 else high
-            message = f"ac.gather: index {bad} is out of range for axis {axis} of size {src.shape[axis]}"
+            message = f"ac.gather: index {bad} is out of range for axis {axis} of size {shape[axis]}"
             raise IndexError(with_location(message, at))
 
 
