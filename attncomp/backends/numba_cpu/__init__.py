@@ -37,34 +37,17 @@ from attncomp.backends.numba_cpu.intrinsics import float_from_bits, gemm, maximu
 
 FASTMATH = {fastmath!r}
 
-# exp(x) for x <= 0 in float32, written so that LLVM vectorises it (libm's expf is
-# scalar): x*log2(e) = n + f with f in [0, 1); 2**f by a degree-6 fit (relative
-# error 1e-7); 2**n from its exponent bits (n >= -126: a normal float).  Below -87
-# the result is 0, so masked scores (-inf) weigh exactly nothing.
+# Exponentials in float32, written so that LLVM vectorises them (libm's expf is scalar):
+# y = n + f with f in [0, 1); 2**f by a degree-6 fit (relative error 1e-7); 2**n from its
+# exponent bits (n >= -126: a normal float).  Masked scores (-inf) weigh exactly nothing.
 EXP_C = (1.0, 0.6931468844413757, 0.24023030698299408, 0.05548214912414551,
          0.009679985232651234, 0.0012437946861609817, 0.0002168343198718503)
 
 
-@njit(fastmath=set(FASTMATH), inline="always")
-def exp_nonpositive_f32(x):
-    y = max(x, np.float32(-126.0)) * np.float32(1.4426950408889634)
-    n = np.floor(y)
-    f = y - n
-    p = np.float32(EXP_C[6])
-    p = p * f + np.float32(EXP_C[5])
-    p = p * f + np.float32(EXP_C[4])
-    p = p * f + np.float32(EXP_C[3])
-    p = p * f + np.float32(EXP_C[2])
-    p = p * f + np.float32(EXP_C[1])
-    p = p * f + np.float32(EXP_C[0])
-    two_n = float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-    return np.float32(0.0) if x < np.float32(-87.0) else p * two_n
-
-
-# 2**y in float32 for y < 128, the same fit as above without the multiply by log2(e): the
-# forward kernels keep their scores in base 2 (one multiply per score, folded with the
-# scale), and their weights 2**(score - reference max) stay below 2**LAZY.  Below -126 the
-# result is 0.
+# 2**y in float32 for y < 128 (the fit above for 2**f on [0, 1), times 2**floor(y) built from
+# exponent bits); below -126 the result is 0.  The forward kernels keep their scores in base 2
+# (one multiply per score, folded with the scale), and their weights 2**(score - reference
+# max) stay below 2**LAZY.
 @njit(fastmath=set(FASTMATH), inline="always")
 def exp2_f32(y):
     n = np.floor(max(y, np.float32(-126.0)))
@@ -78,6 +61,12 @@ def exp2_f32(y):
     p = p * f + np.float32(EXP_C[0])
     two_n = float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
     return np.float32(0.0) if y < np.float32(-126.0) else p * two_n
+
+
+# exp(x) for x <= 0 (the backward's probabilities): 0 below -87, where float32 underflows.
+@njit(fastmath=set(FASTMATH), inline="always")
+def exp_nonpositive_f32(x):
+    return np.float32(0.0) if x < np.float32(-87.0) else exp2_f32(x * np.float32(1.4426950408889634))
 
 
 # The forward kernels hold a tile's scores transposed, one key per row (st[c, r]): keys are
