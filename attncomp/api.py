@@ -9,6 +9,7 @@ import numpy as np
 from attncomp.backends import BACKENDS
 from attncomp.backends.notice import compile_notice
 from attncomp.blockmap import block_map
+from attncomp.chunked.graph import is_dask
 from attncomp.decoder import Decoder
 from attncomp.dsl import Spec
 from attncomp.errors import ShapeError
@@ -152,6 +153,10 @@ class CompiledFunction:
         return getattr(self._impl, what)()
 
     def __call__(self, *args: Any):
+        if any(is_dask(a) for a in args):  # a graph of chunk-pair kernel calls; nothing runs yet
+            from attncomp.chunked import run_chunked
+
+            return run_chunked(self, args)
         outputs = self._run(args)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -254,6 +259,18 @@ class CompiledFunction:
         pipeline = ",".join(entries)
         decode = CompiledFunction(self._input, self.backend, pipeline, self.name)
         return Decoder(decode, max_len)
+
+    def chunk_parts(self) -> dict[str, CompiledFunction]:
+        """The compiled parts a run over Dask arrays schedules (API.md section 8), by name.
+
+        "inputs" (or "queries" and "keys") computes q, k and v per chunk of positions,
+        "attention" runs one chunk pair ("attention_unmasked" for pairs proven fully
+        visible), "outputs" uses the attention's result per query chunk; parts the spec
+        does not need are absent.  Each is inspectable (``.ir(stage)``, ``.dump()``, ``.source``).
+        """
+        from attncomp.chunked.plan import ChunkPlan
+
+        return ChunkPlan.of(self).parts()
 
     def block_map(self, *args: Any) -> np.ndarray:
         """int8 ``[*batch, q_blocks, kv_blocks]``: 0 skipped, 1 computed with its mask, 2 without."""

@@ -56,8 +56,10 @@ class BlockRecorder:
         return out
 
 
-def block_map(func: Func, constraints, args: tuple[Any, ...]) -> np.ndarray:
+def block_map(func: Func, constraints, args: tuple[Any, ...], sizes: dict[str, int] | None = None) -> np.ndarray:
     """The tile classes of the first tiled attention in ``func`` for these inputs.
+
+    ``sizes`` binds sizes no argument carries (a chunk's offsets).
 
     In a backward (``ac.key_grid``: key blocks outside, query blocks inside) the
     map is transposed back, so it reads as the forward's: ``[*batch, q_blocks, kv_blocks]``.
@@ -65,7 +67,7 @@ def block_map(func: Func, constraints, args: tuple[Any, ...]) -> np.ndarray:
     grids = [op for op in func.body.ops if op.name in ("ac.tile_grid", "ac.key_grid")]
     if not grids:
         raise AttncompError("block_map needs tiled attention: compile with the flash-tiling pass")
-    arrays, env = bind_arguments(func, args, constraints)
+    arrays, env = bind_arguments(func, args, constraints, sizes)
     interp = Interpreter(func, env)
     recorder = BlockRecorder()
     interp.ctx.recorder = recorder

@@ -55,11 +55,17 @@ class _Indent:
 
 def size_names(func) -> list[str]:
     """The sizes a generated function takes: every name in the argument types,
-    and the sizes the caller binds (a decoder's cached length)."""
+    and the names the body uses that the caller binds (a decoder's cached
+    length, a chunk's offsets)."""
     names = {d.symbol for a in func.args for d in a.type.shape if d.is_symbol}
-    cached = func.attrs.get("cached_length")
-    if isinstance(cached, Dim):
-        names |= cached.symbols()
+    for op in func.body.walk():
+        for value in op.results:
+            for d in value.type.shape:
+                names |= d.symbols()
+        for attr in op.attrs.values():
+            for item in attr if isinstance(attr, (list, tuple)) else [attr]:
+                if isinstance(item, Dim):
+                    names |= item.symbols()
     return sorted(names)
 
 

@@ -3,6 +3,7 @@
 from attncomp.passes import (
     autodiff,
     canonicalize,
+    chunk_pairs,
     cse,
     dce,
     flash_tiling,
@@ -21,6 +22,7 @@ __all__ = [
     "Stage",
     "autodiff",
     "canonicalize",
+    "chunk_pairs",
     "cse",
     "dce",
     "flash_tiling",

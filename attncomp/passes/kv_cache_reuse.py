@@ -80,7 +80,9 @@ def mixes_positions(op: Op, seq: Dim) -> str | None:
     return None
 
 
-def check_position_wise(func: Func, roots: list[Value], seq: Dim) -> None:
+def find_mixing(func: Func, roots: list[Value], axes: list[Dim]) -> tuple[str, Op, Dim, str] | None:
+    """The first op on the paths to ``roots`` that mixes positions along one of ``axes``:
+    (its result's name, the op, the axis, why), or None."""
     namer = Namer.for_func(func)
     stack, seen = list(roots), set()
     while stack:
@@ -89,16 +91,25 @@ def check_position_wise(func: Func, roots: list[Value], seq: Dim) -> None:
         if value in seen or op is None:
             continue
         seen.add(value)
-        why = mixes_positions(op, seq)
-        if why is not None:
-            raise NotCacheable(
-                f"kv-cache-reuse: not applied: %{namer[value]} = {op.name} is on the key/value path "
-                f"and {why} ({seq}), so keys cannot be computed for new tokens alone"
-            )
+        for axis in axes:
+            why = mixes_positions(op, axis)
+            if why is not None:
+                return namer[value], op, axis, why
         stack.extend(op.operands)
+    return None
 
 
-def _fresh_dim(func: Func, base: str) -> str:
+def check_position_wise(func: Func, roots: list[Value], seq: Dim) -> None:
+    found = find_mixing(func, roots, [seq])
+    if found is not None:
+        name, op, _, why = found
+        raise NotCacheable(
+            f"kv-cache-reuse: not applied: %{name} = {op.name} is on the key/value path "
+            f"and {why} ({seq}), so keys cannot be computed for new tokens alone"
+        )
+
+
+def fresh_dim(func: Func, base: str) -> str:
     used = {d for a in func.args for s in a.type.shape for d in s.symbols()}
     name, k = base, 0
     while name in used:
@@ -107,8 +118,8 @@ def _fresh_dim(func: Func, base: str) -> str:
     return name
 
 
-def _offset_iotas(func: Func, seq_dims: set[Dim], cached: Dim) -> None:
-    """Positions along new-token axes become absolute: iota + N_cached."""
+def offset_iotas(func: Func, seq_dims: set[Dim], cached: Dim) -> None:
+    """Positions along the axes ``seq_dims`` become absolute: iota + ``cached`` (N_cached)."""
     block = func.body
     for op in list(block.ops):
         if op.name != "ac.iota":
@@ -123,13 +134,14 @@ def _offset_iotas(func: Func, seq_dims: set[Dim], cached: Dim) -> None:
         shifted.name, op.results[0].name = op.results[0].name, None
 
 
-def _offset_query_index(attn: Op, cached: Dim) -> None:
+def offset_region_index(attn: Op, position: int, offset: Dim) -> None:
+    """Every region of ``attn`` sees its index argument ``position`` plus ``offset``."""
     for region in attn.regions:
-        i = region.args[attn.results[0].type.rank - 2]
+        index = region.args[position]
         builder = Builder(region, 0)
-        absolute = builder.emit("ac.add", i, builder.dim(cached))
-        replace_uses(region, {i: absolute})
-        absolute.owner.operands[0] = i
+        absolute = builder.emit("ac.add", index, builder.dim(offset))
+        replace_uses(region, {index: absolute})
+        absolute.owner.operands[0] = index
 
 
 def _region_reads_sequence_inputs(func: Func, attn: Op, seq_dims: set[Dim]) -> str | None:
@@ -167,10 +179,10 @@ class KVCacheReuse(Pass):
         problem = _region_reads_sequence_inputs(func, attn, seq_dims)
         if problem:
             raise NotCacheable(problem)
-        cached = Dim.sym(_fresh_dim(func, CACHED))
-        capacity = Dim.sym(_fresh_dim(func, CAPACITY))
-        _offset_iotas(func, seq_dims, cached)
-        _offset_query_index(attn, cached)
+        cached = Dim.sym(fresh_dim(func, CACHED))
+        capacity = Dim.sym(fresh_dim(func, CAPACITY))
+        offset_iotas(func, seq_dims, cached)
+        offset_region_index(attn, attn.results[0].type.rank - 2, cached)
 
         axis = k.type.rank - 2
         caches = []
@@ -178,7 +190,7 @@ class KVCacheReuse(Pass):
             # An argument's sizes are names: a computed size (a rotary half, D//2 + D//2)
             # gets a name of its own, checked against the computation when bound.
             shape = [
-                capacity if a == axis else d if d.is_symbol or d.is_const else Dim.sym(_fresh_dim(func, f"{name}_{a}"))
+                capacity if a == axis else d if d.is_symbol or d.is_const else Dim.sym(fresh_dim(func, f"{name}_{a}"))
                 for a, d in enumerate(value.type.shape)
             ]
             caches.append(func.body.add_arg(value.type.with_shape(shape), name))

@@ -1,0 +1,167 @@
+"""What a compiled function becomes when it runs chunk by chunk: its parts and their roles.
+
+The spec is cut by the ``chunk-pairs`` pass (see
+:mod:`attncomp.passes.chunk_pairs`) into the attention of one chunk pair,
+what computes q, k and v from the arguments (when the spec computes them),
+and what it does with the attention's result.  The plan builds each part
+once per compiled function and records which of the spec's sizes are split
+into chunks: the batch axes the attention can split, the query axis and the
+key axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from attncomp.chunked.tasks import PartRef, register
+from attncomp.passes.chunk_pairs import fused_attention, split_axes
+from attncomp.passes.manager import split_top_level
+from attncomp.passes.patterns import constant_value
+
+if TYPE_CHECKING:
+    from attncomp.api import CompiledFunction
+
+
+def part_pipeline(pipeline: str, part: str, masked: bool = True, blocks: tuple[int, int] | None = None) -> str:
+    """``pipeline`` with ``chunk-pairs{part=...}`` run on the fused graph.
+
+    With ``blocks``, the classifier: flash-tiling's blocks are the chunks and positions are not offset.
+    """
+    from attncomp.api import with_graph_pass
+
+    options = [f"part={part}"] + ([] if masked else ["masked=false"]) + ([] if blocks is None else ["offsets=false"])
+    entry = f"chunk-pairs{{{','.join(options)}}}"
+    entries = split_top_level(with_graph_pass(pipeline, entry))
+    if blocks is not None:
+        names = [e.split("{")[0].strip() for e in entries]
+        tiling = f"flash-tiling{{block_q={blocks[0]},block_k={blocks[1]}}}"
+        if "flash-tiling" in names:
+            entries[names.index("flash-tiling")] = tiling
+        else:
+            entries.append(tiling)
+    return ",".join(entries)
+
+
+@dataclass
+class Part:
+    """One compiled part and the reference a task builds it from."""
+
+    ref: PartRef
+    fn: CompiledFunction
+
+    @property
+    def arg_names(self) -> list[str]:
+        return [a.name for a in self.fn.func.args]
+
+    def offsets(self) -> dict[str, str]:
+        """The sequence axes this part's positions start at, and the size naming each start."""
+        named = self.fn.func.attrs.get("position_offsets", [])
+        return dict(item.split("=") for item in named)
+
+
+@dataclass
+class ChunkPlan:
+    fn: CompiledFunction
+    #: the attention's batch axes: the spec's size name of each split one, None for the others
+    batch: list[str | None] = field(default_factory=list)
+    #: per batch axis: whether the keys (and values) follow the query chunk along it
+    keys_follow: list[bool] = field(default_factory=list)
+    seq_q: str | None = None
+    seq_k: str | None = None
+    #: the spec's argument feeding q, k, v directly (None: a part computes it)
+    direct: dict[str, str | None] = field(default_factory=dict)
+    masked_by_spec: bool = True
+    attention: Part | None = None
+    unmasked: Part | None = None
+    #: part name -> the part computing some of q, k, v, and which of them it returns
+    inputs: list[tuple[Part, list[str]]] = field(default_factory=list)
+    outputs: Part | None = None
+    #: when the spec returns the attention's results as they are: "out" / "lse" per result
+    passthrough: list[str] | None = None
+    #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
+    classifiers: dict[tuple[int, int], CompiledFunction] = field(default_factory=dict)
+
+    @property
+    def chunkable(self) -> set[str]:
+        return {s for s in (*self.batch, self.seq_q, self.seq_k) if s is not None}
+
+    @classmethod
+    def of(cls, fn: CompiledFunction) -> ChunkPlan:
+        plan = getattr(fn, "_chunk_plan", None)
+        if plan is None:
+            plan = cls.build(fn)
+            fn._chunk_plan = plan
+        return plan
+
+    @classmethod
+    def build(cls, fn: CompiledFunction) -> ChunkPlan:
+        from attncomp.api import CompiledFunction
+
+        entries = split_top_level(fn.pipeline)
+        names = [e.split("{")[0].strip() for e in entries]
+        fusing = ",".join(entries[: names.index("softmax-fusion") + 1]) if "softmax-fusion" in names else ""
+        fused = CompiledFunction(fn._input, "interp", fusing, fn.name).func
+        attn = fused_attention(fused)
+        q, k, v = attn.operands
+        split = split_axes(attn)
+        rank = q.type.rank
+        plan = cls(fn)
+        plan.batch = [q.type.shape[a].symbol if split[a] else None for a in range(rank - 2)]
+        plan.keys_follow = [split[a] and k.type.shape[a] == q.type.shape[a] for a in range(rank - 2)]
+        seq_q, seq_k = q.type.shape[-2], k.type.shape[-2]
+        plan.seq_q = seq_q.symbol if seq_q.is_symbol else None
+        plan.seq_k = seq_k.symbol if seq_k.is_symbol else None
+        args = {a: a.name for a in fused.args}
+        plan.direct = {"q": args.get(q), "k": args.get(k), "v": args.get(v)}
+        mask_yield = attn.regions[1].ops[-1].operands[0]
+        plan.masked_by_spec = constant_value(mask_yield) is not True
+
+        text = str(fn._input)
+        plan.attention = plan._part(text, "attention")
+        if plan.masked_by_spec:
+            plan.unmasked = plan._part(text, "attention", masked=False)
+        computed = [name for name in ("q", "k", "v") if plan.direct[name] is None]
+        if computed:
+            if seq_q == seq_k:
+                plan.inputs = [(plan._part(text, "inputs"), ["q", "k", "v"])]
+            else:
+                if "q" in computed:
+                    plan.inputs.append((plan._part(text, "queries"), ["q"]))
+                if "k" in computed or "v" in computed:
+                    plan.inputs.append((plan._part(text, "keys"), ["k", "v"]))
+        outputs = plan._part(text, "outputs")
+        func = outputs.fn.func
+        roles = {func.args[0]: "out", func.args[1]: "lse"}
+        if all(r in roles for r in func.return_op.operands):
+            plan.passthrough = [roles[r] for r in func.return_op.operands]
+        else:
+            plan.outputs = outputs
+        return plan
+
+    def parts(self) -> dict[str, CompiledFunction]:
+        """Each compiled part by name: "inputs" (or "queries", "keys"), "attention", "attention_unmasked", "outputs"."""
+        named = {ref_part.ref.name.removeprefix(f"{self.fn.name}_"): ref_part.fn for ref_part, _ in self.inputs}
+        named["attention"] = self.attention.fn
+        if self.unmasked is not None:
+            named["attention_unmasked"] = self.unmasked.fn
+        if self.outputs is not None:
+            named["outputs"] = self.outputs.fn
+        return named
+
+    def _part(self, text: str, part: str, masked: bool = True) -> Part:
+        from attncomp.api import CompiledFunction, parse_ir
+
+        fn = self.fn
+        pipeline = part_pipeline(fn.pipeline, part, masked)
+        ref = PartRef(text, fn.backend, pipeline, f"{fn.name}_{part}" + ("" if masked else "_unmasked"))
+        compiled = CompiledFunction(parse_ir(text), fn.backend, pipeline, ref.name)
+        register(ref, compiled)
+        return Part(ref, compiled)
+
+    def classifier(self, blocks: tuple[int, int]) -> CompiledFunction:
+        """The attention part tiled with one tile per chunk pair, in the interpreter: it classifies pairs."""
+        from attncomp.api import CompiledFunction
+
+        pipeline = part_pipeline(self.fn.pipeline, "attention", True, blocks)
+        return CompiledFunction(self.fn._input, "interp", pipeline, f"{self.fn.name}_chunk_pairs")

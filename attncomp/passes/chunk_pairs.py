@@ -1,0 +1,243 @@
+"""chunk-pairs: the parts of a fused spec that a chunked (Dask) run schedules.
+
+A chunked run splits the sequence axes into chunks and runs the attention
+once per (query chunk, key chunk) pair, merging the partial results by their
+log-sum-exp.  After softmax-fusion this pass cuts the function at its one
+fused ``ac.attention`` into the part named by ``part``:
+
+``attention``
+    The attention of one chunk pair.  Its first three arguments are the
+    chunks of q, k and v (``q_chunk``, ``k_chunk``, ``v_chunk``), with sizes
+    of their own (``q_rows``, ``k_rows``, ``B_chunk``...); then come the
+    captured inputs the score and mask functions read, whole.  The regions
+    see absolute positions: each index argument plus an offset bound by the
+    caller (``q_start``, ``k_start``, ``B_start``...), so masks, ALiBi and
+    gathers from captured tensors stay right.  The spec's own sizes (``T``,
+    ``S``, ``B``...) keep meaning the whole sequence and batch.  It returns
+    the partial output and its log-sum-exp.  With ``masked = false`` the
+    mask is dropped: for chunk pairs proven fully visible.
+``inputs`` / ``queries`` / ``keys``
+    What computes q, k and v (projections, rotary embeddings, norms) from the
+    spec's arguments, over one chunk of positions: all three when queries
+    and keys run along the same axis, else q alone or k and v.  Positions
+    (``ac.iota``) along a sequence axis are offset by ``<axis>_start``.
+``outputs``
+    What the spec does with the attention's output and log-sum-exp (merging
+    heads, an output projection), over one chunk of query positions.
+
+Every op outside the attention must be position-wise along the chunked axes;
+an op that mixes positions (a reduction over the sequence) is refused,
+naming it, as kv-cache-reuse refuses.  The function attribute
+``chunk_offsets`` lists, per index axis of the attention (batch axes, then
+queries and keys), the name of its offset, or "" for an axis that is never
+split (a head axis shared through ``kv_repeat``); ``position_offsets`` lists
+the other parts' offsets as "axis=offset".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncomp.errors import PipelineError
+from attncomp.ir.core import Func, Module, Op, Value
+from attncomp.ir.dims import Dim, dim
+from attncomp.ir.graph import remove_dead_ops
+from attncomp.ir.ops import Checker
+from attncomp.ir.ops.attention import attention_types
+from attncomp.ir.printer import Namer
+from attncomp.passes.base import Pass, register_pass
+from attncomp.passes.builder import Builder
+from attncomp.passes.kv_cache_reuse import find_mixing, fresh_dim, offset_iotas, offset_region_index
+from attncomp.passes.rewrite import replace_uses
+
+PARTS = ("attention", "inputs", "queries", "keys", "outputs")
+
+
+class NotChunkable(PipelineError):
+    """The spec cannot run chunk by chunk; the message names the op."""
+
+
+def fused_attention(func: Func) -> Op:
+    attns = [op for op in func.body.ops if op.name == "ac.attention"]
+    if len(attns) != 1:
+        raise NotChunkable(
+            f"chunk-pairs: needs exactly one fused attention (run softmax-fusion first), found {len(attns)}"
+        )
+    return attns[0]
+
+
+def split_axes(attn: Op) -> list[bool]:
+    """Per batch axis of the attention, whether chunks may split it.
+
+    An axis may be split when q names it and k and v either name it too or
+    broadcast over it; a head axis shared through ``kv_repeat`` stays whole.
+    """
+    q, k, v = (x.type for x in attn.operands)
+    rank = q.rank
+    repeat = attn.attrs["kv_repeat"]
+    split = []
+    for a in range(rank - 2):
+        d = q.shape[a]
+        ok = d.is_symbol and all(t.shape[a] in (d, dim(1)) for t in (k, v))
+        split.append(ok and not (a == 1 and dim(repeat) != dim(1)))
+    return split
+
+
+def _mixing_op(func: Func, roots: list[Value], axes: list[Dim], part: str) -> None:
+    """Refuse, naming the op, when something on the paths to ``roots`` mixes positions along ``axes``."""
+    found = find_mixing(func, roots, axes)
+    if found is not None:
+        name, op, axis, why = found
+        why = why.replace("the key axis", f"the axis {axis}")
+        raise NotChunkable(
+            f"chunk-pairs: %{name} = {op.name} is outside the attention ({part}) and {why}, "
+            "so it cannot run chunk by chunk"
+        )
+
+
+def _reads_chunked_size(func: Func, axes: list[Dim], part: str) -> None:
+    """Refuse a size of a split axis read as a value: a chunk's own size is not the sequence's."""
+    names = {d.symbol for d in axes if d.is_symbol}
+    namer = Namer.for_func(func)
+    for op in func.body.walk():
+        if op.name == "ac.dim" and op.attrs["value"].symbols() & names:
+            raise NotChunkable(
+                f"chunk-pairs: %{namer[op.results[0]]} = ac.dim {{value = {op.attrs['value']}}} is outside the "
+                f"attention ({part}) and reads the size of an axis that chunks split, so it cannot run chunk by chunk"
+            )
+
+
+def _prune_args(func: Func, first: list[Value]) -> None:
+    """Drop arguments nothing reads; ``first`` lead, the others keep their order."""
+    used: set[Value] = set()
+    for op in func.body.walk():
+        used.update(op.operands)
+    rest = [a for a in func.body.args if a in used and a not in first]
+    func.body.args = [*first, *rest]
+
+
+def _offset_positions(func: Func, axes: list[Dim]) -> None:
+    """Positions along each sequence axis start at an offset; ``position_offsets`` lists "axis=offset"."""
+    named = []
+    for axis in axes:
+        if axis.is_symbol:
+            offset = fresh_dim(func, f"{axis.symbol}_start")
+            offset_iotas(func, {axis}, Dim.sym(offset))
+            named.append(f"{axis.symbol}={offset}")
+    func.attrs["position_offsets"] = named
+
+
+def _with_lse(attn: Op) -> Value:
+    if not attn.attrs["with_lse"]:
+        attn.attrs["with_lse"] = True
+        q, k, v = (x.type for x in attn.operands)
+        lse = attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
+        attn.results.append(Value(lse, "lse", attn))
+    return attn.results[1]
+
+
+@register_pass
+@dataclass
+class ChunkPairs(Pass):
+    name = "chunk-pairs"
+    summary = "cut the function at its fused attention into the parts a chunked run schedules"
+    part: str = "attention"
+    masked: bool = True
+    offsets: bool = True
+
+    def run(self, module: Module, remarks: list[str]) -> None:
+        if self.part not in PARTS:
+            raise PipelineError(f"chunk-pairs: part must be one of {', '.join(PARTS)}, not {self.part!r}")
+        func = module.main
+        attn = fused_attention(func)
+        q = attn.operands[0]
+        rank = q.type.rank
+        split = split_axes(attn)
+        offsets = [fresh_dim(func, f"{q.type.shape[a].symbol}_start") if split[a] else "" for a in range(rank - 2)]
+        offsets += [fresh_dim(func, "q_start"), fresh_dim(func, "k_start")]
+        if self.part == "attention":
+            self._attention(func, attn, split, offsets)
+            func.attrs["chunk_offsets"] = offsets
+        elif self.part == "outputs":
+            self._outputs(func, attn, split)
+        else:
+            self._inputs(func, attn, split)
+
+    def _attention(self, func: Func, attn: Op, split: list[bool], offsets: list[str]) -> None:
+        q, k, v = attn.operands
+        rank = q.type.rank
+        fresh: dict[Dim, Dim] = {}
+
+        def chunk_dim(d: Dim, a: int, rows: str) -> Dim:
+            if a == rank - 2:
+                return Dim.sym(rows)
+            if a < rank - 2 and split[a] and d.is_symbol:
+                key = d
+                base = f"{d.symbol}_chunk"
+            elif d.is_symbol or d.is_const:
+                return d
+            else:  # a computed size (a projection's head dimension) gets a name of its own
+                key, base = d, f"size{len(fresh)}"
+            if key not in fresh:
+                fresh[key] = Dim.sym(fresh_dim(func, base))
+            return fresh[key]
+
+        q_rows, k_rows = fresh_dim(func, "q_rows"), fresh_dim(func, "k_rows")
+        chunks = []
+        for value, rows, name in ((q, q_rows, "q_chunk"), (k, k_rows, "k_chunk"), (v, k_rows, "v_chunk")):
+            shape = [chunk_dim(d, a, rows) for a, d in enumerate(value.type.shape)]
+            chunks.append(func.body.add_arg(value.type.with_shape(shape), name))
+        attn.operands = list(chunks)
+        lse = _with_lse(attn)
+        out_t, lse_t = attention_types(
+            *(c.type for c in chunks), dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name
+        )
+        attn.results[0].type, lse.type = out_t, lse_t
+        for position, name in enumerate(offsets):
+            if name and self.offsets:
+                offset_region_index(attn, position, Dim.sym(name))
+        if not self.masked:
+            mask = attn.regions[1]
+            mask.ops = []
+            builder = Builder(mask)
+            builder.yield_(builder.const(True, "i1"))
+        func.return_op.operands = [attn.results[0], lse]
+        remove_dead_ops(func.body)
+        _prune_args(func, chunks)
+
+    def _inputs(self, func: Func, attn: Op, split: list[bool]) -> None:
+        q, k, v = attn.operands
+        rank = q.type.rank
+        seq_q, seq_k = q.type.shape[-2], k.type.shape[-2]
+        batch = [q.type.shape[a] for a in range(rank - 2) if split[a]]
+        if self.part == "inputs" and seq_q != seq_k:
+            raise NotChunkable(
+                f"chunk-pairs: queries ({seq_q}) and keys ({seq_k}) run along different axes: "
+                "cut the inputs with part=queries and part=keys"
+            )
+        if self.part in ("inputs", "queries"):
+            _mixing_op(func, [q], [seq_q, *batch], "computing q")
+        if self.part in ("inputs", "keys"):
+            _mixing_op(func, [k, v], [seq_k, *batch], "computing k and v")
+        roots = {"inputs": [q, k, v], "queries": [q], "keys": [k, v]}[self.part]
+        func.return_op.operands = list(roots)
+        remove_dead_ops(func.body)
+        _reads_chunked_size(func, [seq_q, seq_k, *batch], "computing q, k and v")
+        _offset_positions(func, [seq_q] if seq_q == seq_k else [seq_q, seq_k])
+        _prune_args(func, [])
+
+    def _outputs(self, func: Func, attn: Op, split: list[bool]) -> None:
+        q = attn.operands[0]
+        rank = q.type.rank
+        seq_q = q.type.shape[-2]
+        batch = [q.type.shape[a] for a in range(rank - 2) if split[a]]
+        lse = _with_lse(attn)
+        out = attn.results[0]
+        new_out = func.body.add_arg(out.type, "attention_out")
+        new_lse = func.body.add_arg(lse.type, "attention_lse")
+        replace_uses(func.body, {out: new_out, lse: new_lse})
+        remove_dead_ops(func.body)
+        _mixing_op(func, list(func.return_op.operands), [seq_q, *batch], "using its result")
+        _reads_chunked_size(func, [seq_q, *batch], "using its result")
+        _offset_positions(func, [seq_q])
+        _prune_args(func, [new_out, new_lse])

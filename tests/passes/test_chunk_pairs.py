@@ -1,0 +1,109 @@
+"""chunk-pairs: each part, run in the interpreter chunk by chunk, agrees with the whole function."""
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.chunked.tasks import merge
+from tests.conftest import load_example
+from tests.passes import specs
+
+FUSED = "cse,softmax-fusion"
+
+
+def part(spec, name: str, **constants):
+    pipeline = f"{FUSED},chunk-pairs{{part={name}}}"
+    return ac.compile(spec, backend="interp", pipeline=pipeline, **constants)
+
+
+def test_attention_part_of_each_chunk_pair_merges_into_the_whole():
+    rng = np.random.default_rng(0)
+    B, H, T, D, E = 2, 3, 37, 8, 4
+    q, k = (rng.standard_normal((B, H, T, D), dtype=np.float32) for _ in range(2))
+    v = rng.standard_normal((B, H, T, E), dtype=np.float32)
+    slopes = np.linspace(0.5, 0.1, H, dtype=np.float32)
+    whole = ac.interpret(specs.causal_alibi, q, k, v, slopes, window=9)
+    fn = part(specs.causal_alibi, "attention", window=9)
+    assert [a.name for a in fn.func.args] == ["q_chunk", "k_chunk", "v_chunk", "slopes"]
+    assert fn.func.attrs["chunk_offsets"] == ["B_start", "H_start", "q_start", "k_start"]
+    text = fn.ir("chunk-pairs")
+    assert str(ac.parse_ir(text)) == text
+    sizes = {"B": B, "H": H, "T": T, "S": T, "D": D, "E": E}
+    cuts_q, cuts_k = [0, 10, 20, 30, 37], [0, 16, 32, 37]
+    got = np.zeros_like(whole)
+    for b0 in range(B):
+        for h0, h1 in ((0, 2), (2, 3)):
+            for i0, i1 in zip(cuts_q, cuts_q[1:]):
+                partials = []
+                for j0, j1 in zip(cuts_k, cuts_k[1:]):
+                    offsets = {"B_start": b0, "H_start": h0, "q_start": i0, "k_start": j0}
+                    chunk = (slice(b0, b0 + 1), slice(h0, h1))
+                    partials.append(
+                        ac.interpret(
+                            ac.parse_ir(text),
+                            q[(*chunk, slice(i0, i1))],
+                            k[(*chunk, slice(j0, j1))],
+                            v[(*chunk, slice(j0, j1))],
+                            slopes,
+                            sizes=dict(sizes, **offsets),
+                        )
+                    )
+                got[b0 : b0 + 1, h0:h1, i0:i1] = merge(*partials)[0]
+    np.testing.assert_allclose(got, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_unmasked_attention_part_drops_the_mask_and_what_only_it_reads():
+    fn = ac.compile(specs.document, backend="interp", pipeline=f"{FUSED},chunk-pairs{{part=attention,masked=false}}")
+    assert [a.name for a in fn.func.args] == ["q_chunk", "k_chunk", "v_chunk"]
+    assert "%doc" not in fn.ir("final") and "ac.gather" not in fn.ir("final")
+
+
+def test_inputs_part_computes_rows_at_their_absolute_positions():
+    nanochat = load_example("nanochat_attention")
+    rng = np.random.default_rng(1)
+    x, *weights = nanochat.make_inputs(rng, B=1, T=20, C=24, n_head=6, n_kv_head=2)
+    fn = part(nanochat.nanochat_attention, "inputs", n_head=6, n_kv_head=2)
+    assert fn.func.attrs["position_offsets"] == ["T=T_start"]
+    assert [a.name for a in fn.func.args] == ["x", "w_q", "w_k", "w_v"]  # w_o is for the outputs part
+    whole = ac.interpret(fn.module, x, *weights[:3], sizes={"T_start": 0})
+    chunk = ac.interpret(fn.module, x[:, 12:20], *weights[:3], sizes={"T_start": 12})
+    for w, c in zip(whole, chunk):  # rotary embeddings see positions 12..19
+        np.testing.assert_allclose(c, w[:, :, 12:20], rtol=1e-12, atol=1e-12)
+
+
+def test_outputs_part_is_what_follows_the_attention():
+    nanochat = load_example("nanochat_attention")
+    fn = part(nanochat.nanochat_attention, "outputs", n_head=6, n_kv_head=2)
+    assert [a.name for a in fn.func.args] == ["attention_out", "attention_lse", "w_o"]
+    assert [op.name for op in fn.func.body.ops] == ["ac.transpose", "ac.reshape", "ac.matmul", "ac.return"]
+
+
+@ac.spec
+def values_scaled_by_length(q: ac.f32["T", "D"], k: ac.f32["T", "D"], v: ac.f32["T", "D"]):
+    v = v * v.shape[0]
+    return ac.softmax(q @ k.mT) @ v
+
+
+@ac.spec
+def keys_centred(q: ac.f32["T", "D"], k: ac.f32["T", "D"], v: ac.f32["T", "D"]):
+    k = k - ac.sum(k, 0, keepdims=True)
+    return ac.softmax(q @ k.mT) @ v
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (keys_centred, r"= ac\.reduce is outside the attention \(computing k and v\) and it reduces over the axis T"),
+        (values_scaled_by_length, r"= ac\.dim \{value = T\} is outside the attention .* reads the size of an axis"),
+    ],
+)
+def test_ops_that_need_the_whole_sequence_are_refused_by_name(spec, message):
+    with pytest.raises(ac.PipelineError, match=message):
+        part(spec, "inputs")
+
+
+def test_queries_and_keys_along_different_axes_are_cut_apart():
+    with pytest.raises(ac.PipelineError, match="part=queries and part=keys"):
+        part(specs.causal, "inputs")
+    assert [a.name for a in part(specs.causal, "queries").func.args] == ["q"]
+    assert [a.name for a in part(specs.causal, "keys").func.args] == ["k", "v"]
