@@ -21,6 +21,7 @@ from attncomp.ir.types import NUMPY_DTYPES, is_float
 from attncomp.ir.verifier import verify_module
 from attncomp.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
 from attncomp.passes.manager import split_top_level
+from attncomp.serving.decoder import PagedDecoder
 
 #: ops a compiled backend runs only once flash-tiling has tiled them
 UNTILED = ("ac.attention", "ac.attention_grad")
@@ -247,8 +248,8 @@ class CompiledFunction:
         primal = results[0] if len(results) == 1 else tuple(results)
         return primal, pullback
 
-    def decoder(self, max_len: int) -> Decoder:
-        """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""
+    def _decoding_pipeline(self) -> str:
+        """This function's pipeline with kv-cache-reuse right after softmax-fusion."""
         entries = split_top_level(self.pipeline)
         names = [e.split("{")[0].strip() for e in entries]
         if "kv-cache-reuse" not in names:
@@ -256,9 +257,18 @@ class CompiledFunction:
                 entries.insert(names.index("softmax-fusion") + 1, "kv-cache-reuse")
             else:
                 entries[0:0] = ["softmax-fusion", "kv-cache-reuse"]
-        pipeline = ",".join(entries)
-        decode = CompiledFunction(self._input, self.backend, pipeline, self.name)
+        return ",".join(entries)
+
+    def decoder(self, max_len: int) -> Decoder:
+        """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""
+        decode = CompiledFunction(self._input, self.backend, self._decoding_pipeline(), self.name)
         return Decoder(decode, max_len)
+
+    def paged_decoder(self, page_size: int = 16, num_pages: int = 1024) -> PagedDecoder:
+        """A decoder serving many sequences over one pool of key/value pages (API.md section 7)."""
+        # the same refusals as fn.decoder: keys must be computable for new tokens alone
+        CompiledFunction(self._input, "interp", self._decoding_pipeline(), self.name)
+        return PagedDecoder(self, page_size, num_pages)
 
     def chunk_parts(self) -> dict[str, CompiledFunction]:
         """The compiled parts a run over Dask arrays schedules (API.md section 8), by name.

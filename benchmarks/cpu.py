@@ -30,6 +30,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
 from benchmarks import peers, specs  # noqa: E402
+from benchmarks.serving import serving_rows  # noqa: E402
 
 
 @dataclass
@@ -481,17 +482,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plot", metavar="PNG")
     parser.add_argument("--skip-processes", action="store_true", help="skip the memory and compile probes")
+    parser.add_argument("--serving-only", action="store_true", help="only the paged decoder's rows")
     args = parser.parse_args(argv)
     torch = peers.torch_or_none()
     print(
         f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
         f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
     )
+    if args.serving_only:
+        for line in serving_rows(args.quick, args.repeats, paired):
+            print(line)
+        return
     rows = attention_cases(args.quick, args.repeats)
     print_table(rows)
     for line in backward_rows(args.quick, args.repeats):
         print(line)
     for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
+        print(line)
+    for line in serving_rows(args.quick, args.repeats, paired):
         print(line)
     if not args.skip_processes:
         for line in memory_rows(args.quick) + compile_rows():

@@ -23,14 +23,18 @@ if TYPE_CHECKING:
     from attncomp.api import CompiledFunction
 
 
-def part_pipeline(pipeline: str, part: str, masked: bool = True, blocks: tuple[int, int] | None = None) -> str:
+def part_pipeline(
+    pipeline: str, part: str, masked: bool = True, blocks: tuple[int, int] | None = None, rows: bool = False
+) -> str:
     """``pipeline`` with ``chunk-pairs{part=...}`` run on the fused graph.
 
     With ``blocks``, the classifier: flash-tiling's blocks are the chunks and positions are not offset.
+    With ``rows``, each query row's position is an argument (queries of several sequences).
     """
     from attncomp.api import with_graph_pass
 
     options = [f"part={part}"] + ([] if masked else ["masked=false"]) + ([] if blocks is None else ["offsets=false"])
+    options += ["rows=true"] if rows else []
     entry = f"chunk-pairs{{{','.join(options)}}}"
     entries = split_top_level(with_graph_pass(pipeline, entry))
     if blocks is not None:
@@ -69,6 +73,8 @@ class ChunkPlan:
     keys_follow: list[bool] = field(default_factory=list)
     seq_q: str | None = None
     seq_k: str | None = None
+    #: the size naming the attention's first batch axis (a paged decoder's sequences bring 1)
+    batch_size: str | None = None
     #: the spec's argument feeding q, k, v directly (None: a part computes it)
     direct: dict[str, str | None] = field(default_factory=dict)
     masked_by_spec: bool = True
@@ -81,6 +87,7 @@ class ChunkPlan:
     passthrough: list[str] | None = None
     #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
     classifiers: dict[tuple[int, int], CompiledFunction] = field(default_factory=dict)
+    _rows: Part | None = None
 
     @property
     def chunkable(self) -> set[str]:
@@ -112,6 +119,8 @@ class ChunkPlan:
         seq_q, seq_k = q.type.shape[-2], k.type.shape[-2]
         plan.seq_q = seq_q.symbol if seq_q.is_symbol else None
         plan.seq_k = seq_k.symbol if seq_k.is_symbol else None
+        first = q.type.shape[0] if rank > 2 else None
+        plan.batch_size = first.symbol if first is not None and first.is_symbol else None
         args = {a: a.name for a in fused.args}
         plan.direct = {"q": args.get(q), "k": args.get(k), "v": args.get(v)}
         mask_yield = attn.regions[1].ops[-1].operands[0]
@@ -149,12 +158,19 @@ class ChunkPlan:
             named["outputs"] = self.outputs.fn
         return named
 
-    def _part(self, text: str, part: str, masked: bool = True) -> Part:
+    def rows_attention(self) -> Part:
+        """The attention part reading each query row's position from ``q_positions`` (built once)."""
+        if self._rows is None:
+            self._rows = self._part(str(self.fn._input), "attention", rows=True)
+        return self._rows
+
+    def _part(self, text: str, part: str, masked: bool = True, rows: bool = False) -> Part:
         from attncomp.api import CompiledFunction, parse_ir
 
         fn = self.fn
-        pipeline = part_pipeline(fn.pipeline, part, masked)
-        ref = PartRef(text, fn.backend, pipeline, f"{fn.name}_{part}" + ("" if masked else "_unmasked"))
+        pipeline = part_pipeline(fn.pipeline, part, masked, rows=rows)
+        suffix = ("" if masked else "_unmasked") + ("_rows" if rows else "")
+        ref = PartRef(text, fn.backend, pipeline, f"{fn.name}_{part}{suffix}")
         compiled = CompiledFunction(parse_ir(text), fn.backend, pipeline, ref.name)
         register(ref, compiled)
         return Part(ref, compiled)

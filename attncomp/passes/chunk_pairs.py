@@ -45,6 +45,7 @@ from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops import Checker
 from attncomp.ir.ops.attention import attention_types
 from attncomp.ir.printer import Namer
+from attncomp.ir.types import TensorType
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
 from attncomp.passes.kv_cache_reuse import find_mixing, fresh_dim, offset_iotas, offset_region_index
@@ -144,6 +145,7 @@ class ChunkPairs(Pass):
     part: str = "attention"
     masked: bool = True
     offsets: bool = True
+    rows: bool = False
 
     def run(self, module: Module, remarks: list[str]) -> None:
         if self.part not in PARTS:
@@ -193,8 +195,17 @@ class ChunkPairs(Pass):
             *(c.type for c in chunks), dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name
         )
         attn.results[0].type, lse.type = out_t, lse_t
+        first = list(chunks)
+        if self.rows:  # each query row's position is given: rows of several sequences in one chunk
+            positions = func.body.add_arg(TensorType((Dim.sym(q_rows),), "i64"), "q_positions")
+            first.append(positions)
+            for region in attn.regions:
+                i = region.args[rank - 2]
+                absolute = Builder(region, 0).emit("ac.gather", positions, i)
+                replace_uses(region, {i: absolute})
+                absolute.owner.operands[1] = i
         for position, name in enumerate(offsets):
-            if name and self.offsets:
+            if name and self.offsets and not (self.rows and position == rank - 2):
                 offset_region_index(attn, position, Dim.sym(name))
         if not self.masked:
             mask = attn.regions[1]
@@ -203,7 +214,7 @@ class ChunkPairs(Pass):
             builder.yield_(builder.const(True, "i1"))
         func.return_op.operands = [attn.results[0], lse]
         remove_dead_ops(func.body)
-        _prune_args(func, chunks)
+        _prune_args(func, first)
 
     def _inputs(self, func: Func, attn: Op, split: list[bool]) -> None:
         q, k, v = attn.operands

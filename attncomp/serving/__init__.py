@@ -1,0 +1,6 @@
+"""Serving many sequences: a paged key/value cache (API.md section 7)."""
+
+from attncomp.serving.decoder import PagedDecoder
+from attncomp.serving.pool import PagePool, PoolExhausted
+
+__all__ = ["PagePool", "PagedDecoder", "PoolExhausted"]

@@ -1,0 +1,136 @@
+"""One pool of key/value pages shared by many sequences.
+
+Each cached tensor (keys, values) is one array ``[num_pages, page_size,
+*rest]``: a page holds ``page_size`` consecutive positions of one sequence,
+every head's row of a position together (GQA pools hold the key/value heads
+only).  A sequence is a page table and a length.  Pages are reference
+counted: ``fork`` shares every page of the parent, and the partial last page
+is copied only when one of its holders appends to it (copy on write), so a
+fork copies at most one page; a page returns to the free list when its last
+holder is freed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attncomp.serving.pages import gather_pages
+
+
+class PoolExhausted(ValueError):
+    """A step needs more pages than are free; nothing was changed."""
+
+
+@dataclass
+class Sequence:
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+class PagePool:
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages <= 0 or page_size <= 0:
+            raise ValueError(f"num_pages and page_size must be positive, got {num_pages} and {page_size}")
+        self.num_pages, self.page_size = int(num_pages), int(page_size)
+        self.refs = np.zeros(self.num_pages, dtype=np.int64)
+        self._free = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
+        self.sequences: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        #: one ``[num_pages, page_size, *rest]`` array per cached tensor, made at the first append
+        self.arrays: list[np.ndarray] | None = None
+
+    @property
+    def pages_free(self) -> int:
+        return len(self._free)
+
+    def sequence(self, seq: int) -> Sequence:
+        try:
+            return self.sequences[seq]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown or freed sequence {seq!r}") from None
+
+    def new(self) -> int:
+        seq = next(self._ids)
+        self.sequences[seq] = Sequence()
+        return seq
+
+    def fork(self, seq: int) -> int:
+        parent = self.sequence(seq)
+        child = next(self._ids)
+        self.sequences[child] = Sequence(list(parent.pages), parent.length)
+        self.refs[parent.pages] += 1
+        return child
+
+    def free(self, seq: int) -> None:
+        pages = self.sequence(seq).pages
+        del self.sequences[seq]
+        for page in pages:
+            self.refs[page] -= 1
+            if self.refs[page] == 0:
+                self._free.append(page)
+
+    def pages_needed(self, appends: dict[int, int]) -> int:
+        """Pages that appending ``appends[seq]`` positions to each sequence takes, copies on write included."""
+        size, needed, refs = self.page_size, 0, {}
+        for seq, count in appends.items():
+            s = self.sequence(seq)
+            if count and s.length % size:  # the last page is partial: shared, it is copied first
+                last = s.pages[-1]
+                holders = refs.get(last, int(self.refs[last]))
+                if holders > 1:
+                    needed += 1
+                    refs[last] = holders - 1
+            needed += -(-(s.length + count) // size) - len(s.pages)
+        return needed
+
+    def allocate(self, shapes: list[tuple[tuple[int, ...], np.dtype]]) -> None:
+        """Make the page arrays: one per cached tensor, of row shape and element type ``shapes[k]``."""
+        if self.arrays is None:
+            self.arrays = [np.zeros((self.num_pages, self.page_size, *rest), dtype) for rest, dtype in shapes]
+
+    def append(self, seq: int, rows: list[np.ndarray]) -> None:
+        """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place."""
+        s, size = self.sequence(seq), self.page_size
+        count = rows[0].shape[0]
+        if count and s.length % size and self.refs[s.pages[-1]] > 1:
+            old, page = s.pages[-1], self._free.pop()
+            for array in self.arrays:
+                array[page] = array[old]
+            self.refs[old] -= 1
+            self.refs[page] = 1
+            s.pages[-1] = page
+        while len(s.pages) * size < s.length + count:
+            page = self._free.pop()
+            self.refs[page] = 1
+            s.pages.append(page)
+        positions = np.arange(s.length, s.length + count)
+        pages = np.asarray(s.pages)[positions // size]
+        for array, new in zip(self.arrays, rows):
+            array[pages, positions % size] = new
+        s.length += count
+
+    def read(self, seq: int, start: int, stop: int, room: int = 0) -> list[np.ndarray]:
+        """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start + room, d]``.
+
+        One copy per cached tensor, page by page; ``start`` is a page boundary.  The
+        last ``room`` rows are left for the caller (the step's new keys and values).
+        """
+        s, size = self.sequence(seq), self.page_size
+        first, last = start // size, -(-stop // size)
+        pages = np.asarray(s.pages[first:last], dtype=np.int64)
+        out = []
+        for array in self.arrays:
+            *heads, d = array.shape[2:]
+            buffer = np.empty((1, *heads, stop - start + room, d), array.dtype)
+            flat_heads = int(np.prod(heads, dtype=np.int64))
+            gather_pages(
+                array.reshape(self.num_pages, size, flat_heads, d),
+                pages,
+                stop - start,
+                buffer.reshape(flat_heads, stop - start + room, d),
+            )
+            out.append(buffer)
+        return out

@@ -1,0 +1,207 @@
+"""fn.paged_decoder (API.md section 7): many sequences, forks and frees, against whole-sequence calls."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.serving import PoolExhausted
+from tests.conftest import load_example
+from tests.passes import specs
+
+RTOL = 1e-5
+
+
+@dataclass
+class Case:
+    """A spec, how to draw a sequence's token inputs, and the inputs every sequence shares."""
+
+    fn: object
+    draw: object  # (rng, n) -> token inputs of n tokens
+    axes: list[int]  # the token axis of each token input
+    shared: list[np.ndarray] = field(default_factory=list)
+
+
+def alibi_case(backend):
+    fn = ac.compile(specs.causal_alibi, backend=backend, window=19)
+
+    def draw(r, n):
+        return [r.standard_normal((1, 2, n, 8), dtype=np.float32) for _ in range(3)]
+
+    return Case(fn, draw, [2] * 3, [np.array([0.5, 0.25], np.float32)])
+
+
+def sinks_case(backend, examples):
+    fn = ac.compile(examples["sinks_window"].sinks_window, backend=backend, window=11, sinks=3)
+    return Case(fn, lambda r, n: [r.standard_normal((1, 2, n, 8), dtype=np.float32) for _ in range(3)], [2] * 3)
+
+
+def gqa_case(backend, examples):
+    fn = ac.compile(examples["gqa"].grouped_query_attention, backend=backend)
+
+    def draw(r, n):
+        return [r.standard_normal((1, h, n, 8), dtype=np.float32) for h in (4, 2, 2)]
+
+    return Case(fn, draw, [2] * 3)
+
+
+def nanochat_case(backend, examples):
+    nanochat = examples["nanochat_attention"]
+    rng = np.random.default_rng(11)
+    _, *weights = nanochat.make_inputs(rng, B=1, T=1, C=24, n_head=6, n_kv_head=2)
+    fn = ac.compile(nanochat.nanochat_attention, backend=backend, n_head=6, n_kv_head=2)
+    return Case(fn, lambda r, n: [r.standard_normal((1, n, 24), dtype=np.float32)], [1], weights)
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return {name: load_example(name) for name in ("sinks_window", "gqa", "nanochat_attention")}
+
+
+def serve(case: Case, seed: int, page_size: int = 8, num_pages: int = 256, steps: int = 14):
+    """A random workload: prefill and decode steps, forks at random points, frees; checks every output."""
+    rng = np.random.default_rng(seed)
+    srv = case.fn.paged_decoder(page_size=page_size, num_pages=num_pages)
+    srv.cascade_min = page_size  # so that short shared prompts are attended in cascade too
+    history: dict[int, list[list[np.ndarray]]] = {}
+    outputs: dict[int, list[np.ndarray]] = {}
+    length: dict[int, int] = {}
+
+    def check(seq):
+        tokens = [np.concatenate([h[a] for h in history[seq]], axis=axis) for a, axis in enumerate(case.axes)]
+        whole = case.fn(*tokens, *case.shared)
+        got = np.concatenate(outputs[seq], axis=case.axes[0] if len(case.axes) > 1 else 1)
+        assert got.shape == whole.shape
+        assert np.max(np.abs(got - whole)) / np.max(np.abs(whole)) < RTOL, f"sequence {seq}"
+
+    for _ in range(3):
+        seq = srv.new()
+        history[seq], outputs[seq], length[seq] = [], [], 0
+    for _ in range(steps):
+        live = list(history)
+        batch = {}
+        for seq in rng.permutation(live)[: rng.integers(1, len(live) + 1)]:
+            seq = int(seq)
+            n = int(rng.integers(1, 30 if length[seq] == 0 else 6))
+            n = min(n, 100 - length[seq])
+            if n > 0:
+                batch[seq] = case.draw(rng, n)
+        ys = srv.step({seq: (*tokens, *case.shared) for seq, tokens in batch.items()})
+        for seq, tokens in batch.items():
+            history[seq].append(tokens)
+            outputs[seq].append(ys[seq])
+            length[seq] += tokens[0].shape[case.axes[0]]
+            assert srv.length(seq) == length[seq]
+        if rng.random() < 0.5:  # fork a sequence: the child shares its history and its outputs so far
+            parent = int(rng.choice([s for s in history if length[s] > 0]))
+            child = srv.fork(parent)
+            history[child], outputs[child] = list(history[parent]), list(outputs[parent])
+            length[child] = length[parent]
+        if len(history) > 3 and rng.random() < 0.3:
+            gone = int(rng.choice(list(history)))
+            check(gone)
+            srv.free(gone)
+            del history[gone], outputs[gone], length[gone]
+    for seq in list(history):
+        check(seq)
+        srv.free(seq)
+    assert srv.pages_free == num_pages  # every page back once every sequence is freed
+    return srv
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_alibi_window_sequences_on_cpu(seed):
+    srv = serve(alibi_case("cpu"), seed)
+    assert srv.cascades > 0
+
+
+@pytest.mark.parametrize("name", ["alibi", "sinks", "gqa", "nanochat"])
+def test_sequences_in_the_interpreter(examples, name):
+    case = alibi_case("interp") if name == "alibi" else globals()[f"{name}_case"]("interp", examples)
+    serve(case, seed=2)
+
+
+def test_nanochat_layer_on_cpu(examples):
+    serve(nanochat_case("cpu", examples), seed=3, steps=8)
+
+
+def prompt(srv, rng, n=21):
+    seq = srv.new()
+    srv.step({seq: (*(rng.standard_normal((1, 2, n, 8), dtype=np.float32) for _ in range(3)), SLOPES)})
+    return seq
+
+
+SLOPES = np.array([0.5, 0.25], np.float32)
+
+
+def tokens(rng, n=1, heads=2):
+    return (*(rng.standard_normal((1, heads, n, 8), dtype=np.float32) for _ in range(3)), SLOPES)
+
+
+def test_fork_copies_at_most_one_page():
+    rng = np.random.default_rng(4)
+    srv = ac.compile(specs.causal_alibi, backend="interp", window=19).paged_decoder(page_size=8, num_pages=16)
+    a = prompt(srv, rng, n=21)  # pages of 8, 8 and 5 positions
+    assert srv.pages_free == 13
+    b = srv.fork(a)
+    assert srv.pages_free == 13 and srv.length(b) == 21  # sharing, nothing copied yet
+    srv.step({b: tokens(rng)})
+    assert srv.pages_free == 12  # b's partial last page was copied on write: one page
+    srv.step({a: tokens(rng, 3)})
+    assert srv.pages_free == 12  # a holds its last page alone again: written in place
+    c = srv.fork(a)
+    srv.step({c: tokens(rng, 2)})  # a's 24 positions fill 3 pages: shared as they are, c takes one new page
+    assert srv.pages_free == 11
+    for seq in (a, b, c):
+        srv.free(seq)
+    assert srv.pages_free == 16
+
+
+def snapshot(srv):
+    pool = srv.pool
+    return (
+        [a.tobytes() for a in pool.arrays],
+        pool.refs.tobytes(),
+        {s: (list(q.pages), q.length) for s, q in pool.sequences.items()},
+        pool.pages_free,
+    )
+
+
+def test_a_failed_step_changes_nothing():
+    rng = np.random.default_rng(5)
+    srv = ac.compile(specs.causal_alibi, backend="interp", window=19).paged_decoder(page_size=8, num_pages=6)
+    a = prompt(srv, rng, n=21)
+    b = srv.fork(a)
+    gone = srv.fork(a)
+    srv.free(gone)
+    before = snapshot(srv)
+    bad = [
+        ({a: tokens(rng), b: tokens(rng, 30)}, PoolExhausted, r"needs 5 pages, 3 are free \(of 6\)"),
+        ({a: tokens(rng), gone: tokens(rng)}, KeyError, "unknown or freed sequence"),
+        ({a: tokens(rng), 99: tokens(rng)}, KeyError, "unknown or freed sequence 99"),
+        ({a: tokens(rng), b: tokens(rng, heads=3)}, ac.ShapeError, "slopes: dimension H is 2"),
+        (
+            {a: tokens(rng), b: (*(np.zeros((2, 2, 1, 8), np.float32) for _ in range(3)), SLOPES)},
+            ac.ShapeError,
+            "each sequence brings batch size 1, got 2",
+        ),
+        ({a: tokens(rng)[:3]}, TypeError, "takes 4 arguments"),
+    ]
+    for batch, error, message in bad:
+        with pytest.raises(error, match=message):
+            srv.step(batch)
+        assert snapshot(srv) == before
+
+
+def test_specs_a_decoder_cannot_serve_are_refused():
+    with pytest.raises(ac.PipelineError, match="kv-cache-reuse: not applied"):
+        ac.compile(specs.document, backend="interp").paged_decoder()
+
+
+def test_the_serving_example_decodes_users_sharing_a_prompt():
+    example = load_example("serve_shared_prompt")
+    report = example.serve(backend="cpu", users=3, prompt=70, turn=5, steps=4)
+    assert report["error"] < RTOL
+    assert report["cascades"] == 5  # the users' turns and every decode step read the prompt once
+    assert report["pool_bytes"] < report["contiguous_bytes"]
