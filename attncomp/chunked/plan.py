@@ -24,17 +24,23 @@ if TYPE_CHECKING:
 
 
 def part_pipeline(
-    pipeline: str, part: str, masked: bool = True, blocks: tuple[int, int] | None = None, rows: bool = False
+    pipeline: str,
+    part: str,
+    masked: bool = True,
+    blocks: tuple[int, int] | None = None,
+    offsets: bool = True,
+    ragged: bool = False,
+    paged: bool = False,
 ) -> str:
-    """``pipeline`` with ``chunk-pairs{part=...}`` run on the fused graph.
+    """``pipeline`` with ``chunk-pairs{part=...}`` run on the fused graph (its options as named).
 
-    With ``blocks``, the classifier: flash-tiling's blocks are the chunks and positions are not offset.
-    With ``rows``, each query row's position is an argument (queries of several sequences).
+    ``blocks`` sets flash-tiling's (query, key) blocks: the classifier tiles one tile per chunk
+    pair (with ``offsets`` false); a paged decoder's ragged parts take small query blocks.
     """
     from attncomp.api import with_graph_pass
 
-    options = [f"part={part}"] + ([] if masked else ["masked=false"]) + ([] if blocks is None else ["offsets=false"])
-    options += ["rows=true"] if rows else []
+    options = [f"part={part}"] + ([] if masked else ["masked=false"]) + ([] if offsets else ["offsets=false"])
+    options += (["ragged=true"] if ragged else []) + (["paged=true"] if paged else [])
     entry = f"chunk-pairs{{{','.join(options)}}}"
     entries = split_top_level(with_graph_pass(pipeline, entry))
     if blocks is not None:
@@ -87,7 +93,7 @@ class ChunkPlan:
     passthrough: list[str] | None = None
     #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
     classifiers: dict[tuple[int, int], CompiledFunction] = field(default_factory=dict)
-    _rows: Part | None = None
+    _ragged: dict[str, Part] = field(default_factory=dict)
 
     @property
     def chunkable(self) -> set[str]:
@@ -158,18 +164,22 @@ class ChunkPlan:
             named["outputs"] = self.outputs.fn
         return named
 
-    def rows_attention(self) -> Part:
-        """The attention part reading each query row's position from ``q_positions`` (built once)."""
-        if self._rows is None:
-            self._rows = self._part(str(self.fn._input), "attention", rows=True)
-        return self._rows
+    def ragged_attention(self, paged: bool = False) -> Part:
+        """The attention part over a ragged batch of sequences (built once); ``paged``: its keys and
+        values read from pools of pages through page tables."""
+        key = "paged" if paged else "ragged"
+        if key not in self._ragged:
+            self._ragged[key] = self._part(str(self.fn._input), "attention", ragged=True, paged=paged)
+        return self._ragged[key]
 
-    def _part(self, text: str, part: str, masked: bool = True, rows: bool = False) -> Part:
+    def _part(self, text: str, part: str, masked: bool = True, ragged: bool = False, paged: bool = False) -> Part:
         from attncomp.api import CompiledFunction, parse_ir
 
         fn = self.fn
-        pipeline = part_pipeline(fn.pipeline, part, masked, rows=rows)
-        suffix = ("" if masked else "_unmasked") + ("_rows" if rows else "")
+        # a step's sequences bring a few new tokens each: query blocks of 16 rows
+        blocks = (16, 64) if ragged else None
+        pipeline = part_pipeline(fn.pipeline, part, masked, blocks, ragged=ragged, paged=paged)
+        suffix = ("" if masked else "_unmasked") + ("_ragged" if ragged else "") + ("_paged" if paged else "")
         ref = PartRef(text, fn.backend, pipeline, f"{fn.name}_{part}{suffix}")
         compiled = CompiledFunction(parse_ir(text), fn.backend, pipeline, ref.name)
         register(ref, compiled)
@@ -179,5 +189,5 @@ class ChunkPlan:
         """The attention part tiled with one tile per chunk pair, in the interpreter: it classifies pairs."""
         from attncomp.api import CompiledFunction
 
-        pipeline = part_pipeline(self.fn.pipeline, "attention", True, blocks)
+        pipeline = part_pipeline(self.fn.pipeline, "attention", True, blocks, offsets=False)
         return CompiledFunction(self.fn._input, "interp", pipeline, f"{self.fn.name}_chunk_pairs")

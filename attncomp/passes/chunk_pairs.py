@@ -128,6 +128,27 @@ def _offset_positions(func: Func, axes: list[Dim]) -> None:
     func.attrs["position_offsets"] = named
 
 
+def _ragged(func: Func, attn: Op, rank: int, batch: Dim, q_rows: str) -> list[Value]:
+    """Each batch entry its own sequence: query positions, key start and key count per entry."""
+    positions = func.body.add_arg(TensorType((batch, Dim.sym(q_rows)), "i64"), "q_positions")
+    starts = func.body.add_arg(TensorType((batch,), "i64"), "k_starts")
+    lengths = func.body.add_arg(TensorType((batch,), "i64"), "k_lengths")
+    for region in attn.regions:
+        b, i, j = region.args[0], region.args[rank - 2], region.args[rank - 1]
+        builder = Builder(region, 0)
+        row = builder.emit("ac.gather", positions, b, i)
+        key = builder.emit("ac.add", j, builder.emit("ac.gather", starts, b))
+        replace_uses(region, {i: row, j: key})
+        row.owner.operands[1:] = [b, i]
+        key.owner.operands[0] = j
+    mask = attn.regions[1]
+    done = mask.ops[-1]
+    builder = Builder(mask, len(mask.ops) - 1)
+    inside = builder.emit("ac.cmp", mask.args[rank - 1], builder.emit("ac.gather", lengths, mask.args[0]), pred="lt")
+    done.operands[0] = builder.emit("ac.and", done.operands[0], inside)
+    return [positions, starts, lengths]
+
+
 def _with_lse(attn: Op) -> Value:
     if not attn.attrs["with_lse"]:
         attn.attrs["with_lse"] = True
@@ -145,7 +166,8 @@ class ChunkPairs(Pass):
     part: str = "attention"
     masked: bool = True
     offsets: bool = True
-    rows: bool = False
+    ragged: bool = False
+    paged: bool = False
 
     def run(self, module: Module, remarks: list[str]) -> None:
         if self.part not in PARTS:
@@ -189,24 +211,34 @@ class ChunkPairs(Pass):
         for value, rows, name in ((q, q_rows, "q_chunk"), (k, k_rows, "k_chunk"), (v, k_rows, "v_chunk")):
             shape = [chunk_dim(d, a, rows) for a, d in enumerate(value.type.shape)]
             chunks.append(func.body.add_arg(value.type.with_shape(shape), name))
+        first = list(chunks)
+        batch = chunks[0].type.shape[0]  # a ragged chunk: one sequence per entry of the first axis
+        if self.ragged and rank < 3:
+            raise NotChunkable("chunk-pairs: ragged chunks need a batch axis: one sequence per batch entry")
+        if self.paged:  # keys and values read through a page table from a pool of pages
+            del func.body.args[-2:]
+            pool = Dim.sym(fresh_dim(func, "num_pages")), Dim.sym(fresh_dim(func, "page_size"))
+            pages = [
+                func.body.add_arg(c.type.with_shape((*pool, *c.type.shape[1:-2], c.type.shape[-1])), f"{n}_pages")
+                for c, n in ((chunks[1], "k"), (chunks[2], "v"))
+            ]
+            entries = Dim.sym(fresh_dim(func, "table_entries"))
+            table_shape = (batch, entries) if self.ragged else (entries,)
+            table = func.body.add_arg(TensorType(table_shape, "i64"), "page_table")
+            builder = Builder(func.body, 0)
+            chunks[1:] = [builder.emit("ac.page_view", p, table, rows=Dim.sym(k_rows)) for p in pages]
+            first = [chunks[0], *pages, table]
         attn.operands = list(chunks)
         lse = _with_lse(attn)
         out_t, lse_t = attention_types(
             *(c.type for c in chunks), dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name
         )
         attn.results[0].type, lse.type = out_t, lse_t
-        first = list(chunks)
-        if self.rows:  # each query row's position is given: rows of several sequences in one chunk
-            positions = func.body.add_arg(TensorType((Dim.sym(q_rows),), "i64"), "q_positions")
-            first.append(positions)
-            for region in attn.regions:
-                i = region.args[rank - 2]
-                absolute = Builder(region, 0).emit("ac.gather", positions, i)
-                replace_uses(region, {i: absolute})
-                absolute.owner.operands[1] = i
         for position, name in enumerate(offsets):
-            if name and self.offsets and not (self.rows and position == rank - 2):
+            if name and self.offsets and not (self.ragged and position >= rank - 2):
                 offset_region_index(attn, position, Dim.sym(name))
+        if self.ragged:
+            first += _ragged(func, attn, rank, batch, q_rows)
         if not self.masked:
             mask = attn.regions[1]
             mask.ops = []

@@ -8,12 +8,16 @@ prefill and decode in one call) and:
 2. computes the new tokens' queries, keys and values with the spec's own
    code (the ``chunk-pairs`` inputs part: projections, rotary embeddings
    with positions offset to the sequence's length);
-3. attends, with absolute positions as ``fn.decoder`` gives them.  Sequences
-   sharing a prefix of pages (forks of one prompt) are attended in cascade:
-   the shared pages once, against the new queries of every sharer stacked
-   into one block (each row carrying its own position, ``rows = true``),
-   then each sequence's own suffix, the two partial results merged by their
-   log-sum-exp;
+3. attends, with absolute positions as ``fn.decoder`` gives them, in ragged
+   batches: the sequences bringing as many new tokens run as one batch, one
+   entry per sequence with its own positions, key start and key count
+   (``chunk-pairs{ragged=true}``), no padding of the keys.  Their cached keys
+   and values are read in place through their page tables
+   (``chunk-pairs{paged=true}``, ``ac.page_view``), then the step's new ones,
+   the two partial results merged by their log-sum-exp.  Sequences sharing a
+   prefix of pages (forks of one prompt) attend it in cascade first: once,
+   the new queries of every sharer stacked into one batch entry, each row at
+   its own position;
 4. only then appends the new keys and values to the pages, in place.
 
 Anything that fails before step 4 leaves every sequence and the pool as they
@@ -34,6 +38,7 @@ from attncomp.chunked.plan import ChunkPlan
 from attncomp.chunked.tasks import merge
 from attncomp.errors import ShapeError
 from attncomp.ir.binding import bind_arguments
+from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.serving.pool import PagePool, PoolExhausted
 
 if TYPE_CHECKING:
@@ -78,14 +83,44 @@ class PagedDecoder:
         self.fn = fn
         self.pool = PagePool(num_pages, page_size)
         self.plan = ChunkPlan.of(fn)
-        self.attention = self.plan.rows_attention()
+        #: the attention of a ragged batch of sequences over keys held contiguously (the new ones)
+        self.attention = self.plan.ragged_attention()
+        #: and over cached keys read in place from the pages (backends that lower ac.page_view)
+        self.paged = self.plan.ragged_attention(paged=True) if fn.backend in ("cpu", "interp") else None
         self.cascade_min, self.cascade_sharers = cascade_min, cascade_sharers
         func = self.attention.fn.func
         seq_sizes = {s for s in (self.plan.seq_q, self.plan.seq_k) if s}
         # a score or mask reading the sequences' sizes needs them per sequence: no stacking then
         self._stackable = not (seq_sizes & set(size_names(func)))
-        self._captured = [a.name for a in func.args[4:]]
+        self._captured = [a.name for a in func.args[6:]]
+        # captured inputs with a batch axis are per sequence: such sequences are not stacked
+        self._per_sequence = any(
+            self.plan.batch_size in {d.symbol for d in a.type.shape if d.is_symbol} for a in func.args[6:]
+        )
         self._offsets = [name for name in func.attrs["chunk_offsets"] if name]
+        #: per part: (argument, axis, size name) for every named size of its arguments
+        self._symbols = {
+            id(part.fn): [
+                (k, axis, d.symbol)
+                for k, arg in enumerate(part.fn.func.args)
+                for axis, d in enumerate(arg.type.shape)
+                if d.is_symbol
+            ]
+            for part in (self.attention, self.paged)
+            if part is not None
+        }
+        spec = fn.func.args
+        simple = not fn.constraints and all(d.is_symbol for a in spec for d in a.type.shape)
+        #: (element type, rank) per argument and (argument, axis, size name) per size, when every
+        #: size is a name: arrays of exactly those types are bound without the general checks
+        self._quick_bind = (
+            (
+                [(np.dtype(NUMPY_DTYPES[a.type.dtype]), a.type.rank) for a in spec],
+                [(k, axis, d.symbol) for k, a in enumerate(spec) for axis, d in enumerate(a.type.shape)],
+            )
+            if simple
+            else None
+        )
         #: cascade steps run, and sequences they served (for tests and benchmarks)
         self.cascades = 0
 
@@ -130,8 +165,7 @@ class PagedDecoder:
         for p in pending:
             p.partials = []
         start = self._cascade(pending)
-        for p in pending:
-            self._suffix(p, start.get(p.seq, 0))
+        self._own(pending, start)
         results = {p.seq: self._outputs(p) for p in pending}
         for p in pending:  # everything computed: now the pages change
             self.pool.append(p.seq, [to_rows(p.k), to_rows(p.v)])
@@ -142,7 +176,7 @@ class PagedDecoder:
         func = self.fn.func
         if not isinstance(args, tuple | list):
             args = (args,)
-        arrays, env = bind_arguments(func, list(args), self.fn.constraints)
+        arrays, env = self._bind(list(args))
         for arg, array in zip(func.args, arrays):
             for axis, d in enumerate(arg.type.shape[:1]):
                 if d.is_symbol and d.symbol == self.plan.batch_size and array.shape[axis] != 1:
@@ -159,6 +193,22 @@ class PagedDecoder:
         named = {a.name: x for a, x in zip(func.args, arrays)}
         return Pending(seq, named, env, s.length, counts.pop())
 
+    def _bind(self, args: list[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
+        """``bind_arguments``, with a quick way for arrays of exactly the declared types and named sizes."""
+        func = self.fn.func
+        quick = self._quick_bind is not None and len(args) == len(func.args)
+        if quick:
+            dtypes, symbols = self._quick_bind
+            quick = all(type(x) is np.ndarray and x.dtype == t and x.ndim == n for x, (t, n) in zip(args, dtypes))
+        if quick:
+            env: dict[str, int] = {}
+            for k, axis, name in symbols:
+                if env.setdefault(name, args[k].shape[axis]) != args[k].shape[axis]:
+                    break
+            else:
+                return args, env
+        return bind_arguments(func, args, self.fn.constraints)  # checks, and names what is wrong
+
     def _inputs(self, p: Pending) -> None:
         got = {role: p.args[name] for role, name in self.plan.direct.items() if name is not None}
         for part, produced in self.plan.inputs:
@@ -168,16 +218,54 @@ class PagedDecoder:
                 got.setdefault(role, out)
         p.q, p.k, p.v = got["q"], got["k"], got["v"]
 
-    def _run_attention(self, q, k, v, positions, k_start: int, p: Pending, rows: int):
+    def _sizes(self, p: Pending, rows: int, k_rows: int | None = None) -> dict[str, int]:
         sizes = dict(p.env, **{name: 0 for name in self._offsets})
-        sizes[self.attention.fn.func.attrs["chunk_offsets"][-1]] = k_start
-        for s in (self.plan.seq_q,):
-            if s:
-                sizes[s] = rows
+        if self.plan.seq_q:
+            sizes[self.plan.seq_q] = rows
         if self.plan.seq_k:
             sizes[self.plan.seq_k] = p.start + p.count
-        captured = [p.args[name] for name in self._captured]
-        return self.attention.fn._run([q, k, v, positions, *captured], sizes)
+        if k_rows is not None:
+            sizes["k_rows"] = k_rows
+        return sizes
+
+    def _call(self, fn: CompiledFunction, arrays: list[np.ndarray], sizes: dict[str, int]) -> list[np.ndarray]:
+        """An attention part on arrays this decoder made itself: shapes are read, not checked again.
+
+        The first call goes the checked way (it may compile, and says so).
+        """
+        if fn.backend != "cpu" or not fn._called:
+            return fn._run(arrays, sizes)
+        env = dict(sizes)
+        for k, axis, name in self._symbols[id(fn)]:
+            env[name] = arrays[k].shape[axis]
+        return fn._impl(arrays, env)
+
+    def _attend(self, members: list[Pending], q, positions, starts, stops, new: bool) -> tuple[np.ndarray, ...]:
+        """Queries ``q`` (one batch entry per member) against positions ``[starts, stops)`` of each:
+        the members' cached keys, read through their page tables, or (``new``) the step's new keys."""
+        first = members[0]
+        captured = [first.args[name] for name in self._captured]
+        ragged = [np.asarray(positions, np.int64), np.asarray(starts, np.int64)]
+        lengths = np.asarray(stops, np.int64) - ragged[1]
+        if new:
+            keys = np.concatenate([p.k for p in members])
+            values = np.concatenate([p.v for p in members])
+            sizes = self._sizes(first, q.shape[-2])
+            return self._call(self.attention.fn, [q, keys, values, *ragged, lengths, *captured], sizes)
+        size, rows = self.pool.page_size, int(lengths.max())
+        if self.paged is None:  # no paged tiles on this backend: each member's keys copied
+            copies = [self.pool.read(p.seq, s, s + rows) for p, s in zip(members, ragged[1])]
+            keys, values = (np.concatenate([c[t] for c in copies]) for t in (0, 1))
+            sizes = self._sizes(first, q.shape[-2])
+            return self._call(self.attention.fn, [q, keys, values, *ragged, lengths, *captured], sizes)
+        entries = max(-(-rows // size), 1)
+        table = np.zeros((len(members), entries), np.int64)  # page 0 pads: rows past a count are never read
+        for b, (p, s) in enumerate(zip(members, ragged[1])):
+            pages = self.pool.sequence(p.seq).pages[s // size : -(-(s + lengths[b]) // size)]
+            table[b, : len(pages)] = pages
+        keys, values = self.pool.arrays
+        sizes = self._sizes(first, q.shape[-2], rows)
+        return self._call(self.paged.fn, [q, keys, values, table, *ragged, lengths, *captured], sizes)
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""
@@ -193,18 +281,17 @@ class PagedDecoder:
         for members in groups.values():
             if len(members) < self.cascade_sharers:
                 continue
-            tables = [self.pool.sequence(p.seq).pages[: p.start // size] for p in members]
-            shared = 0
-            while all(len(t) > shared and t[shared] == tables[0][shared] for t in tables):
-                shared += 1
+            full = min(p.start // size for p in members)
+            tables = np.array([self.pool.sequence(p.seq).pages[:full] for p in members])
+            differs = np.flatnonzero((tables != tables[0]).any(axis=0))
+            shared = int(differs[0]) if differs.size else full
             first = members[0]
-            same = all(all(np.array_equal(p.args[name], first.args[name]) for name in self._captured) for p in members)
-            if shared * size < self.cascade_min or not same:
+            if shared * size < self.cascade_min or not self._same_captured(members):
                 continue
-            keys, values = self.pool.read(first.seq, 0, shared * size)
+            # every sharer's new queries in one batch entry, each row at its own position
             q = np.concatenate([p.q for p in members], axis=-2)
-            positions = np.concatenate([p.positions for p in members])
-            out, lse = self._run_attention(q, keys, values, positions, 0, first, q.shape[-2])
+            positions = np.concatenate([p.positions for p in members])[None]
+            out, lse = self._attend([first], q, positions, [0], [shared * size], new=False)
             at = 0
             for p in members:
                 p.partials.append((out[..., at : at + p.count, :], lse[..., at : at + p.count]))
@@ -213,15 +300,35 @@ class PagedDecoder:
             self.cascades += 1
         return starts
 
-    def _suffix(self, p: Pending, start: int) -> None:
-        """Attend the sequence's own keys from ``start``: cached ones read from its pages, then the new ones."""
-        if start < p.start:
-            keys, values = self.pool.read(p.seq, start, p.start, room=p.count)
-            keys[..., p.start - start :, :] = p.k
-            values[..., p.start - start :, :] = p.v
-        else:
-            keys, values = p.k, p.v
-        p.partials.append(tuple(self._run_attention(p.q, keys, values, p.positions, start, p, p.count)))
+    def _same_captured(self, members: list[Pending]) -> bool:
+        first = members[0]
+        return all(all(np.array_equal(p.args[n], first.args[n]) for n in self._captured) for p in members[1:])
+
+    def _own(self, pending: list[Pending], start: dict[int, int]) -> None:
+        """Each sequence's own keys, from where its cascade (if any) stopped: the cached ones in place
+        through the pages, then the step's new ones.  Sequences with as many new tokens and the same
+        captured inputs run as one ragged batch: two calls for all of them."""
+        groups: dict[tuple, list[Pending]] = {}
+        alone = self._per_sequence or not self._stackable  # per-sequence inputs or sizes: one entry each
+        for p in pending:
+            key = (p.q.shape, p.k.shape, p.v.shape, p.seq if alone else None)
+            groups.setdefault(key, []).append(p)
+        for members in groups.values():
+            batches = [members]
+            if not self._same_captured(members):
+                batches = [[p] for p in members]
+            for batch in batches:
+                q = np.concatenate([p.q for p in batch])
+                positions = np.stack([p.positions for p in batch])
+                firsts = [start.get(p.seq, 0) for p in batch]
+                cached = [p.start for p in batch]
+                parts = []
+                if any(c > f for c, f in zip(cached, firsts)):
+                    parts.append(self._attend(batch, q, positions, firsts, cached, new=False))
+                news = self._attend(batch, q, positions, cached, [c + p.count for c, p in zip(cached, batch)], True)
+                parts.append(news)
+                for b, p in enumerate(batch):
+                    p.partials += [(out[b : b + 1], lse[b : b + 1]) for out, lse in parts]
 
     def _outputs(self, p: Pending) -> Any:
         out, lse = merge(*p.partials) if len(p.partials) > 1 else p.partials[0]

@@ -124,7 +124,7 @@ class PagePool:
         out = []
         for array in self.arrays:
             *heads, d = array.shape[2:]
-            buffer = np.empty((1, *heads, stop - start + room, d), array.dtype)
+            buffer = np.zeros((1, *heads, stop - start + room, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))
             gather_pages(
                 array.reshape(self.num_pages, size, flat_heads, d),

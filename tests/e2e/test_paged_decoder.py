@@ -205,3 +205,22 @@ def test_the_serving_example_decodes_users_sharing_a_prompt():
     assert report["error"] < RTOL
     assert report["cascades"] == 5  # the users' turns and every decode step read the prompt once
     assert report["pool_bytes"] < report["contiguous_bytes"]
+
+
+def test_the_cpu_kernel_reads_pages_in_place_and_checks_their_numbers_first():
+    rng = np.random.default_rng(6)
+    srv = ac.compile(specs.causal_alibi, backend="cpu", window=19).paged_decoder(page_size=8, num_pages=16)
+    a = prompt(srv, rng, n=21)
+    kernel = srv.paged.fn.source.split("def run(")[0]
+    assert "k_paged[c, e] = " in kernel  # key tiles gathered through the table, not a copied sequence
+    q, _, _, slopes = tokens(rng)
+    sizes = {"B_start": 0, "H_start": 0, "q_start": 0, "k_start": 0, "H": 2, "D": 8, "E": 8, "T": 1, "S": 22}
+    keys, values = srv.pool.arrays
+    table = np.array([srv.pool.sequence(a).pages], np.int64)
+    ragged = [np.array([[21]]), np.array([0]), np.array([21])]  # position of the query, first key, key count
+    got = srv.paged.fn._run([q, keys, values, table, *ragged, slopes], dict(sizes, k_rows=21))
+    want = srv.attention.fn._run([q, *srv.pool.read(a, 0, 21), *ragged, slopes], sizes)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(IndexError, match="page 99 is out of range for a pool of 16 pages"):
+        bad = np.array([[0, 99, 2]], np.int64)
+        srv.paged.fn._run([q, keys, values, bad, *ragged, slopes], dict(sizes, k_rows=21))

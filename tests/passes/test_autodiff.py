@@ -79,6 +79,7 @@ def test_the_rules_cover_every_graph_op():
             "ac.attention_grad",
             "ac.scatter_add",
             "ac.cache_append",
+            "ac.page_view",
             "ac.attention",
         )
     }

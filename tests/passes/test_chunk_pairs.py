@@ -107,3 +107,34 @@ def test_queries_and_keys_along_different_axes_are_cut_apart():
         part(specs.causal, "inputs")
     assert [a.name for a in part(specs.causal, "queries").func.args] == ["q"]
     assert [a.name for a in part(specs.causal, "keys").func.args] == ["k", "v"]
+
+
+def test_paged_ragged_attention_part_reads_each_sequence_through_its_page_table():
+    rng = np.random.default_rng(3)
+    H, D, size = 2, 8, 4
+    k_pages, v_pages = (rng.standard_normal((12, size, H, D), dtype=np.float32) for _ in range(2))
+    table = np.array([[7, 2, 11, 0, 5], [3, 9, 0, 0, 0]], np.int64)  # a second sequence of 6 keys, padded
+    lengths, starts = np.array([18, 6]), np.array([0, 0])
+    q = rng.standard_normal((2, H, 3, D), dtype=np.float32)
+    positions = np.array([[18, 19, 20], [6, 7, 8]], np.int64)
+    slopes = np.array([0.5, 0.25], np.float32)
+    sizes = {"B_start": 0, "H_start": 0, "q_start": 0, "k_start": 0, "H": H, "D": D, "E": D, "T": 3, "S": 21}
+    paged = part(specs.causal_alibi, "attention,ragged=true,paged=true", window=9)
+    names = [a.name for a in paged.func.args]
+    assert names == ["q_chunk", "k_pages", "v_pages", "page_table", "q_positions", "k_starts", "k_lengths", "slopes"]
+    text = paged.ir("chunk-pairs")
+    assert "ac.page_view" in text and str(ac.parse_ir(text)) == text
+    ragged = [positions, starts, lengths]
+    got = ac.interpret(paged.module, q, k_pages, v_pages, table, *ragged, slopes, sizes=dict(sizes, k_rows=18))
+    contiguous = part(specs.causal_alibi, "attention,ragged=true", window=9)
+    for b in range(2):  # each sequence alone, its keys materialised
+        n = int(lengths[b])
+        k, v = (np.moveaxis(p[table[b]].reshape(-1, H, D)[:n], 0, -2)[None] for p in (k_pages, v_pages))
+        alone = [positions[b : b + 1], starts[b : b + 1], lengths[b : b + 1]]
+        want = ac.interpret(contiguous.module, q[b : b + 1], k, v, *alone, slopes, sizes=sizes)
+        np.testing.assert_allclose(got[0][b], want[0][0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[1][b], want[1][0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(IndexError, match="page 16 is out of range for a pool of 12 pages"):
+        ac.interpret(paged.module, q, k_pages, v_pages, table + 5, *ragged, slopes, sizes=dict(sizes, k_rows=18))
+    with pytest.raises(IndexError, match="18 rows need 5 pages of 4, the table has 4"):
+        ac.interpret(paged.module, q, k_pages, v_pages, table[:, :4], *ragged, slopes, sizes=dict(sizes, k_rows=18))

@@ -134,7 +134,11 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
     decorator = "@njit(parallel=True, fastmath=set(FASTMATH), cache=True, nogil=True)"
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
-        captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}
+        captured = {}
+        for n, v in enumerate(captured_values(op)):
+            captured[v] = f"arg_{n}"
+            if v.owner is not None and getattr(v.owner, "name", None) == "ac.page_view":
+                captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
         chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, decorator))
         kernels[op] = (name, captured)
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):

@@ -142,6 +142,11 @@ class DriverWriter:
             self.key_grid(op)
         elif name == "ac.check_index":
             self.w.line(check_index_call(op, a))
+        elif name == "ac.page_view":  # kernels read the pages through the table; nothing is copied
+            rows = dim_expr(dim(op.attrs["rows"]))
+            self.w.line(f"rt.check_pages({a[1]}, {a[0]}.shape[0], {a[0]}.shape[1], {rows})")
+            self.names[op.results[0]] = a[0]
+            self.buffers[op.results[0]] = op.operands[0]
         elif name == "ac.gather" and op.loc is not None:
             self.assign(op.results[0], f"rt.gather({', '.join(a)}, at={str(op.loc)!r})")
         elif name in GRAPH_OPS:

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from attncomp.backends.codegen import KernelSource, dim_expr
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
-from attncomp.ir.core import Value
+from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
+from attncomp.passes.patterns import producer
 
 
 class KernelWriter(KernelSource):
@@ -211,8 +212,8 @@ class KernelWriter(KernelSource):
         w.line(f"j0 = {self.scalar().ref(compute.k_load.operands[-1])}")
         w.line("nk = min(BK, n_keys - j0)")
         # Keys and values are read in place: C-contiguous rows, multiplied without a transpose.
-        w.line(f"ks = {self.tile_rows(compute.k_load)}")
-        w.line(f"vs = {self.tile_rows(compute.v_load)}")
+        self.load_rows("ks", compute.k_load, "k_paged")
+        self.load_rows("vs", compute.v_load, "v_paged")
         w.line("if nq > FEW_ROWS:")
         with w.indent():
             w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
@@ -227,6 +228,33 @@ class KernelWriter(KernelSource):
             self.reference_max()
             self.weights_by_rows()
             w.line("rows_values(sr, vs, acc[g], nq, nk)")
+
+    def paged(self, load_op) -> Op | None:
+        """The ``ac.page_view`` a key or value tile is read through, if any."""
+        view = producer(load_op.operands[0])
+        return view if view is not None and view.name == "ac.page_view" else None
+
+    def load_rows(self, target: str, load_op, buffer: str) -> None:
+        """``target`` = the tile's rows: in place, or copied page by page into ``buffer`` through the table."""
+        view = self.paged(load_op)
+        if view is None:
+            self.w.line(f"{target} = {self.tile_rows(load_op)}")
+            return
+        w = self.w
+        pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
+        batch, *heads = (self.scalar().ref(v) for v in load_op.operands[1:-1])
+        row = f"{batch}, " if view.operands[1].type.rank == 2 else ""  # one table row per sequence
+        heads = "".join(h + ", " for h in heads)
+        lines = [
+            "for c in range(nk):  # row j0 + c: its page from the table, its slot in the page",
+            f"    page = {table}[{row}(j0 + c) // {pages}.shape[1]]",
+            f"    slot = (j0 + c) % {pages}.shape[1]",
+            f"    for e in range({buffer}.shape[1]):",
+            f"        {buffer}[c, e] = {pages}[page, slot, {heads}e]",
+            f"{target} = {buffer}[:nk]",
+        ]
+        for line in lines:
+            w.line(line)
 
     def tile_rows(self, load_op) -> str:
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
@@ -286,6 +314,9 @@ class KernelWriter(KernelSource):
                 for row in ("mx", "m_safe", "row_sum"):
                     w.line(f"{row} = np.empty(BQ, dtype=ACC)")
                 w.line("acc = np.zeros((G, BQ, n_e), dtype=ACC)")
+                if self.paged(t.masked.k_load) is not None:  # key and value tiles gathered from pages
+                    w.line("k_paged = np.empty((BK, n_d), dtype=ACC)")
+                    w.line("v_paged = np.empty((BK, n_e), dtype=ACC)")
                 w.line("first = np.int64(1) << 62")
                 w.line("end = np.int64(0)")
                 w.line("for g in range(G):")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from attncomp.errors import with_location
+from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
 
-__all__ = ["check_index_range"]
+__all__ = ["check_index_range", "check_pages"]
 
 NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
 
@@ -142,3 +143,8 @@ class _ScipyBlasThreads:
 
 
 blas_one_thread = _ScipyBlasThreads()
+
+
+def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:
+    """Before a kernel reads ``rows`` rows through a page table: enough entries, each naming a page."""
+    _check_pages(np.asarray(table, dtype=np.int64), num_pages, size, rows)
