@@ -124,7 +124,7 @@ def ragged_rows(quick: bool, repeats: int, paired) -> list[str]:
         lines.append(
             f"    torch SDPA over the padded batch ({width} wide, masked): {theirs * 1e3:.1f} ms, ratio {ratio:.2f}"
         )
-    row = sum(a[0, 0].nbytes for a in srv.pool.arrays)
+    row = srv.pool.bytes_per_position
     used = (srv.pool.num_pages - srv.pages_free) * page * row
     contiguous = n_seq * longest * row
     lines.append(

@@ -68,7 +68,7 @@ def serve(
         got = np.concatenate(outputs[s], axis=1)
         error = max(error, float(np.max(np.abs(got - whole)) / np.max(np.abs(whole))))
     lengths = [srv.length(s) for s in seqs]
-    row_bytes = sum(a[0, 0].nbytes for a in srv.pool.arrays)
+    row_bytes = srv.pool.bytes_per_position
     pages_used = num_pages - srv.pages_free
     return {
         "error": error,

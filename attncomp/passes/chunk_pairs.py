@@ -218,10 +218,10 @@ class ChunkPairs(Pass):
         if self.paged:  # keys and values read through a page table from a pool of pages
             del func.body.args[-2:]
             pool = Dim.sym(fresh_dim(func, "num_pages")), Dim.sym(fresh_dim(func, "page_size"))
-            pages = [
-                func.body.add_arg(c.type.with_shape((*pool, *c.type.shape[1:-2], c.type.shape[-1])), f"{n}_pages")
-                for c, n in ((chunks[1], "k"), (chunks[2], "v"))
-            ]
+            pages = []
+            for c, n in ((chunks[1], "k"), (chunks[2], "v")):  # [num_pages, *heads, page_size, d]
+                shape = (pool[0], *c.type.shape[1:-2], pool[1], c.type.shape[-1])
+                pages.append(func.body.add_arg(c.type.with_shape(shape), f"{n}_pages"))
             entries = Dim.sym(fresh_dim(func, "table_entries"))
             table_shape = (batch, entries) if self.ragged else (entries,)
             table = func.body.add_arg(TensorType(table_shape, "i64"), "page_table")

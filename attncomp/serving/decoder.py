@@ -311,7 +311,7 @@ class PagedDecoder:
         groups: dict[tuple, list[Pending]] = {}
         alone = self._per_sequence or not self._stackable  # per-sequence inputs or sizes: one entry each
         for p in pending:
-            key = (p.q.shape, p.k.shape, p.v.shape, p.seq if alone else None)
+            key = (p.q.shape, p.k.shape, p.v.shape, len(p.partials), p.seq if alone else None)
             groups.setdefault(key, []).append(p)
         for members in groups.values():
             batches = [members]
@@ -327,11 +327,14 @@ class PagedDecoder:
                     parts.append(self._attend(batch, q, positions, firsts, cached, new=False))
                 news = self._attend(batch, q, positions, cached, [c + p.count for c, p in zip(cached, batch)], True)
                 parts.append(news)
+                if batch[0].partials:  # their cascade's partial results, one batch entry each
+                    parts.append(tuple(np.concatenate(x) for x in zip(*(p.partials[0] for p in batch))))
+                out, lse = merge(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
                 for b, p in enumerate(batch):
-                    p.partials += [(out[b : b + 1], lse[b : b + 1]) for out, lse in parts]
+                    p.partials = [(out[b : b + 1], lse[b : b + 1])]
 
     def _outputs(self, p: Pending) -> Any:
-        out, lse = merge(*p.partials) if len(p.partials) > 1 else p.partials[0]
+        (out, lse) = p.partials[0]  # merged by _own
         if self.plan.passthrough is not None:
             results = [out if role == "out" else lse for role in self.plan.passthrough]
         else:

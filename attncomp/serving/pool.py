@@ -1,9 +1,9 @@
 """One pool of key/value pages shared by many sequences.
 
-Each cached tensor (keys, values) is one array ``[num_pages, page_size,
-*rest]``: a page holds ``page_size`` consecutive positions of one sequence,
-every head's row of a position together (GQA pools hold the key/value heads
-only).  A sequence is a page table and a length.  Pages are reference
+Each cached tensor (keys, values) is one array ``[num_pages, *heads,
+page_size, d]``: a page holds ``page_size`` consecutive positions of one
+sequence, each head's rows contiguous, as a kernel streams them (GQA pools
+hold the key/value heads only).  A sequence is a page table and a length.  Pages are reference
 counted: ``fork`` shares every page of the parent, and the partial last page
 is copied only when one of its holders appends to it (copy on write), so a
 fork copies at most one page; a page returns to the free list when its last
@@ -39,7 +39,7 @@ class PagePool:
         self._free = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
         self.sequences: dict[int, Sequence] = {}
         self._ids = itertools.count()
-        #: one ``[num_pages, page_size, *rest]`` array per cached tensor, made at the first append
+        #: one ``[num_pages, *heads, page_size, d]`` array per cached tensor, made at the first append
         self.arrays: list[np.ndarray] | None = None
 
     @property
@@ -87,9 +87,16 @@ class PagePool:
         return needed
 
     def allocate(self, shapes: list[tuple[tuple[int, ...], np.dtype]]) -> None:
-        """Make the page arrays: one per cached tensor, of row shape and element type ``shapes[k]``."""
+        """Make the page arrays: one per cached tensor, whose positions are ``(*heads, d)`` of ``dtype``."""
         if self.arrays is None:
-            self.arrays = [np.zeros((self.num_pages, self.page_size, *rest), dtype) for rest, dtype in shapes]
+            self.arrays = [
+                np.zeros((self.num_pages, *rest[:-1], self.page_size, rest[-1]), dtype) for rest, dtype in shapes
+            ]
+
+    @property
+    def bytes_per_position(self) -> int:
+        """What one cached position takes, over every cached tensor."""
+        return sum(a[0].nbytes // self.page_size for a in self.arrays or [])
 
     def append(self, seq: int, rows: list[np.ndarray]) -> None:
         """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place."""
@@ -109,7 +116,8 @@ class PagePool:
         positions = np.arange(s.length, s.length + count)
         pages = np.asarray(s.pages)[positions // size]
         for array, new in zip(self.arrays, rows):
-            array[pages, positions % size] = new
+            heads = (slice(None),) * (array.ndim - 3)
+            array[(pages, *heads, positions % size)] = new  # new: [count, *heads, d]
         s.length += count
 
     def read(self, seq: int, start: int, stop: int, room: int = 0) -> list[np.ndarray]:
@@ -123,11 +131,11 @@ class PagePool:
         pages = np.asarray(s.pages[first:last], dtype=np.int64)
         out = []
         for array in self.arrays:
-            *heads, d = array.shape[2:]
+            heads, d = array.shape[1:-2], array.shape[-1]
             buffer = np.zeros((1, *heads, stop - start + room, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))
             gather_pages(
-                array.reshape(self.num_pages, size, flat_heads, d),
+                array.reshape(self.num_pages, flat_heads, size, d),
                 pages,
                 stop - start,
                 buffer.reshape(flat_heads, stop - start + room, d),

@@ -758,7 +758,7 @@ def test_cache_append_is_the_cached_prefix_then_the_new_entries(rng):
 
 # serving: ac.page_view -----------------------------------------------------------------------------
 PAGE_VIEW_IR = """\
-ac.func @pages(%pages: tensor<P x S x KV x D x f64>, %table: tensor<B x N x i64>) -> tensor<B x KV x R x D x f64> {
+ac.func @pages(%pages: tensor<P x KV x S x D x f64>, %table: tensor<B x N x i64>) -> tensor<B x KV x R x D x f64> {
   %0 = ac.page_view %pages, %table {rows = R} : tensor<B x KV x R x D x f64>
   ac.return %0
 }
@@ -769,12 +769,12 @@ IR_TEXTS.append(PAGE_VIEW_IR)
 def test_page_view_reads_each_row_through_its_sequence_table(rng):
     module = ac.parse_ir(PAGE_VIEW_IR)
     assert str(module) == PAGE_VIEW_IR
-    pages = rng.standard_normal((6, 4, 2, 3))  # 6 pages of 4 rows, 2 heads of 3 channels
+    pages = rng.standard_normal((6, 2, 4, 3))  # 6 pages, 2 heads of 4 rows of 3 channels
     table = np.array([[5, 0, 3], [2, 2, 1]])
     view = ac.interpret(module, pages, table, sizes={"R": 10})
     for b in range(2):
         for r in range(10):
-            assert_same(view[b, :, r], pages[table[b, r // 4], r % 4])
+            assert_same(view[b, :, r], pages[table[b, r // 4], :, r % 4])
     with pytest.raises(IndexError, match="13 rows need 4 pages of 4, the table has 3"):
         ac.interpret(module, pages, table, sizes={"R": 13})
     with pytest.raises(IndexError, match="page 6 is out of range for a pool of 6 pages"):

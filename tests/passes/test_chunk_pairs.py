@@ -112,7 +112,7 @@ def test_queries_and_keys_along_different_axes_are_cut_apart():
 def test_paged_ragged_attention_part_reads_each_sequence_through_its_page_table():
     rng = np.random.default_rng(3)
     H, D, size = 2, 8, 4
-    k_pages, v_pages = (rng.standard_normal((12, size, H, D), dtype=np.float32) for _ in range(2))
+    k_pages, v_pages = (rng.standard_normal((12, H, size, D), dtype=np.float32) for _ in range(2))
     table = np.array([[7, 2, 11, 0, 5], [3, 9, 0, 0, 0]], np.int64)  # a second sequence of 6 keys, padded
     lengths, starts = np.array([18, 6]), np.array([0, 0])
     q = rng.standard_normal((2, H, 3, D), dtype=np.float32)
@@ -129,7 +129,7 @@ def test_paged_ragged_attention_part_reads_each_sequence_through_its_page_table(
     contiguous = part(specs.causal_alibi, "attention,ragged=true", window=9)
     for b in range(2):  # each sequence alone, its keys materialised
         n = int(lengths[b])
-        k, v = (np.moveaxis(p[table[b]].reshape(-1, H, D)[:n], 0, -2)[None] for p in (k_pages, v_pages))
+        k, v = (np.moveaxis(p[table[b]], 0, 1).reshape(H, -1, D)[None, :, :n] for p in (k_pages, v_pages))
         alone = [positions[b : b + 1], starts[b : b + 1], lengths[b : b + 1]]
         want = ac.interpret(contiguous.module, q[b : b + 1], k, v, *alone, slopes, sizes=sizes)
         np.testing.assert_allclose(got[0][b], want[0][0], rtol=1e-12, atol=1e-12)

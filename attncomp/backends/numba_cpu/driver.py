@@ -144,7 +144,8 @@ class DriverWriter:
             self.w.line(check_index_call(op, a))
         elif name == "ac.page_view":  # kernels read the pages through the table; nothing is copied
             rows = dim_expr(dim(op.attrs["rows"]))
-            self.w.line(f"rt.check_pages({a[1]}, {a[0]}.shape[0], {a[0]}.shape[1], {rows})")
+            size = f"{a[0]}.shape[{op.operands[0].type.rank - 2}]"
+            self.w.line(f"rt.check_pages({a[1]}, {a[0]}.shape[0], {size}, {rows})")
             self.names[op.results[0]] = a[0]
             self.buffers[op.results[0]] = op.operands[0]
         elif name == "ac.gather" and op.loc is not None:

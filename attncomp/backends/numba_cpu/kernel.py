@@ -245,12 +245,13 @@ class KernelWriter(KernelSource):
         batch, *heads = (self.scalar().ref(v) for v in load_op.operands[1:-1])
         row = f"{batch}, " if view.operands[1].type.rank == 2 else ""  # one table row per sequence
         heads = "".join(h + ", " for h in heads)
+        size = f"{pages}.shape[{load_op.operands[0].owner.operands[0].type.rank - 2}]"
         lines = [
             "for c in range(nk):  # row j0 + c: its page from the table, its slot in the page",
-            f"    page = {table}[{row}(j0 + c) // {pages}.shape[1]]",
-            f"    slot = (j0 + c) % {pages}.shape[1]",
+            f"    page = {table}[{row}(j0 + c) // {size}]",
+            f"    slot = (j0 + c) % {size}",
             f"    for e in range({buffer}.shape[1]):",
-            f"        {buffer}[c, e] = {pages}[page, slot, {heads}e]",
+            f"        {buffer}[c, e] = {pages}[page, {heads}slot, e]",
             f"{target} = {buffer}[:nk]",
         ]
         for line in lines:

@@ -207,15 +207,15 @@ class CacheAppend(OpDef):
 @register
 class PageView(OpDef):
     """Rows ``[0, rows)`` of sequences whose entries live in pages: row ``r`` of sequence ``b`` is
-    ``pages[table[b, r // P], r % P]``.
+    ``pages[table[b, r // P], ..., r % P, :]``.
 
-    ``pages`` is ``[num_pages, P, *heads, d]`` (a paged decoder's pool) and
-    ``table`` each sequence's page numbers, in order: ``[entries]`` for one
-    sequence, ``[batch, entries]`` for several.  The view is ``[batch, *heads,
-    rows, d]`` (batch 1 for one sequence), the layout attention reads.
-    Backends read the pages through the table where the view is tiled, so
-    nothing is copied; the interpreter builds the view.  Page numbers are
-    checked before use.
+    ``pages`` is ``[num_pages, *heads, P, d]`` (a paged decoder's pool: each
+    head's rows of a page contiguous) and ``table`` each sequence's page
+    numbers, in order: ``[entries]`` for one sequence, ``[batch, entries]``
+    for several.  The view is ``[batch, *heads, rows, d]`` (batch 1 for one
+    sequence), the layout attention reads.  Backends read the pages through
+    the table where the view is tiled, so nothing is copied; the interpreter
+    builds the view.  Page numbers are checked before use.
 
     %k = ac.page_view %k_pages, %page_table {rows = k_rows} : tensor<1 x KV x k_rows x D x f32>
     """
@@ -230,20 +230,20 @@ class PageView(OpDef):
         rows = dim(require_attr(attrs, "rows", (int, Dim), self.name))
         if pages.rank < 3 or table.rank not in (1, 2) or not table.dtype.startswith("i"):
             raise TypeCheckError(
-                f"{self.name}: expects pages [num_pages, page_size, ..., d] and an integer table of rank 1 or 2"
+                f"{self.name}: expects pages [num_pages, ..., page_size, d] and an integer table of rank 1 or 2"
             )
         batch = table.shape[0] if table.rank == 2 else dim(1)
-        return [pages.with_shape((batch, *pages.shape[2:-1], rows, pages.shape[-1]))]
+        return [pages.with_shape((batch, *pages.shape[1:-2], rows, pages.shape[-1]))]
 
     def evaluate(self, op, args, ctx):
         pages, table = args
         rows = dim(op.attrs["rows"]).evaluate(ctx.env)
-        size = pages.shape[1]
+        size, heads, d = pages.shape[-2], pages.shape[1:-2], pages.shape[-1]
         table = np.asarray(table, dtype=np.int64).reshape(-1, np.shape(table)[-1])
         check_pages(table, pages.shape[0], size, rows)
         need = -(-rows // size)
-        views = [pages[t[:need]].reshape(need * size, *pages.shape[2:])[:rows] for t in table]
-        return [np.stack([np.moveaxis(x, 0, -2) for x in views])]
+        views = [np.moveaxis(pages[t[:need]], 0, -3).reshape(*heads, need * size, d)[..., :rows, :] for t in table]
+        return [np.stack(views)]
 
 
 def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:
