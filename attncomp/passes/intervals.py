@@ -5,7 +5,7 @@ gives IR values ``(lo, hi)`` bounding it over every element of the tile, and
 ``boolean`` gives ``(always, possible)``: whether the value holds for every
 element, and whether it may hold for some.  Rules, one per op:
 
-    add        [a.lo + b.lo, a.hi + b.hi]
+    add        [a.lo + b.lo, a.hi + b.hi]   (points stay points: a gather at b + B_start is at a point)
     sub        [a.lo - b.hi, a.hi - b.lo]
     neg        [-hi, -lo]
     abs        [lo, hi] when lo >= 0, [-hi, -lo] when hi <= 0, else [0, max(-lo, hi)]
@@ -99,11 +99,15 @@ class IntervalEmitter:
     def _add(self, op: Op) -> Bounds:
         (al, ah), (bl, bh) = self.numeric(op.operands[0]), self.numeric(op.operands[1])
         add = lambda x, y: self.emit("ac.add", x, y)  # noqa: E731
+        if al is not None and al is ah and bl is not None and bl is bh:  # a point stays a point
+            return self.point(add(al, bl))
         return self._both(add, al, bl), self._both(add, ah, bh)
 
     def _sub(self, op: Op) -> Bounds:
         (al, ah), (bl, bh) = self.numeric(op.operands[0]), self.numeric(op.operands[1])
         sub = lambda x, y: self.emit("ac.sub", x, y)  # noqa: E731
+        if al is not None and al is ah and bl is not None and bl is bh:
+            return self.point(sub(al, bl))
         return self._both(sub, al, bh), self._both(sub, ah, bl)
 
     def _neg(self, op: Op) -> Bounds:

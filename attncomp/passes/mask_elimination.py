@@ -99,22 +99,55 @@ class TileContext:
         grid_start = self.grid.regions[0].args[-1]
         counter = self.loop.regions[0].args[0]
 
+        def offset_of(index: Value) -> tuple[Value | None, Value | None]:
+            """``(position, offset)`` when ``index`` is a row or key position plus a size (a chunk's start)."""
+            op = producer(index)
+            if op is not None and op.name == "ac.add" and op in region.ops:
+                for base, off in (op.operands, op.operands[::-1]):
+                    sized = producer(off)
+                    if base in (self.row_arg, self.col_arg) and sized is not None and sized.name == "ac.dim":
+                        return base, builder.dim(sized.attrs["value"])
+            return None, None
+
         def summarize(src: Value, axis: int, index: Value, points: list[Value | None]) -> Bounds | None:
-            if index is unknown or index not in (self.row_arg, self.col_arg):
+            offset = None
+            if index not in (self.row_arg, self.col_arg):
+                index, offset = offset_of(index)
+            if index is None or index is unknown:
                 return None
             if index is self.row_arg:
                 block = self.block_q
             else:
                 block = self.block_k
+            if not _visible_before(self.func, self.grid, src):
+                return None
+            lo, hi = self.summaries.get(src, axis, block)
+            if offset is not None:
+                return offset_summary(lo, hi, axis, points, index, offset, block)
             if (index is self.row_arg) == self.transposed:
                 number = counter
             else:
                 number = builder.emit("ac.floordiv", grid_start, builder.const(block, "i64"))
-            if not _visible_before(self.func, self.grid, src):
-                return None
-            lo, hi = self.summaries.get(src, axis, block)
             at = [number if k == axis else p for k, p in enumerate(points)]
             return builder.emit("ac.gather", lo, *at), builder.emit("ac.gather", hi, *at)
+
+        def offset_summary(lo, hi, axis, points, index, offset, block) -> Bounds:
+            """The tile's positions plus ``offset`` span at most two summary blocks: the hull of both."""
+            emit, const = builder.emit, builder.const
+            if (index is self.row_arg) == self.transposed:
+                start = emit("ac.mul", counter, const(block, "i64"))
+            else:
+                start = grid_start
+            first = emit("ac.add", start, offset)
+            last_block = emit("ac.sub", builder.dim(lo.type.shape[axis]), const(1, "i64"))
+            numbers = [
+                emit("ac.minimum", emit("ac.floordiv", row, const(block, "i64")), last_block)
+                for row in (first, emit("ac.add", first, const(block - 1, "i64")))
+            ]
+            ats = [[n if k == axis else p for k, p in enumerate(points)] for n in numbers]
+            lows = [emit("ac.gather", lo, *at) for at in ats]
+            highs = [emit("ac.gather", hi, *at) for at in ats]
+            return emit("ac.minimum", *lows), emit("ac.maximum", *highs)
 
         emitter = IntervalEmitter(builder, summarize=summarize, local_ops=local | set(region.ops))
         for arg, operand in zip(region.args, self.mask.operands):

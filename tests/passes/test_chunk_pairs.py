@@ -138,3 +138,24 @@ def test_paged_ragged_attention_part_reads_each_sequence_through_its_page_table(
         ac.interpret(paged.module, q, k_pages, v_pages, table + 5, *ragged, slopes, sizes=dict(sizes, k_rows=18))
     with pytest.raises(IndexError, match="18 rows need 5 pages of 4, the table has 4"):
         ac.interpret(paged.module, q, k_pages, v_pages, table[:, :4], *ragged, slopes, sizes=dict(sizes, k_rows=18))
+
+
+def test_tiles_of_a_chunk_pair_are_classified_at_their_absolute_positions():
+    """doc[b, i + q_start] is bounded by the hull of the two summary blocks the tile's rows reach."""
+    from attncomp.blockmap import block_map
+
+    pipeline = f"{FUSED},chunk-pairs{{part=attention}},flash-tiling{{block_q=8,block_k=8}},mask-elimination"
+    fn = ac.compile(specs.document, backend="interp", pipeline=pipeline)
+    rng = np.random.default_rng(4)
+    doc = np.repeat(np.array([[0, 1, 2, 3]], np.int32), 16, axis=1)  # documents of 16 positions
+    q, k, v = (rng.standard_normal((1, 1, 32, 8), dtype=np.float32) for _ in range(3))
+    for q_start, k_start, want in [
+        (32, 16, [[0, 0, 1, 0], [0, 0, 2, 1], [0, 0, 0, 0], [0, 0, 0, 0]]),  # rows 32..63, keys 16..47
+        (28, 12, [[1, 1, 1, 0], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0]]),  # off the blocks of the summary
+    ]:
+        sizes = {"B": 1, "H": 1, "T": 64, "D": 8, "B_start": 0, "H_start": 0, "q_start": q_start, "k_start": k_start}
+        tiles = block_map(fn.func, fn.constraints, (q, k, v, doc), sizes)[0, 0]
+        np.testing.assert_array_equal(tiles, want)
+        got = ac.interpret(fn.module, q, k, v, doc, sizes=sizes)
+        unfused = ac.interpret(part(specs.document, "attention").module, q, k, v, doc, sizes=sizes)
+        np.testing.assert_allclose(got[0], unfused[0], rtol=1e-12, atol=1e-12)
