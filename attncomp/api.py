@@ -89,6 +89,7 @@ class CompiledFunction:
         self.constraints = verify_module(self.module)
         self._impl = None
         self._called = False
+        self._named_sizes: list[tuple[int, int, str]] | None = None
         self._saving: CompiledFunction | None = None
         self._backward: CompiledFunction | None = None
         if backend == "cpu":
@@ -178,6 +179,24 @@ class CompiledFunction:
         else:
             outputs = Interpreter(self.func, env).run(arrays)
         return [np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype]) for out, value in zip(outputs, self.func.results)]
+
+    def _run_shaped(self, arrays: list[np.ndarray], sizes: dict[str, int]) -> list[np.ndarray]:
+        """``_run`` for arrays the caller built to the signature itself: sizes are read from their
+        shapes, not checked again (the cpu backend; the first call goes the checked way: it may
+        compile, and says so)."""
+        if self.backend != "cpu" or not self._called:
+            return self._run(arrays, sizes)
+        if self._named_sizes is None:
+            self._named_sizes = [
+                (k, axis, d.symbol)
+                for k, arg in enumerate(self.func.args)
+                for axis, d in enumerate(arg.type.shape)
+                if d.is_symbol
+            ]
+        env = dict(sizes)
+        for k, axis, name in self._named_sizes:
+            env[name] = arrays[k].shape[axis]
+        return self._impl(arrays, env)
 
     def _first_call(self) -> bool:
         """Whether this call may compile: the first one, with a kernel Numba has not compiled yet."""

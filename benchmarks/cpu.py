@@ -31,6 +31,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 import attncomp as ac  # noqa: E402
 from benchmarks import peers, specs  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
+from benchmarks.timing import check, paired  # noqa: E402
 
 
 @dataclass
@@ -58,12 +59,6 @@ def inputs(rng, b, h, t, s, d, kv=None):
     k = rng.standard_normal((b, kv, s, d), dtype=np.float32)
     v = rng.standard_normal((b, kv, s, d), dtype=np.float32)
     return q, k, v
-
-
-def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
-    error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-    if error > 1e-3:
-        raise AssertionError(f"{name}: attncomp differs from the peer by {error:.2e}")
 
 
 def time_case(name, spec, args, constants, torch_call, numpy_call, repeats, with_numpy=True) -> Row:
@@ -144,22 +139,6 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
 
 
 # gradients: forward + backward, timed in alternating pairs ------------------------------
-def paired(ours, theirs, repeats: int) -> tuple[float, float, float]:
-    """Median times of ``ours`` and ``theirs`` called alternately, and the median of the per-pair ratios."""
-    ours(), theirs()  # warm-up: compiles, faults pages in
-    mine, peer, ratios = [], [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        ours()
-        middle = time.perf_counter()
-        theirs()
-        end = time.perf_counter()
-        mine.append(middle - start)
-        peer.append(end - middle)
-        ratios.append((middle - start) / (end - middle))
-    return float(np.median(mine)), float(np.median(peer)), float(np.median(ratios))
-
-
 def torch_forward_backward(torch, q, k, v, d_out, causal=False, mask=None):
     """SDPA forward and backward; returns the query gradient."""
     tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
@@ -490,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
     )
     if args.serving_only:
-        for line in serving_rows(args.quick, args.repeats, paired):
+        for line in serving_rows(args.quick, args.repeats):
             print(line)
         return
     rows = attention_cases(args.quick, args.repeats)
@@ -499,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
         print(line)
-    for line in serving_rows(args.quick, args.repeats, paired):
+    for line in serving_rows(args.quick, args.repeats):
         print(line)
     if not args.skip_processes:
         for line in memory_rows(args.quick) + compile_rows():

@@ -27,7 +27,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 import attncomp as ac  # noqa: E402
 from attncomp.chunked import PAIR  # noqa: E402
 from benchmarks import specs  # noqa: E402
-from benchmarks.cpu import paired  # noqa: E402
+from benchmarks.timing import paired  # noqa: E402
 
 
 def pair_seconds(stream: list[dict]) -> tuple[list[float], list[float]]:

@@ -19,6 +19,7 @@ import numpy as np
 
 import attncomp as ac
 from benchmarks import peers, specs
+from benchmarks.timing import check, paired
 
 H, D = 8, 64
 
@@ -27,13 +28,7 @@ def _tokens(rng, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(3))
 
 
-def _check(name: str, got: np.ndarray, want: np.ndarray) -> None:
-    error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-    if error > 1e-3:
-        raise AssertionError(f"{name}: the paged decoder differs from the peer by {error:.2e}")
-
-
-def shared_prompt_rows(quick: bool, repeats: int, paired) -> list[str]:
+def shared_prompt_rows(quick: bool, repeats: int) -> list[str]:
     torch = peers.torch_or_none()
     if torch is None:
         return ["  paged, shared prompt: torch is absent, nothing to compare with"]
@@ -58,7 +53,7 @@ def shared_prompt_rows(quick: bool, repeats: int, paired) -> list[str]:
         return torch.nn.functional.scaled_dot_product_attention(qs, kc, vc)
 
     first = srv.step(token)
-    _check("paged shared prompt", np.concatenate([first[s] for s in seqs]), peer().numpy())
+    check("paged shared prompt", np.concatenate([first[s] for s in seqs]), peer().numpy())
     cascades = srv.cascades
     ours, theirs, ratio = paired(lambda: srv.step(token), peer, max(repeats, 5))
     assert srv.cascades > cascades, "the shared prompt was not attended in cascade"
@@ -69,7 +64,7 @@ def shared_prompt_rows(quick: bool, repeats: int, paired) -> list[str]:
     ]
 
 
-def ragged_rows(quick: bool, repeats: int, paired) -> list[str]:
+def ragged_rows(quick: bool, repeats: int) -> list[str]:
     n_seq, longest = (16, 1024) if quick else (64, 4096)
     rng = np.random.default_rng(8)
     lengths = rng.integers(128, longest + 1, size=n_seq)
@@ -96,7 +91,7 @@ def ragged_rows(quick: bool, repeats: int, paired) -> list[str]:
 
     first = srv.step(token)
     want = loop()
-    _check("paged ragged", np.concatenate([first[s] for s in seqs]), np.concatenate(want))
+    check("paged ragged", np.concatenate([first[s] for s in seqs]), np.concatenate(want))
     ours, looping, ratio_loop = paired(lambda: srv.step(token), loop, max(repeats, 5))
     lines = [
         f"  paged decode step, {n_seq} sequences of random lengths 128..{longest}: {ours * 1e3:.1f} ms; "
@@ -119,7 +114,7 @@ def ragged_rows(quick: bool, repeats: int, paired) -> list[str]:
         def padded():
             return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
 
-        _check("paged ragged vs torch", np.concatenate([first[s] for s in seqs]), padded().numpy())
+        check("paged ragged vs torch", np.concatenate([first[s] for s in seqs]), padded().numpy())
         ours, theirs, ratio = paired(lambda: srv.step(token), padded, max(repeats, 5))
         lines.append(
             f"    torch SDPA over the padded batch ({width} wide, masked): {theirs * 1e3:.1f} ms, ratio {ratio:.2f}"
@@ -134,5 +129,5 @@ def ragged_rows(quick: bool, repeats: int, paired) -> list[str]:
     return lines
 
 
-def serving_rows(quick: bool, repeats: int, paired) -> list[str]:
-    return shared_prompt_rows(quick, repeats, paired) + ragged_rows(quick, repeats, paired)
+def serving_rows(quick: bool, repeats: int) -> list[str]:
+    return shared_prompt_rows(quick, repeats) + ragged_rows(quick, repeats)

@@ -98,17 +98,6 @@ class PagedDecoder:
             self.plan.batch_size in {d.symbol for d in a.type.shape if d.is_symbol} for a in func.args[6:]
         )
         self._offsets = [name for name in func.attrs["chunk_offsets"] if name]
-        #: per part: (argument, axis, size name) for every named size of its arguments
-        self._symbols = {
-            id(part.fn): [
-                (k, axis, d.symbol)
-                for k, arg in enumerate(part.fn.func.args)
-                for axis, d in enumerate(arg.type.shape)
-                if d.is_symbol
-            ]
-            for part in (self.attention, self.paged)
-            if part is not None
-        }
         spec = fn.func.args
         simple = not fn.constraints and all(d.is_symbol for a in spec for d in a.type.shape)
         #: (element type, rank) per argument and (argument, axis, size name) per size, when every
@@ -228,18 +217,6 @@ class PagedDecoder:
             sizes["k_rows"] = k_rows
         return sizes
 
-    def _call(self, fn: CompiledFunction, arrays: list[np.ndarray], sizes: dict[str, int]) -> list[np.ndarray]:
-        """An attention part on arrays this decoder made itself: shapes are read, not checked again.
-
-        The first call goes the checked way (it may compile, and says so).
-        """
-        if fn.backend != "cpu" or not fn._called:
-            return fn._run(arrays, sizes)
-        env = dict(sizes)
-        for k, axis, name in self._symbols[id(fn)]:
-            env[name] = arrays[k].shape[axis]
-        return fn._impl(arrays, env)
-
     def _attend(self, members: list[Pending], q, positions, starts, stops, new: bool) -> tuple[np.ndarray, ...]:
         """Queries ``q`` (one batch entry per member) against positions ``[starts, stops)`` of each:
         the members' cached keys, read through their page tables, or (``new``) the step's new keys."""
@@ -251,13 +228,13 @@ class PagedDecoder:
             keys = np.concatenate([p.k for p in members])
             values = np.concatenate([p.v for p in members])
             sizes = self._sizes(first, q.shape[-2])
-            return self._call(self.attention.fn, [q, keys, values, *ragged, lengths, *captured], sizes)
+            return self.attention.fn._run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         size, rows = self.pool.page_size, int(lengths.max())
         if self.paged is None:  # no paged tiles on this backend: each member's keys copied
             copies = [self.pool.read(p.seq, s, s + rows) for p, s in zip(members, ragged[1])]
             keys, values = (np.concatenate([c[t] for c in copies]) for t in (0, 1))
             sizes = self._sizes(first, q.shape[-2])
-            return self._call(self.attention.fn, [q, keys, values, *ragged, lengths, *captured], sizes)
+            return self.attention.fn._run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         entries = max(-(-rows // size), 1)
         table = np.zeros((len(members), entries), np.int64)  # page 0 pads: rows past a count are never read
         for b, (p, s) in enumerate(zip(members, ragged[1])):
@@ -265,7 +242,7 @@ class PagedDecoder:
             table[b, : len(pages)] = pages
         keys, values = self.pool.arrays
         sizes = self._sizes(first, q.shape[-2], rows)
-        return self._call(self.paged.fn, [q, keys, values, table, *ragged, lengths, *captured], sizes)
+        return self.paged.fn._run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""

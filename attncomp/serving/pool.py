@@ -120,11 +120,11 @@ class PagePool:
             array[(pages, *heads, positions % size)] = new  # new: [count, *heads, d]
         s.length += count
 
-    def read(self, seq: int, start: int, stop: int, room: int = 0) -> list[np.ndarray]:
-        """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start + room, d]``.
+    def read(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
+        """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start, d]``.
 
-        One copy per cached tensor, page by page; ``start`` is a page boundary.  The
-        last ``room`` rows are left for the caller (the step's new keys and values).
+        One copy per cached tensor, page by page; ``start`` is a page boundary.  Rows past
+        the sequence's last page are zeros (a ragged batch reads each entry to the longest).
         """
         s, size = self.sequence(seq), self.page_size
         first, last = start // size, -(-stop // size)
@@ -132,13 +132,13 @@ class PagePool:
         out = []
         for array in self.arrays:
             heads, d = array.shape[1:-2], array.shape[-1]
-            buffer = np.zeros((1, *heads, stop - start + room, d), array.dtype)
+            buffer = np.zeros((1, *heads, stop - start, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))
             gather_pages(
                 array.reshape(self.num_pages, flat_heads, size, d),
                 pages,
                 stop - start,
-                buffer.reshape(flat_heads, stop - start + room, d),
+                buffer.reshape(flat_heads, stop - start, d),
             )
             out.append(buffer)
         return out
