@@ -203,9 +203,9 @@ class CompiledFunction:
         if self._called:
             return False
         self._called = True
-        kernels = getattr(self._impl, "kernels", None)
-        if isinstance(kernels, list):  # the cpu backend's Numba dispatchers
-            return any(not k.signatures for k in kernels)
+        loaded = getattr(self._impl, "loaded", None)
+        if isinstance(loaded, bool):  # the cpu backend: loading its kernels compiles them (or reads the cache)
+            return not loaded
         return True
 
     # gradients -------------------------------------------------------------------

@@ -33,3 +33,9 @@ def example_names() -> list[str]:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The simulator's test (a pytest run of its own, minutes long) first: with one worker per
+    core (``-n auto``), the rest of the suite runs beside it instead of after it."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/backends/test_cuda_simulator.py"))

@@ -68,7 +68,7 @@ def load_source(source: str, prefix: str) -> ModuleType:
         return _import(source, name)
 
 
-def _import(source: str, name: str) -> ModuleType:
+def _import(source: str, name: str, again: bool = False) -> ModuleType:
     path = cache_dir() / f"{name}.py"
     try:
         current = path.read_text() if path.exists() else None
@@ -83,10 +83,13 @@ def _import(source: str, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
+        spec.loader.exec_module(module)  # kernels with explicit signatures compile (or load) here
+    except BaseException as exc:
         del sys.modules[name]
-        raise
+        if again or not from_numba_cache(exc):
+            raise
+        _drop_compiled(path)
+        return _import(source, name, again=True)
     return module
 
 
@@ -100,16 +103,20 @@ def from_numba_cache(exc: BaseException) -> bool:
     return False
 
 
-def rebuild(module: ModuleType, prefix: str) -> ModuleType:
-    """Drop ``module`` and Numba's cached code for it, warn, and import it again."""
-    path = Path(module.__file__ or "")
-    warnings.warn(f"attncomp: the compiled-code cache of {path.name} was damaged; rebuilding it", stacklevel=3)
-    pycache = path.parent / "__pycache__"
-    for entry in pycache.glob(f"{path.stem}.*"):
+def _drop_compiled(path: Path) -> None:
+    """Warn that Numba's cached code for ``path`` is damaged, and delete it."""
+    warnings.warn(f"attncomp: the compiled-code cache of {path.name} was damaged; rebuilding it", stacklevel=4)
+    for entry in (path.parent / "__pycache__").glob(f"{path.stem}.*"):
         try:
             entry.unlink()
         except OSError:
             pass
+
+
+def rebuild(module: ModuleType, prefix: str) -> ModuleType:
+    """Drop ``module`` and Numba's cached code for it, warn, and import it again."""
+    path = Path(module.__file__ or "")
+    _drop_compiled(path)
     source = path.read_text()
     with _LOCK:
         sys.modules.pop(module.__name__, None)

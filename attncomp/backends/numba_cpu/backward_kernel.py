@@ -26,6 +26,14 @@ from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import KernelSource, dim_expr
+from attncomp.backends.numba_cpu.signatures import (
+    INT,
+    array_type,
+    captured_types,
+    declare_addresses,
+    declare_caller,
+    declare_task,
+)
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
@@ -112,53 +120,78 @@ class BackwardKernelWriter(KernelSource):
     def loop_body(self) -> None:
         self.by_tile_class(self.t, self.tile)
 
-    def write(self, decorator: str) -> str:
+    def param_types(self) -> list[str]:
+        """Numba types of :meth:`params` (see ``signatures``)."""
+        acc = "f64" if self.acc == "np.float64" else "f32"
+        results = self.t.grid.results
+        outs = [array_type(acc, r.type.rank) for r in results[:3]]
+        parts = [array_type(acc, r.type.rank + 1) for r in results[3:]]
+        captured = captured_types(self.t.grid, self.captured, acc)
+        return outs + parts + captured + [INT] * (len(self.dims) + 1)
+
+    def header(self) -> None:
         t, w, nb = self.t, self.w, self.nb
         q_src = t.masked.q_load.operands[0]
         v_src = t.v_load.operands[0]
-        w.line(decorator)
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        w.line(f"ACC = {self.acc}")
+        w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
+        w.line(f"BQ = {t.block_q}")
+        w.line(f"BK = {t.block_k}")
+        w.line(f"G = {self.group}")
+        w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
+        w.line(f"n_keys = {dim_expr(t.k_load.operands[0].type.shape[-2])}")
+        w.line(f"n_d = {self.array_ref(q_src)}.shape[{q_src.type.rank - 1}]")
+        w.line(f"n_e = {self.array_ref(v_src)}.shape[{v_src.type.rank - 1}]")
+        w.line("n_kb = (n_keys + BK - 1) // BK")
+        w.line("n_units = 1" + "".join(f" * out_dk.shape[{a}]" for a in range(nb)))
+
+    def write(self, decorator: str) -> str:
+        """``NAME_slot`` (one parallel task's units) and ``NAME``, whose ``prange`` calls it
+        at its address (as the forward kernel's ``write`` does)."""
+        t, w, nb = self.t, self.w, self.nb
+        params = ", ".join(self.params())
+        signature = f"{self.name.upper()}_SLOT"
+        declare_task(w, signature, [INT, *self.param_types()])
+        w.line(decorator.replace("@njit(parallel=True, ", f"@njit({signature}, "))
+        w.line(f"def {self.name}_slot(slot, {params}):")
         with w.indent():
-            w.line(f"ACC = {self.acc}")
-            w.line(f"EXP = {'exp_nonpositive_f32' if self.acc == 'np.float32' else 'np.exp'}")
-            w.line(f"BQ = {t.block_q}")
-            w.line(f"BK = {t.block_k}")
-            w.line(f"G = {self.group}")
-            w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
-            w.line(f"n_keys = {dim_expr(t.k_load.operands[0].type.shape[-2])}")
-            w.line(f"n_d = {self.array_ref(q_src)}.shape[{q_src.type.rank - 1}]")
-            w.line(f"n_e = {self.array_ref(v_src)}.shape[{v_src.type.rank - 1}]")
-            w.line("n_kb = (n_keys + BK - 1) // BK")
-            w.line("n_units = 1" + "".join(f" * out_dk.shape[{a}]" for a in range(nb)))
+            self.header()
+            for name, shape in (
+                ("s", "(BQ, BK)"),
+                ("dp", "(BQ, BK)"),
+                ("pm", "(BQ, BK)"),
+                ("dsm", "(BQ, BK)"),
+                ("dk_acc", "(BK, n_d)"),
+                ("dv_acc", "(BK, n_e)"),
+                ("kt", "(n_d, BK)"),
+                ("vt", "(n_e, BK)"),
+            ):
+                w.line(f"{name} = np.zeros({shape}, dtype=ACC)")
+            w.line("for unit in range(slot, n_units, n_slots):")
+            with w.indent():
+                w.line("rest = unit")
+                for a in reversed(range(nb)):
+                    w.line(f"kv_{a} = rest % out_dk.shape[{a}]")
+                    w.line(f"rest = rest // out_dk.shape[{a}]")
+                w.line("for kb in range(n_kb):")
+                with w.indent():
+                    w.line("j0 = kb * BK")
+                    self.names[t.j0] = "j0"
+                    w.line("nk = min(BK, n_keys - j0)")
+                    w.line("dk_acc[:] = ACC(0.0)")
+                    w.line("dv_acc[:] = ACC(0.0)")
+                    self.positions()
+                    w.line(f"out_dk[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dk_acc[:nk]")
+                    w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
+        declare_caller(w, signature)
+        driver_signature = f"types.void(types.intp, {', '.join(self.param_types())})"
+        w.line(decorator.replace("@njit(", f"@njit({driver_signature}, "))
+        w.line(f"def {self.name}(slot_at, {params}):")
+        with w.indent():
             w.line("for slot in prange(n_slots):")
             with w.indent():
-                for name, shape in (
-                    ("s", "(BQ, BK)"),
-                    ("dp", "(BQ, BK)"),
-                    ("pm", "(BQ, BK)"),
-                    ("dsm", "(BQ, BK)"),
-                    ("dk_acc", "(BK, n_d)"),
-                    ("dv_acc", "(BK, n_e)"),
-                    ("kt", "(n_d, BK)"),
-                    ("vt", "(n_e, BK)"),
-                ):
-                    w.line(f"{name} = np.zeros({shape}, dtype=ACC)")
-                w.line("for unit in range(slot, n_units, n_slots):")
-                with w.indent():
-                    w.line("rest = unit")
-                    for a in reversed(range(nb)):
-                        w.line(f"kv_{a} = rest % out_dk.shape[{a}]")
-                        w.line(f"rest = rest // out_dk.shape[{a}]")
-                    w.line("for kb in range(n_kb):")
-                    with w.indent():
-                        w.line("j0 = kb * BK")
-                        self.names[t.j0] = "j0"
-                        w.line("nk = min(BK, n_keys - j0)")
-                        w.line("dk_acc[:] = ACC(0.0)")
-                        w.line("dv_acc[:] = ACC(0.0)")
-                        self.positions()
-                        w.line(f"out_dk[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dk_acc[:nk]")
-                        w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
+                w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+        declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
         return w.text()
 
     def positions(self) -> None:

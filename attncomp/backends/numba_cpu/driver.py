@@ -8,6 +8,7 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 from __future__ import annotations
 
 from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
+from attncomp.backends.numba_cpu.signatures import argument_dtype, tile_sources
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -171,22 +172,21 @@ class DriverWriter:
         dims = [dim_var(d) for d in self.dim_names()]
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
-            self.w.line(f"{kernel}({', '.join(outs + args + dims + ['get_num_threads()'])})")
+            tasks = [f"*{kernel.upper()}_TASKS"]  # the task functions, called through pointers
+            self.w.line(f"{kernel}({', '.join(tasks + outs + args + dims + ['get_num_threads()'])})")
         for result in op.results:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 
     def kernel_args(self, op: Op, captured: dict[Value, str], acc: str) -> list[str]:
         """The kernel's arguments for the values its regions capture (tile sources in ``acc``)."""
         args = []
-        tiles = {o.operands[0] for o in op.regions[0].walk() if o.name == "ac.tile_load"}
+        tiles = tile_sources(op)
         for value in captured:
             value_ref = self.ref(self.buffers.get(value, value))
             if value.type.rank == 0:
                 args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
-            elif value in tiles:
-                args.append(f"rt.kernel_array({value_ref}, {acc!r})")
-            else:
-                args.append(f"rt.kernel_array({value_ref})")
+            else:  # the dtype the kernel's signature names (signatures.captured_types)
+                args.append(f"rt.kernel_array({value_ref}, {argument_dtype(value, tiles, acc)!r})")
         return args
 
     def key_grid(self, op: Op) -> None:
@@ -210,7 +210,7 @@ class DriverWriter:
         args = outs + parts + self.kernel_args(op, captured, acc) + dims + [slots]
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
-            self.w.line(f"{kernel}({', '.join(args)})")
+            self.w.line(f"{kernel}(*{kernel.upper()}_TASKS, {', '.join(args)})")
         for result in op.results[3:]:
             self.w.line(f"{self.names[result]} = {self.names[result]}.sum(axis=0)")
         for result in op.results:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba.core import cgutils, types
+from numba.core.errors import TypingError
+from numba.core.typing.templates import Signature
 from numba.extending import get_cython_function_address, intrinsic
 
 
@@ -113,3 +115,35 @@ def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
     if not isinstance(beta, (types.Integer, types.Float)):
         return None
     return types.void(trans_a, trans_b, m, n, k, a, b, beta, c), _gemm_codegen(a.dtype)
+
+
+# Calling a task through its address --------------------------------------------------------
+def task_caller(signature: Signature):
+    """An intrinsic ``call(address, *args)`` calling the compiled function of ``signature`` found
+    at ``address`` (its entry point in Numba's calling convention; ``runtime.task_addresses``).
+
+    A parallel driver calls its tasks this way rather than by name, so their code is not linked
+    into the driver and optimised a second time (which costs as much as compiling them).  The
+    arguments must have exactly the signature's types: anything else is a typing error.
+    """
+
+    @intrinsic
+    def call(typingctx, address, *args):
+        if len(args) == 1 and isinstance(args[0], types.StarArgTuple):
+            args = tuple(args[0].types)
+        if not isinstance(address, types.Integer) or tuple(args) != tuple(signature.args):
+            raise TypingError(f"a task of signature {signature} called with {tuple(args)}")
+
+        def codegen(context, builder, sig, llargs):
+            argtys = signature.args
+            values = cgutils.unpack_tuple(builder, llargs[1], len(argtys))
+            fnty = context.call_conv.get_function_type(signature.return_type, argtys)
+            target = builder.inttoptr(llargs[0], fnty.as_pointer())
+            status, _ = context.call_conv.call_function(builder, target, signature.return_type, argtys, values)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return context.get_dummy_value()
+
+        return types.void(address, types.StarArgTuple.from_types(args)), codegen
+
+    return call

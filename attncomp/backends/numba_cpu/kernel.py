@@ -36,6 +36,14 @@ task and hold one tile per head of the group.
 from __future__ import annotations
 
 from attncomp.backends.codegen import KernelSource, dim_expr
+from attncomp.backends.numba_cpu.signatures import (
+    INT,
+    array_type,
+    captured_types,
+    declare_addresses,
+    declare_caller,
+    declare_task,
+)
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
@@ -58,6 +66,12 @@ class KernelWriter(KernelSource):
     def params(self) -> list[str]:
         outs = ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
         return outs + list(self.captured.values()) + [f"d_{d}" for d in self.dims] + ["n_threads"]
+
+    def param_types(self) -> list[str]:
+        """Numba types of :meth:`params` (see ``signatures``)."""
+        acc = "f64" if self.acc == "np.float64" else "f32"
+        outs = [array_type(acc, r.type.rank) for r in self.t.grid.results[: 2 if self.t.with_lse else 1]]
+        return outs + captured_types(self.t.grid, self.captured, acc) + [INT] * (len(self.dims) + 1)
 
     # pieces -------------------------------------------------------------------
     def batch_decode(self, rank: int) -> list[str]:
@@ -146,63 +160,6 @@ class KernelWriter(KernelSource):
                 w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
             w.line("mx[r] = row_max")
 
-    def reference_max(self) -> None:
-        """Each row's reference max ``m_safe`` for this tile, from its max ``mx``.
-
-        A row keeps its max ``m`` while the tile's exceeds it by at most ``LAZY`` (in base 2:
-        P stays below ``2**LAZY``, far from overflow); only when it grows more (or is NaN) are
-        ``m`` replaced and ``l`` and the accumulator row rescaled -- after the first key
-        blocks, rarely.
-        """
-        w = self.w
-        w.line("for r in range(nq):")
-        with w.indent():
-            w.line("m_old = m[g, r]")
-            w.line("if mx[r] <= m_old + LAZY:")
-            with w.indent():
-                w.line("m_safe[r] = ACC(0.0) if m_old == -np.inf else m_old")
-            w.line("else:")
-            with w.indent():
-                w.line("m_new = m_old if m_old > mx[r] else mx[r]")
-                w.line("m_safe[r] = ACC(0.0) if m_new == -np.inf else m_new")
-                w.line("alpha = EXP2(ACC(m_old - m_safe[r]))")
-                w.line("m[g, r] = m_new")
-                w.line("l[g, r] *= alpha")
-                w.line("for e in range(n_e):")
-                with w.indent():
-                    w.line("acc[g, r, e] *= alpha")
-
-    def weights_by_keys(self) -> None:
-        """``st`` becomes P; each row's sum is added to ``l``."""
-        w = self.w
-        w.line("for r in range(nq):")
-        with w.indent():
-            w.line("row_sum[r] = ACC(0.0)")
-        w.line("for c in range(nk):")
-        with w.indent():
-            w.line("for r in range(nq):")
-            with w.indent():
-                w.line("p = EXP2(ACC(st[c, r] - m_safe[r]))")
-                w.line("st[c, r] = p")
-                w.line("row_sum[r] += p")
-        w.line("for r in range(nq):")
-        with w.indent():
-            w.line("l[g, r] += row_sum[r]")
-
-    def weights_by_rows(self) -> None:
-        """``sr`` becomes P; each row's sum is added to ``l``."""
-        w = self.w
-        w.line("for r in range(nq):")
-        with w.indent():
-            w.line("m_row = m_safe[r]")
-            w.line("total = ACC(0.0)")
-            w.line("for c in range(nk):")
-            with w.indent():
-                w.line("p = EXP2(ACC(sr[r, c] - m_row))")
-                w.line("sr[r, c] = p")
-                w.line("total += p")
-            w.line("l[g, r] += total")
-
     def key_tile(self, compute: TileCompute, with_mask: bool) -> None:
         """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
         decoding) by loops on row-major scores, each row vectorised over its keys."""
@@ -218,15 +175,14 @@ class KernelWriter(KernelSource):
         with w.indent():
             w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
-            self.reference_max()
-            self.weights_by_keys()
+            # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
+            w.line("softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g)")
             w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
             w.line("rows_scores(qt[g], ks, sr, nq, nk)")
             self.scores_by_rows(compute, with_mask)
-            self.reference_max()
-            self.weights_by_rows()
+            w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
             w.line("rows_values(sr, vs, acc[g], nq, nk)")
 
     def paged(self, load_op) -> Op | None:
@@ -264,33 +220,64 @@ class KernelWriter(KernelSource):
         return f"{src}[{''.join(b + ', ' for b in batch)}j0:j0 + nk]"
 
     # the kernel ---------------------------------------------------------------
-    def write(self, decorator: str) -> str:
+    def header(self) -> None:
+        """The constants and sizes each of the kernel's functions starts with."""
         t, w = self.t, self.w
         nb = len(t.batch_args)
         q_src = self.array_ref(t.q_load.operands[0])
         v_src = self.array_ref(t.masked.v_load.operands[0])
-        w.line(decorator)
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        w.line(f"ACC = {self.acc}")
+        w.line(f"EXP2 = {'exp2_f32' if self.acc == 'np.float32' else 'np.exp2'}")
+        w.line("LOG2E = ACC(1.4426950408889634)  # scores and maxima are kept in base 2")
+        w.line("LN2 = ACC(0.6931471805599453)")
+        w.line(f"MAXIMUM = {'maximum_f32' if self.acc == 'np.float32' else 'maximum_f64'}")
+        w.line(f"BQ = {t.block_q}")
+        w.line(f"BK = {t.block_k}")
+        w.line(f"G = {self.group}")
+        w.line("MAX_SPLIT = 16")
+        w.line(f"n_rows = out_0.shape[{nb}]")
+        # the keys' length from the IR's type: a decoder's cache buffer is longer than what it holds
+        w.line(f"n_keys = {dim_expr(t.masked.k_load.operands[0].type.shape[-2])}")
+        w.line(f"n_d = {q_src}.shape[{t.q_load.operands[0].type.rank - 1}]")
+        w.line(f"n_e = {v_src}.shape[{t.masked.v_load.operands[0].type.rank - 1}]")
+        w.line("n_qb = (n_rows + BQ - 1) // BQ")
+        if nb == 2:
+            w.line("n_groups = out_0.shape[1] // G")
+        w.line("n_units = n_qb" + "".join(f" * out_0.shape[{k}]" for k in range(nb)) + " // G")
+
+    def write(self, decorator: str) -> str:
+        """Two functions: ``NAME_task`` (a worker's share of the tasks: a unit's query block, or a
+        split of its keys; or with ``merging``, of the split units' merges) and ``NAME``, whose
+        ``prange`` over workers calls it at its address.  The task is a plain ``@njit``
+        function called through a pointer (``intrinsics.task_caller``), so Numba's parallel
+        lowering handles a loop of one call instead of the whole tile code, and nothing is
+        optimised twice: compiling costs about a third of the kernel written as one parallel
+        function."""
+        w = self.w
+        nb = len(self.t.batch_args)
+        params = ", ".join(self.params())
+        shared = f"{params}, n_split, part_m, part_l, part_acc"
+        acc = "f64" if self.acc == "np.float64" else "f32"
+        parts = [INT, array_type(acc, 3), array_type(acc, 3), array_type(acc, 4)]
+        signature = f"{self.name.upper()}_TASK"
+        declare_task(w, signature, [INT, INT, INT, *self.param_types(), *parts])
+        w.line(decorator.replace("@njit(parallel=True, ", f"@njit({signature}, "))
+        w.line(f"def {self.name}_task(worker, n_workers, merging, {shared}):")
         with w.indent():
-            w.line(f"ACC = {self.acc}")
-            w.line(f"EXP2 = {'exp2_f32' if self.acc == 'np.float32' else 'np.exp2'}")
-            w.line("LOG2E = ACC(1.4426950408889634)  # scores and maxima are kept in base 2")
-            w.line("LN2 = ACC(0.6931471805599453)")
-            w.line("LAZY = ACC(8.0)")
-            w.line(f"MAXIMUM = {'maximum_f32' if self.acc == 'np.float32' else 'maximum_f64'}")
-            w.line(f"BQ = {t.block_q}")
-            w.line(f"BK = {t.block_k}")
-            w.line(f"G = {self.group}")
-            w.line("MAX_SPLIT = 16")
-            w.line(f"n_rows = out_0.shape[{nb}]")
-            # the keys' length from the IR's type: a decoder's cache buffer is longer than what it holds
-            w.line(f"n_keys = {dim_expr(t.masked.k_load.operands[0].type.shape[-2])}")
-            w.line(f"n_d = {q_src}.shape[{t.q_load.operands[0].type.rank - 1}]")
-            w.line(f"n_e = {v_src}.shape[{t.masked.v_load.operands[0].type.rank - 1}]")
-            w.line("n_qb = (n_rows + BQ - 1) // BQ")
-            if nb == 2:
-                w.line("n_groups = out_0.shape[1] // G")
-            w.line("n_units = n_qb" + "".join(f" * out_0.shape[{k}]" for k in range(nb)) + " // G")
+            self.header()
+            w.line("if merging:  # a split unit's partial results merged")
+            with w.indent():
+                w.line("for unit in range(worker, n_units, n_workers):")
+                with w.indent():
+                    self.unit_start(nb)
+                    self.merge(nb)
+                w.line("return")
+            self.task()
+        declare_caller(w, signature)
+        w.line(decorator.replace("@njit(", f"@njit(types.void(types.intp, {', '.join(self.param_types())}), "))
+        w.line(f"def {self.name}(task_at, {params}):")
+        with w.indent():
+            self.header()
             # Too few units to fill the cores (decoding one token for few heads): split each
             # unit's keys into chunks done in parallel, merged by their log-sum-exp (flash-decoding).
             w.line("n_split = 1")
@@ -301,72 +288,88 @@ class KernelWriter(KernelSource):
             w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_acc = np.empty((n_parts, G, BQ, n_e), dtype=ACC)")
-            w.line("for task in prange(n_units * n_split):")
+            # one worker per thread, each taking every n_workers-th task (balanced for causal masks);
+            # np.int64: prange's index is unsigned in Numba's lowering, the task takes an int64
+            w.line("n_workers = min(n_units * n_split, n_threads)")
+            w.line("n_mergers = n_workers if n_split > 1 else 0")
+            w.line("for worker in prange(n_workers):")
             with w.indent():
-                w.line("unit = task // n_split")
-                w.line("split = task % n_split")
-                self.unit_start(nb)
-                w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
-                w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
-                w.line("st = np.empty((BK, BQ), dtype=ACC)")
-                w.line("sr = np.empty((FEW_ROWS, BK), dtype=ACC)")
-                w.line("m = np.full((G, BQ), -np.inf, dtype=ACC)")
-                w.line("l = np.zeros((G, BQ), dtype=ACC)")
-                for row in ("mx", "m_safe", "row_sum"):
-                    w.line(f"{row} = np.empty(BQ, dtype=ACC)")
-                w.line("acc = np.zeros((G, BQ, n_e), dtype=ACC)")
-                if self.paged(t.masked.k_load) is not None:  # key and value tiles gathered from pages
-                    w.line("k_paged = np.empty((BK, n_d), dtype=ACC)")
-                    w.line("v_paged = np.empty((BK, n_e), dtype=ACC)")
-                w.line("first = np.int64(1) << 62")
-                w.line("end = np.int64(0)")
+                w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 0, {shared})")
+            w.line("for worker in prange(n_mergers):")
+            with w.indent():
+                w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 1, {shared})")
+        declare_addresses(w, self.name, signature, [f"{self.name}_task"])
+        return w.text()
+
+    def task(self) -> None:
+        """A worker's tasks: for each, its unit's query tile, its key blocks, its result or partial
+        result.  Work buffers are allocated once per worker."""
+        t, w = self.t, self.w
+        nb = len(t.batch_args)
+        w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
+        w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
+        w.line("st = np.empty((BK, BQ), dtype=ACC)")
+        w.line("sr = np.empty((FEW_ROWS, BK), dtype=ACC)")
+        w.line("m = np.empty((G, BQ), dtype=ACC)")
+        w.line("l = np.empty((G, BQ), dtype=ACC)")
+        for row in ("mx", "m_safe", "row_sum"):
+            w.line(f"{row} = np.empty(BQ, dtype=ACC)")
+        w.line("acc = np.empty((G, BQ, n_e), dtype=ACC)")
+        if self.paged(t.masked.k_load) is not None:  # key and value tiles gathered from pages
+            w.line("k_paged = np.empty((BK, n_d), dtype=ACC)")
+            w.line("v_paged = np.empty((BK, n_e), dtype=ACC)")
+        w.line("for task in range(worker, n_units * n_split, n_workers):")
+        with w.indent():
+            w.line("unit = task // n_split")
+            w.line("split = task % n_split")
+            self.unit_start(nb)
+            w.line("m[:] = -np.inf")
+            w.line("l[:] = ACC(0.0)")
+            w.line("acc[:] = ACC(0.0)")
+            w.line("first = np.int64(1) << 62")
+            w.line("end = np.int64(0)")
+            w.line("for g in range(G):")
+            with w.indent():
+                self.head()
+                self.load_query()
+                lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
+                w.line(f"first = min(first, {lo})")
+                w.line(f"end = max(end, {hi})")
+            w.line("if n_split > 1:")
+            with w.indent():
+                w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
+                w.line("first = first + split * chunk")
+                w.line("end = min(end, first + chunk)")
+            w.line("for kb in range(first, end):")
+            with w.indent():
+                self.names[t.loop.regions[0].args[0]] = "kb"
                 w.line("for g in range(G):")
                 with w.indent():
                     self.head()
-                    self.load_query()
                     lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
-                    w.line(f"first = min(first, {lo})")
-                    w.line(f"end = max(end, {hi})")
-                w.line("if n_split > 1:")
-                with w.indent():
-                    w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
-                    w.line("first = first + split * chunk")
-                    w.line("end = min(end, first + chunk)")
-                w.line("for kb in range(first, end):")
-                with w.indent():
-                    self.names[t.loop.regions[0].args[0]] = "kb"
-                    w.line("for g in range(G):")
+                    w.line(f"if kb < {lo} or kb >= {hi}:")
                     with w.indent():
-                        self.head()
-                        lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
-                        w.line(f"if kb < {lo} or kb >= {hi}:")
-                        with w.indent():
-                            w.line("continue")
-                        self.loop_body()
-                w.line("if n_split == 1:")
-                with w.indent():
-                    w.line("for g in range(G):")
-                    with w.indent():
-                        if nb == 2:
-                            w.line("bi_1 = group * G + g")
-                        self.finish()
-                w.line("else:")
-                with w.indent():
-                    w.line("part = unit * n_split + split")
-                    w.line("for g in range(G):")
-                    with w.indent():
-                        w.line("for r in range(nq):")
-                        with w.indent():
-                            w.line("part_m[part, g, r] = m[g, r]")
-                            w.line("part_l[part, g, r] = l[g, r]")
-                            w.line("for e in range(n_e):")
-                            with w.indent():
-                                w.line("part_acc[part, g, r, e] = acc[g, r, e]")
-            w.line("for unit in prange(n_units if n_split > 1 else 0):")
+                        w.line("continue")
+                    self.loop_body()
+            w.line("if n_split == 1:")
             with w.indent():
-                self.unit_start(nb)
-                self.merge(nb)
-        return w.text()
+                w.line("for g in range(G):")
+                with w.indent():
+                    if nb == 2:
+                        w.line("bi_1 = group * G + g")
+                    self.finish()
+            w.line("else:")
+            with w.indent():
+                w.line("part = unit * n_split + split")
+                w.line("for g in range(G):")
+                with w.indent():
+                    w.line("for r in range(nq):")
+                    with w.indent():
+                        w.line("part_m[part, g, r] = m[g, r]")
+                        w.line("part_l[part, g, r] = l[g, r]")
+                        w.line("for e in range(n_e):")
+                        with w.indent():
+                            w.line("part_acc[part, g, r, e] = acc[g, r, e]")
 
     def unit_start(self, nb: int) -> None:
         """Decode ``unit`` into batch indices and the query block; bind the grid's arguments."""

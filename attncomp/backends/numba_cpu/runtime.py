@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numba.core.typing.templates import Signature
 
 from attncomp.errors import with_location
 from attncomp.ir.ops.shape import check_pages as _check_pages
@@ -148,3 +149,13 @@ blas_one_thread = _ScipyBlasThreads()
 def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:
     """Before a kernel reads ``rows`` rows through a page table: enough entries, each naming a page."""
     _check_pages(np.asarray(table, dtype=np.int64), num_pages, size, rows)
+
+
+def task_addresses(signature: Signature, *dispatchers) -> tuple[int, ...]:
+    """Each task's entry point (Numba's calling convention) for ``signature``: what a parallel
+    driver calls them at (``intrinsics.task_caller``).  The dispatchers keep the code alive."""
+    addresses = []
+    for dispatcher in dispatchers:
+        compiled = dispatcher.overloads[signature.args]
+        addresses.append(compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name))
+    return tuple(addresses)

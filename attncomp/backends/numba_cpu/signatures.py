@@ -1,0 +1,103 @@
+"""The Numba types of a kernel's parameters, read from the IR.
+
+Kernels are compiled with explicit signatures: the driver passes every array
+C-contiguous in a dtype the IR fixes (``runtime.kernel_array``) and every scalar
+as ``runtime.kernel_scalar`` makes it, so the types are known before any call.
+Knowing them lets the parallel driver take its task functions as first-class
+function values (``types.FunctionType``) and call them through a pointer: the
+tasks' code is not linked into the driver and optimised again there, which
+would cost as much as compiling them.
+
+Arrays the kernel only reads are typed read-only, which also accepts writable
+arrays (a read-only memory map, or a Dask chunk, passes as it is).
+"""
+
+from __future__ import annotations
+
+from attncomp.backends.codegen import SourceWriter
+from attncomp.ir.core import Op, Value
+
+#: a 0-d value as ``runtime.kernel_scalar`` passes it
+SCALAR = {
+    "i1": "types.boolean",
+    "i32": "types.int64",
+    "i64": "types.int64",
+    "f16": "types.float32",
+    "f32": "types.float32",
+    "f64": "types.float64",
+}
+
+#: an array element as ``runtime.kernel_array`` passes it (float16 widened)
+ELEMENT = {
+    "i1": "types.boolean",
+    "i32": "types.int32",
+    "i64": "types.int64",
+    "f16": "types.float32",
+    "f32": "types.float32",
+    "f64": "types.float64",
+}
+
+INT = "types.int64"
+
+
+def array_type(dtype: str, rank: int, readonly: bool = False) -> str:
+    flag = ", readonly=True" if readonly else ""
+    return f"types.Array({ELEMENT[dtype]}, {rank}, 'C'{flag})"
+
+
+def tile_sources(grid: Op) -> set[Value]:
+    """The values a grid's tiles are loaded from: passed in the accumulation type."""
+    return {o.operands[0] for o in grid.regions[0].walk() if o.name == "ac.tile_load"}
+
+
+def buffer_of(value: Value) -> Value:
+    """What the driver passes for ``value``: a page view's pages, else the value (a cache view's
+    buffer has the view's type)."""
+    owner = value.owner
+    if owner is not None and getattr(owner, "name", None) == "ac.page_view":
+        return owner.operands[0]
+    return value
+
+
+def argument_dtype(value: Value, tiles: set[Value], acc: str) -> str:
+    """The IR dtype of the array passed for captured ``value``: ``acc`` for tile sources."""
+    if value in tiles:
+        return acc
+    return "f32" if value.type.dtype == "f16" else value.type.dtype
+
+
+def captured_types(grid: Op, captured: dict[Value, str], acc: str) -> list[str]:
+    """The type of each captured value's parameter, in ``captured``'s order."""
+    tiles = tile_sources(grid)
+    types = []
+    for value in captured:
+        if value.type.rank == 0:
+            types.append(SCALAR[value.type.dtype])
+        else:
+            buffer = buffer_of(value)
+            types.append(array_type(argument_dtype(value, tiles, acc), buffer.type.rank, readonly=True))
+    return types
+
+
+# The lines a kernel writer emits around its task functions ---------------------------------
+def declare_task(w: SourceWriter, signature: str, arg_types: list[str]) -> None:
+    """``SIGNATURE = types.void(...)``: what the task functions are compiled for."""
+    w.line(f"{signature} = types.void({', '.join(arg_types)})")
+    w.line()
+    w.line()
+
+
+def declare_caller(w: SourceWriter, signature: str) -> None:
+    """``CALL_SIGNATURE``: the intrinsic a driver calls its tasks with (``intrinsics.task_caller``)."""
+    w.line()
+    w.line()
+    w.line(f"CALL_{signature} = task_caller({signature})")
+    w.line()
+    w.line()
+
+
+def declare_addresses(w: SourceWriter, kernel: str, signature: str, tasks: list[str]) -> None:
+    """``KERNEL_TASKS``: the tasks' addresses, which the generated driver passes to the kernel."""
+    w.line()
+    w.line()
+    w.line(f"{kernel.upper()}_TASKS = rt.task_addresses({signature}, {', '.join(tasks)})")

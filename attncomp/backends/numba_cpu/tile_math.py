@@ -1,0 +1,158 @@
+"""The parts of the CPU kernels that no spec changes, compiled once and cached.
+
+Generated kernels import these instead of carrying their own copies, so a new
+spec compiles only what is its own (score, mask, loop bounds, tile loads);
+these compile once per element type and machine (Numba's cache, beside this
+file) and are linked into each kernel.
+
+The online softmax keeps scores and maxima in base 2 (the score times
+log2(e)), so its exponentials are ``2**x``.  In float32 that is a polynomial
+LLVM vectorises (libm's ``expf`` is scalar); float64 uses ``np.exp2``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from attncomp.backends.numba_cpu.intrinsics import float_from_bits
+
+#: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
+FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+#: a row keeps its max until a tile's exceeds it by more than this (base 2): weights stay below 2**8
+LAZY = 8.0
+
+# y = n + f with f in [0, 1); 2**f by a degree-6 fit (relative error 1e-7); 2**n from its
+# exponent bits (n >= -126: a normal float).  Masked scores (-inf) weigh exactly nothing.
+EXP_C = (
+    1.0,
+    0.6931468844413757,
+    0.24023030698299408,
+    0.05548214912414551,
+    0.009679985232651234,
+    0.0012437946861609817,
+    0.0002168343198718503,
+)
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def exp2_f32(y):
+    """2**y in float32 for y < 128; below -126 the result is 0."""
+    n = np.floor(max(y, np.float32(-126.0)))
+    f = max(y, np.float32(-126.0)) - n
+    p = np.float32(EXP_C[6])
+    p = p * f + np.float32(EXP_C[5])
+    p = p * f + np.float32(EXP_C[4])
+    p = p * f + np.float32(EXP_C[3])
+    p = p * f + np.float32(EXP_C[2])
+    p = p * f + np.float32(EXP_C[1])
+    p = p * f + np.float32(EXP_C[0])
+    two_n = float_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return np.float32(0.0) if y < np.float32(-126.0) else p * two_n
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def exp_nonpositive_f32(x):
+    """exp(x) for x <= 0 (the backward's probabilities): 0 below -87, where float32 underflows."""
+    return np.float32(0.0) if x < np.float32(-87.0) else exp2_f32(x * np.float32(1.4426950408889634))
+
+
+def exp2(x):
+    """2**x in the type of ``x`` (float32: :func:`exp2_f32`)."""
+    raise NotImplementedError("exp2 is for compiled code")
+
+
+@overload(exp2, fastmath=FASTMATH, inline="always")
+def _exp2(x):
+    if x == types.float32:
+        return lambda x: exp2_f32(x)
+    return lambda x: np.exp2(x)
+
+
+# A few query rows (decoding) are matrix-vector work: plain loops on row-major scores beat a
+# BLAS call's overhead.
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def rows_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T
+    for r in range(nq):
+        for c in range(nk):
+            total = q.dtype.type(0.0)
+            for d in range(q.shape[1]):
+                total += q[r, d] * ks[c, d]
+            s[r, c] = total
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def rows_values(s, vs, acc, nq, nk):  # acc[:nq] += s[:nq, :nk] @ vs[:nk]
+    for r in range(nq):
+        for c in range(nk):
+            weight = s[r, c]
+            for e in range(acc.shape[1]):
+                acc[r, e] += weight * vs[c, e]
+
+
+# The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small
+# products are fast as q @ k and slow as q @ kᵀ, so each key/value tile is transposed once.
+@njit(cache=True, nogil=True)
+def transpose_into(src, dst, n):  # dst[:, :n] = src[:n].T
+    for c in range(n):
+        for e in range(src.shape[1]):
+            dst[e, c] = src[c, e]
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def reference_max(nq, m, total, acc, mx, m_safe, g):
+    """Each row's reference max ``m_safe`` for a tile whose row maxima are ``mx``.
+
+    A row keeps its max ``m[g, r]`` while the tile's exceeds it by at most ``LAZY`` (its
+    weights stay below ``2**LAZY``, far from overflow); only when it grows more (or is
+    NaN) are the max replaced and the row's weight sum ``total`` and accumulator
+    rescaled -- after the first key blocks, rarely.
+    """
+    zero = m.dtype.type(0.0)
+    lazy = m.dtype.type(LAZY)
+    for r in range(nq):
+        m_old = m[g, r]
+        if mx[r] <= m_old + lazy:
+            m_safe[r] = zero if m_old == -np.inf else m_old
+        else:
+            m_new = m_old if m_old > mx[r] else mx[r]
+            m_safe[r] = zero if m_new == -np.inf else m_new
+            alpha = exp2(m.dtype.type(m_old - m_safe[r]))
+            m[g, r] = m_new
+            total[g, r] *= alpha
+            for e in range(acc.shape[2]):
+                acc[g, r, e] *= alpha
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g):
+    """The online softmax step of a transposed score tile ``st[c, r]`` (scores in base 2,
+    row maxima ``mx``): ``st`` becomes the weights P and each row's sum is added to
+    ``total[g]`` (the softmax's ``l``), vectorised over the rows."""
+    reference_max(nq, m, total, acc, mx, m_safe, g)
+    for r in range(nq):
+        row_sum[r] = st.dtype.type(0.0)
+    for c in range(nk):
+        for r in range(nq):
+            p = exp2(st.dtype.type(st[c, r] - m_safe[r]))
+            st[c, r] = p
+            row_sum[r] += p
+    for r in range(nq):
+        total[g, r] += row_sum[r]
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def softmax_by_rows(sr, nq, nk, m, total, acc, mx, m_safe, g):
+    """As :func:`softmax_by_keys` for a row-major tile ``sr[r, c]`` (a few query rows),
+    each row vectorised over its keys."""
+    reference_max(nq, m, total, acc, mx, m_safe, g)
+    for r in range(nq):
+        m_row = m_safe[r]
+        row_total = sr.dtype.type(0.0)
+        for c in range(nk):
+            p = exp2(sr.dtype.type(sr[r, c] - m_row))
+            sr[r, c] = p
+            row_total += p
+        total[g, r] += row_total
