@@ -70,6 +70,46 @@ def test_inputs_are_not_modified_and_strided_inputs_are_read_correctly():
     assert worst_error([got], [ac.interpret(pass_specs.causal, q, k, k)]) < 1e-4
 
 
+def test_read_only_inputs_forward_and_backward():
+    """Kernels type the arrays they only read as read-only: a memory map opened read-only (or a
+    Dask chunk) is passed as it is, and writable arrays still match the signature."""
+    fn = ac.compile(pass_specs.causal_alibi, backend="cpu", window=12)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 37, 8)).astype(np.float32) for _ in range(3))
+    slopes = np.array([0.25, 0.5], np.float32)
+    for a in (q, k, v, slopes):
+        a.flags.writeable = False
+    want = ac.interpret(pass_specs.causal_alibi, q, k, v, slopes, window=12)
+    assert worst_error([fn(q, k, v, slopes)], [want]) < 1e-4
+    out, pullback = fn.vjp(q, k, v, slopes)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    d_out.flags.writeable = False
+    grads = pullback(d_out)
+    reference = ac.compile(pass_specs.causal_alibi, backend="interp", window=12).vjp(q, k, v, slopes)[1](d_out)
+    assert worst_error(list(grads), list(reference)) < 1e-3
+
+
+def test_tasks_are_called_at_their_address_with_their_exact_types():
+    """The parallel driver calls the spec's task through ``task_caller``; arguments of other types
+    than the task's signature are a typing error, never a call with the wrong layout."""
+    from numba import njit, types
+    from numba.core.errors import TypingError
+
+    from attncomp.backends.numba_cpu.intrinsics import task_caller
+
+    fn = ac.compile(pass_specs.causal, backend="cpu")
+    assert "def attention_kernel_0_task(worker, n_workers, merging," in fn.source
+    assert "CALL_ATTENTION_KERNEL_0_TASK(task_at, np.int64(worker)" in fn.source
+    call = task_caller(types.void(types.int64, types.float64[::1]))
+
+    @njit
+    def wrong(address, x):
+        call(address, np.int64(0), x)
+
+    with pytest.raises(TypingError, match="a task of signature"):
+        wrong(0, np.zeros(3, np.float32))
+
+
 def test_float16_and_float64_specs():
     @ac.spec
     def half(q: ac.f16["T", "D"], k: ac.f16["S", "D"], v: ac.f16["S", "D"]):
