@@ -291,13 +291,14 @@ class KernelWriter(KernelSource):
             # one worker per thread, each taking every n_workers-th task (balanced for causal masks);
             # np.int64: prange's index is unsigned in Numba's lowering, the task takes an int64
             w.line("n_workers = min(n_units * n_split, n_threads)")
-            w.line("n_mergers = n_workers if n_split > 1 else 0")
             w.line("for worker in prange(n_workers):")
             with w.indent():
                 w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 0, {shared})")
-            w.line("for worker in prange(n_mergers):")
+            # fewer units than threads: their merges are a few rows each, done here (a second
+            # parallel loop would cost a quarter of the driver's compile time)
+            w.line("if n_split > 1:")
             with w.indent():
-                w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 1, {shared})")
+                w.line(f"CALL_{signature}(task_at, np.int64(0), np.int64(1), 1, {shared})")
         declare_addresses(w, self.name, signature, [f"{self.name}_task"])
         return w.text()
 
