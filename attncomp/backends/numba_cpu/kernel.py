@@ -1,9 +1,11 @@
 """Lowering an ``ac.tile_grid`` to a parallel Numba kernel.
 
-One ``prange`` task per (batch position, query block) -- a unit; with grouped-query
+One task per (batch position, query block) -- a unit; with grouped-query
 attention, per (batch, key/value head, query block), the task handling the
 ``G`` query heads that share a key/value head together, so every key and
-value tile is read from memory once and used ``G`` times:
+value tile is read from memory once and used ``G`` times.  The tasks run in
+``NAME_task``, a plain ``@njit`` function each worker of the driver's
+``prange`` calls at its address (see :meth:`KernelWriter.write`):
 
     for each head g of the group: prologue, load its query tile (and its transpose), m = -inf, l = 0, acc = 0
     for kb in [first, end):                 # the union of the heads' loop bounds (from the IR)
