@@ -57,6 +57,23 @@ def test_generated_source_and_llvm_are_inspectable():
     assert re.search(r"llvm\.(vector\.reduce\.fmaximum|maximum)\.v\d+f32", llvm), "row max not vectorised"
 
 
+def test_the_softmax_step_prefers_wide_vectors_and_sources_name_the_shared_code():
+    from numba import njit
+
+    from attncomp.backends import numba_cpu
+    from attncomp.backends.numba_cpu import tile_math
+
+    st, m, total = np.zeros((8, 8), np.float32), np.zeros((1, 8), np.float32), np.zeros((1, 8), np.float32)
+    acc, rows = np.zeros((1, 8, 4), np.float32), np.zeros((3, 8), np.float32)
+    cached = tile_math.softmax_by_keys  # Numba's cache keeps no LLVM IR: compile it again to read it
+    fresh = njit(**{k: v for k, v in cached.targetoptions.items() if k not in ("cache", "nopython")})(cached.py_func)
+    fresh(st, 8, 8, m, total, acc, rows[0], rows[1], rows[2], 0)
+    (llvm,) = fresh.inspect_llvm().values()
+    assert '"prefer-vector-width"="512"' in llvm
+    # kernels link this code into their cached machine code: its digest is part of their source (the cache key)
+    assert f"shared tile code {numba_cpu.SHARED_CODE}" in ac.compile(pass_specs.causal, backend="cpu").source
+
+
 def test_inputs_are_not_modified_and_strided_inputs_are_read_correctly():
     fn = ac.compile(pass_specs.causal, backend="cpu")
     rng = np.random.default_rng(1)

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from attncomp.backends.numba_cpu.intrinsics import float_from_bits
+from attncomp.backends.numba_cpu.intrinsics import float_from_bits, prefer_wide_vectors
 
 #: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -131,6 +131,7 @@ def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g):
     """The online softmax step of a transposed score tile ``st[c, r]`` (scores in base 2,
     row maxima ``mx``): ``st`` becomes the weights P and each row's sum is added to
     ``total[g]`` (the softmax's ``l``), vectorised over the rows."""
+    prefer_wide_vectors()
     reference_max(nq, m, total, acc, mx, m_safe, g)
     for r in range(nq):
         row_sum[r] = st.dtype.type(0.0)
@@ -147,6 +148,7 @@ def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g):
 def softmax_by_rows(sr, nq, nk, m, total, acc, mx, m_safe, g):
     """As :func:`softmax_by_keys` for a row-major tile ``sr[r, c]`` (a few query rows),
     each row vectorised over its keys."""
+    prefer_wide_vectors()
     reference_max(nq, m, total, acc, mx, m_safe, g)
     for r in range(nq):
         m_row = m_safe[r]
