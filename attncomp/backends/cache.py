@@ -111,13 +111,3 @@ def _drop_compiled(path: Path) -> None:
             entry.unlink()
         except OSError:
             pass
-
-
-def rebuild(module: ModuleType, prefix: str) -> ModuleType:
-    """Drop ``module`` and Numba's cached code for it, warn, and import it again."""
-    path = Path(module.__file__ or "")
-    _drop_compiled(path)
-    source = path.read_text()
-    with _LOCK:
-        sys.modules.pop(module.__name__, None)
-        return _import(source, module.__name__)

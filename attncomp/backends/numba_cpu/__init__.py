@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.backward_tiles import read_tiled_backward
-from attncomp.backends.cache import from_numba_cache, load_source, rebuild
+from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
@@ -138,13 +138,7 @@ class CpuFunction:
         return self._module is not None
 
     def __call__(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
-        try:
-            return list(self.module.run(*arrays, env))
-        except Exception as exc:
-            if not from_numba_cache(exc):
-                raise
-            self._module = rebuild(self.module, "cpu")
-            return list(self.module.run(*arrays, env))
+        return list(self.module.run(*arrays, env))
 
     @property
     def kernels(self) -> list[Any]:

@@ -25,15 +25,8 @@ task into ``part_k[slot]`` and added up by the driver afterwards.
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
-from attncomp.backends.codegen import KernelSource, dim_expr
-from attncomp.backends.numba_cpu.signatures import (
-    INT,
-    array_type,
-    captured_types,
-    declare_addresses,
-    declare_caller,
-    declare_task,
-)
+from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
+from attncomp.backends.numba_cpu import signatures as sig
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
@@ -44,7 +37,8 @@ class BackwardKernelWriter(KernelSource):
         super().__init__(captured, dims)
         self.name = name
         self.t = tiled
-        self.acc = "np.float64" if tiled.grid.results[0].type.dtype == "f64" else "np.float32"
+        self.acc_dtype = "f64" if tiled.grid.results[0].type.dtype == "f64" else "f32"
+        self.acc = NUMPY_SCALAR[self.acc_dtype]
         self.nb = tiled.grid.results[0].type.rank - 2
         self.group = dim_expr(dim(tiled.grid.attrs["kv_repeat"]))
 
@@ -122,12 +116,12 @@ class BackwardKernelWriter(KernelSource):
 
     def param_types(self) -> list[str]:
         """Numba types of :meth:`params` (see ``signatures``)."""
-        acc = "f64" if self.acc == "np.float64" else "f32"
+        acc = self.acc_dtype
         results = self.t.grid.results
-        outs = [array_type(acc, r.type.rank) for r in results[:3]]
-        parts = [array_type(acc, r.type.rank + 1) for r in results[3:]]
-        captured = captured_types(self.t.grid, self.captured, acc)
-        return outs + parts + captured + [INT] * (len(self.dims) + 1)
+        outs = [sig.array_type(acc, r.type.rank) for r in results[:3]]
+        parts = [sig.array_type(acc, r.type.rank + 1) for r in results[3:]]
+        captured = sig.captured_types(self.t.grid, self.captured, acc)
+        return outs + parts + captured + [sig.INT] * (len(self.dims) + 1)
 
     def header(self) -> None:
         t, w, nb = self.t, self.w, self.nb
@@ -151,7 +145,7 @@ class BackwardKernelWriter(KernelSource):
         t, w, nb = self.t, self.w, self.nb
         params = ", ".join(self.params())
         signature = f"{self.name.upper()}_SLOT"
-        declare_task(w, signature, [INT, *self.param_types()])
+        sig.declare_task(w, signature, [sig.INT, *self.param_types()])
         w.line(decorator.replace("@njit(parallel=True, ", f"@njit({signature}, "))
         w.line(f"def {self.name}_slot(slot, {params}):")
         with w.indent():
@@ -183,7 +177,7 @@ class BackwardKernelWriter(KernelSource):
                     self.positions()
                     w.line(f"out_dk[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dk_acc[:nk]")
                     w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
-        declare_caller(w, signature)
+        sig.declare_caller(w, signature)
         driver_signature = f"types.void(types.intp, {', '.join(self.param_types())})"
         w.line(decorator.replace("@njit(", f"@njit({driver_signature}, "))
         w.line(f"def {self.name}(slot_at, {params}):")
@@ -191,7 +185,7 @@ class BackwardKernelWriter(KernelSource):
             w.line("for slot in prange(n_slots):")
             with w.indent():
                 w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
-        declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
+        sig.declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
         return w.text()
 
     def positions(self) -> None:
