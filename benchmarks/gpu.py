@@ -13,7 +13,9 @@ T = 2048, 8192 and 16384, H = 8, D = 64, and a causal window of 256 keys at T = 
 SDPA with a boolean mask).  Inputs are torch
 CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
 so no copy is timed.  Each time is the median of CUDA-event-timed calls after
-a warm-up call (which compiles).  Printed: milliseconds, achieved TFLOP/s
+a warm-up call (which compiles).  Last, the serving rows of ``benchmarks.serving`` with
+the paged decoder's pool on the GPU (steps take host arrays: their times, paired wall
+clock, include the new tokens' copies).  Printed: milliseconds, achieved TFLOP/s
 (4 B H T S D for dense, half the pairs for causal), GB/s of q, k, v and the
 output, and attncomp's time over torch's (below 1.0 attncomp is faster).
 PyTorch's float32 SDPA uses no TF32 unless asked (``allow_tf32`` is left off).
@@ -29,7 +31,7 @@ import sys
 from dataclasses import dataclass
 
 import attncomp as ac
-from benchmarks import specs
+from benchmarks import serving, specs
 
 
 @dataclass
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
-        "--only", choices=["forward", "decoder", "training"], help="run one part of the table (default: all)"
+        "--only", choices=["forward", "decoder", "training", "serving"], help="run one part of the table (default: all)"
     )
     args = parser.parse_args(argv)
     reason = gpu_or_reason()
@@ -248,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         print(decoder_step_row(torch, args.quick, args.repeats))
     if args.only in (None, "training"):
         for line in training_rows(torch, args.quick, args.repeats):
+            print(line)
+    if args.only in (None, "serving"):
+        for line in serving.serving_rows(args.quick, args.repeats, backend="cuda"):
             print(line)
     return 0
 

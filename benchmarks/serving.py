@@ -8,6 +8,10 @@
     the padding).
 (c) memory: the pool's bytes in use against 64 contiguous caches of 4096 positions.
 
+``benchmarks.gpu`` runs the same rows on the cuda backend (the pool in device memory, the
+torch peer on the GPU; steps take and give host arrays, so their times include the copies
+of the new tokens in and the outputs out).
+
 Each comparison alternates the two calls and reports the median of the per-pair
 ratios.  A paged step appends its token, so the repeated steps grow every sequence
 by one position per repeat; the peers' caches stay as they are.
@@ -28,13 +32,33 @@ def _tokens(rng, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(3))
 
 
-def shared_prompt_rows(quick: bool, repeats: int) -> list[str]:
+def _on(torch, backend: str):
+    """Where the torch peer runs (the GPU for the cuda backend) and a call that waits for it."""
+    device = "cuda" if backend == "cuda" else "cpu"
+
+    def tensor(x: np.ndarray):
+        return torch.from_numpy(x).to(device)
+
+    def done(call):
+        def timed():
+            out = call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out
+
+        return timed
+
+    return tensor, done
+
+
+def shared_prompt_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
     torch = peers.torch_or_none()
     if torch is None:
         return ["  paged, shared prompt: torch is absent, nothing to compare with"]
+    tensor, done = _on(torch, backend)
     users, prompt, own = (8, 1024, 16) if quick else (32, 4096, 16)
     rng = np.random.default_rng(7)
-    fn = ac.compile(specs.causal, backend="cpu")
+    fn = ac.compile(specs.causal, backend=backend)
     srv = fn.paged_decoder(page_size=16, num_pages=(prompt // 16 + 1) + users * 4)
     root = srv.new()
     prefix = _tokens(rng, prompt)
@@ -45,30 +69,31 @@ def shared_prompt_rows(quick: bool, repeats: int) -> list[str]:
     srv.step(mine)
     token = {s: _tokens(rng, 1) for s in seqs}
     # the peer: one contiguous cache per sequence (prompt, own tokens, the new token), batched
-    kc = torch.from_numpy(np.concatenate([np.concatenate([prefix[1], mine[s][1], token[s][1]], axis=2) for s in seqs]))
-    vc = torch.from_numpy(np.concatenate([np.concatenate([prefix[2], mine[s][2], token[s][2]], axis=2) for s in seqs]))
-    qs = torch.from_numpy(np.concatenate([token[s][0] for s in seqs]))
+    kc = tensor(np.concatenate([np.concatenate([prefix[1], mine[s][1], token[s][1]], axis=2) for s in seqs]))
+    vc = tensor(np.concatenate([np.concatenate([prefix[2], mine[s][2], token[s][2]], axis=2) for s in seqs]))
+    qs = tensor(np.concatenate([token[s][0] for s in seqs]))
 
+    @done
     def peer():
         return torch.nn.functional.scaled_dot_product_attention(qs, kc, vc)
 
     first = srv.step(token)
-    check("paged shared prompt", np.concatenate([first[s] for s in seqs]), peer().numpy())
+    check("paged shared prompt", np.concatenate([first[s] for s in seqs]), peer().cpu().numpy())
     cascades = srv.cascades
     ours, theirs, ratio = paired(lambda: srv.step(token), peer, max(repeats, 5))
     assert srv.cascades > cascades, "the shared prompt was not attended in cascade"
     return [
-        f"  paged decode step, {users} sequences sharing a {prompt}-token prompt (+{own} own), H={H} D={D}: "
-        f"{ours * 1e3:.1f} ms; torch SDPA over the batch of contiguous caches {theirs * 1e3:.1f} ms, "
+        f"  paged decode step ({backend}), {users} sequences sharing a {prompt}-token prompt (+{own} own), "
+        f"H={H} D={D}: {ours * 1e3:.1f} ms; torch SDPA over the batch of contiguous caches {theirs * 1e3:.1f} ms, "
         f"ratio {ratio:.2f}"
     ]
 
 
-def ragged_rows(quick: bool, repeats: int) -> list[str]:
+def ragged_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
     n_seq, longest = (16, 1024) if quick else (64, 4096)
     rng = np.random.default_rng(8)
     lengths = rng.integers(128, longest + 1, size=n_seq)
-    fn = ac.compile(specs.causal, backend="cpu")
+    fn = ac.compile(specs.causal, backend=backend)
     page = 16
     srv = fn.paged_decoder(page_size=page, num_pages=int(sum(-(-(n + 64) // page) for n in lengths)))
     decoders, seqs, histories = [], [], []
@@ -94,11 +119,12 @@ def ragged_rows(quick: bool, repeats: int) -> list[str]:
     check("paged ragged", np.concatenate([first[s] for s in seqs]), np.concatenate(want))
     ours, looping, ratio_loop = paired(lambda: srv.step(token), loop, max(repeats, 5))
     lines = [
-        f"  paged decode step, {n_seq} sequences of random lengths 128..{longest}: {ours * 1e3:.1f} ms; "
+        f"  paged decode step ({backend}), {n_seq} sequences of random lengths 128..{longest}: {ours * 1e3:.1f} ms; "
         f"looping {n_seq} fn.decoder steps {looping * 1e3:.1f} ms, ratio {ratio_loop:.2f}"
     ]
     torch = peers.torch_or_none()
     if torch is not None:
+        tensor, done = _on(torch, backend)
         width = int(max(srv.length(s) for s in seqs))
         kc = np.zeros((n_seq, H, width, D), np.float32)
         vc = np.zeros_like(kc)
@@ -108,13 +134,14 @@ def ragged_rows(quick: bool, repeats: int) -> list[str]:
             kc[b, :, :n], vc[b, :, :n] = history[1][0], history[2][0]
             kc[b, :, n], vc[b, :, n] = token[s][1][0, :, 0], token[s][2][0, :, 0]
             mask[b, ..., : n + 1] = True
-        tk, tv, tm = torch.from_numpy(kc), torch.from_numpy(vc), torch.from_numpy(mask)
-        tq = torch.from_numpy(np.concatenate([token[s][0] for s in seqs]))
+        tk, tv, tm = tensor(kc), tensor(vc), tensor(mask)
+        tq = tensor(np.concatenate([token[s][0] for s in seqs]))
 
+        @done
         def padded():
             return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
 
-        check("paged ragged vs torch", np.concatenate([first[s] for s in seqs]), padded().numpy())
+        check("paged ragged vs torch", np.concatenate([first[s] for s in seqs]), padded().cpu().numpy())
         ours, theirs, ratio = paired(lambda: srv.step(token), padded, max(repeats, 5))
         lines.append(
             f"    torch SDPA over the padded batch ({width} wide, masked): {theirs * 1e3:.1f} ms, ratio {ratio:.2f}"
@@ -129,5 +156,6 @@ def ragged_rows(quick: bool, repeats: int) -> list[str]:
     return lines
 
 
-def serving_rows(quick: bool, repeats: int) -> list[str]:
-    return shared_prompt_rows(quick, repeats) + ragged_rows(quick, repeats)
+def serving_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
+    """The rows for ``backend``: "cpu", or "cuda" (the pool on the GPU, torch's peer there too)."""
+    return shared_prompt_rows(quick, repeats, backend) + ragged_rows(quick, repeats, backend)

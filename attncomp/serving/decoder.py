@@ -81,12 +81,17 @@ class PagedDecoder:
         cascade_sharers: int = 2,
     ):
         self.fn = fn
-        self.pool = PagePool(num_pages, page_size)
+        storage = None
+        if fn.backend == "cuda":  # the pool lives on the device; steps copy in only their new tokens
+            from attncomp.backends.numba_cuda.pages import DevicePages
+
+            storage = DevicePages()
+        self.pool = PagePool(num_pages, page_size, storage)
         self.plan = ChunkPlan.of(fn)
         #: the attention of a ragged batch of sequences over keys held contiguously (the new ones)
         self.attention = self.plan.ragged_attention()
-        #: and over cached keys read in place from the pages (backends that lower ac.page_view)
-        self.paged = self.plan.ragged_attention(paged=True) if fn.backend in ("cpu", "interp") else None
+        #: and over cached keys read in place from the pages (``ac.page_view``)
+        self.paged = self.plan.ragged_attention(paged=True)
         self.cascade_min, self.cascade_sharers = cascade_min, cascade_sharers
         func = self.attention.fn.func
         seq_sizes = {s for s in (self.plan.seq_q, self.plan.seq_k) if s}
@@ -230,11 +235,6 @@ class PagedDecoder:
             sizes = self._sizes(first, q.shape[-2])
             return self.attention.fn._run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         size, rows = self.pool.page_size, int(lengths.max())
-        if self.paged is None:  # no paged tiles on this backend: each member's keys copied
-            copies = [self.pool.read(p.seq, s, s + rows) for p, s in zip(members, ragged[1])]
-            keys, values = (np.concatenate([c[t] for c in copies]) for t in (0, 1))
-            sizes = self._sizes(first, q.shape[-2])
-            return self.attention.fn._run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         entries = max(-(-rows // size), 1)
         table = np.zeros((len(members), entries), np.int64)  # page 0 pads: rows past a count are never read
         for b, (p, s) in enumerate(zip(members, ragged[1])):
@@ -242,7 +242,10 @@ class PagedDecoder:
             table[b, : len(pages)] = pages
         keys, values = self.pool.arrays
         sizes = self._sizes(first, q.shape[-2], rows)
-        return self.paged.fn._run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
+        outputs = self.paged.fn._run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
+        if not isinstance(keys, np.ndarray):  # a device pool: the results are left on the device too
+            outputs = [self.pool.storage.host(x) for x in outputs]
+        return outputs
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""

@@ -7,17 +7,37 @@ hold the key/value heads only).  A sequence is a page table and a length.  Pages
 counted: ``fork`` shares every page of the parent, and the partial last page
 is copied only when one of its holders appends to it (copy on write), so a
 fork copies at most one page; a page returns to the free list when its last
-holder is freed.
+holder is freed.  The arrays live where the backend's kernels read them
+(``storage``): host memory, or the GPU's for the cuda backend.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from attncomp.serving.pages import gather_pages
+
+
+class HostPages:
+    """Pages in host memory (numpy arrays): the cpu and interp backends' pool."""
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def write(self, array: np.ndarray, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+        """``array[pages[c], ..., slots[c], :] = rows[c]`` for each new row ``c``."""
+        heads = (slice(None),) * (array.ndim - 3)
+        array[(pages, *heads, slots)] = rows
+
+    def copy_page(self, array: np.ndarray, dst: int, src: int) -> None:
+        array[dst] = array[src]
+
+    def host(self, array: np.ndarray) -> np.ndarray:
+        return array
 
 
 class PoolExhausted(ValueError):
@@ -31,7 +51,7 @@ class Sequence:
 
 
 class PagePool:
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, storage: Any = None):
         if num_pages <= 0 or page_size <= 0:
             raise ValueError(f"num_pages and page_size must be positive, got {num_pages} and {page_size}")
         self.num_pages, self.page_size = int(num_pages), int(page_size)
@@ -40,7 +60,9 @@ class PagePool:
         self.sequences: dict[int, Sequence] = {}
         self._ids = itertools.count()
         #: one ``[num_pages, *heads, page_size, d]`` array per cached tensor, made at the first append
-        self.arrays: list[np.ndarray] | None = None
+        self.arrays: list[Any] | None = None
+        #: where the pages live: host memory, or a backend's device (``backends.numba_cuda.pages``)
+        self.storage = HostPages() if storage is None else storage
 
     @property
     def pages_free(self) -> int:
@@ -90,13 +112,19 @@ class PagePool:
         """Make the page arrays: one per cached tensor, whose positions are ``(*heads, d)`` of ``dtype``."""
         if self.arrays is None:
             self.arrays = [
-                np.zeros((self.num_pages, *rest[:-1], self.page_size, rest[-1]), dtype) for rest, dtype in shapes
+                self.storage.zeros((self.num_pages, *rest[:-1], self.page_size, rest[-1]), dtype)
+                for rest, dtype in shapes
             ]
 
     @property
     def bytes_per_position(self) -> int:
         """What one cached position takes, over every cached tensor."""
-        return sum(a[0].nbytes // self.page_size for a in self.arrays or [])
+        sizes = (int(np.prod(tuple(a.shape)[1:], dtype=np.int64)) * a.dtype.itemsize for a in self.arrays or [])
+        return sum(size // self.page_size for size in sizes)
+
+    def host_arrays(self) -> list[np.ndarray]:
+        """The page arrays in host memory (copies when the pool is on a device)."""
+        return [self.storage.host(a) for a in self.arrays or []]
 
     def append(self, seq: int, rows: list[np.ndarray]) -> None:
         """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place."""
@@ -105,7 +133,7 @@ class PagePool:
         if count and s.length % size and self.refs[s.pages[-1]] > 1:
             old, page = s.pages[-1], self._free.pop()
             for array in self.arrays:
-                array[page] = array[old]
+                self.storage.copy_page(array, page, old)
             self.refs[old] -= 1
             self.refs[page] = 1
             s.pages[-1] = page
@@ -115,9 +143,8 @@ class PagePool:
             s.pages.append(page)
         positions = np.arange(s.length, s.length + count)
         pages = np.asarray(s.pages)[positions // size]
-        for array, new in zip(self.arrays, rows):
-            heads = (slice(None),) * (array.ndim - 3)
-            array[(pages, *heads, positions % size)] = new  # new: [count, *heads, d]
+        for array, new in zip(self.arrays, rows):  # new: [count, *heads, d]
+            self.storage.write(array, pages, positions % size, new)
         s.length += count
 
     def read(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
@@ -130,7 +157,7 @@ class PagePool:
         first, last = start // size, -(-stop // size)
         pages = np.asarray(s.pages[first:last], dtype=np.int64)
         out = []
-        for array in self.arrays:
+        for array in self.host_arrays():
             heads, d = array.shape[1:-2], array.shape[-1]
             buffer = np.zeros((1, *heads, stop - start, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))

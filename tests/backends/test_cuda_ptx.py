@@ -191,3 +191,27 @@ def test_unfused_backward_kernels_compile(example, name):
     impl = numba_cuda.build(fn.backward.module)
     assert any(k.name.endswith("scatter_add") for k in impl.graph_kernels)
     _check(impl, 64)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_paged_attention_kernels(rows):
+    """A paged decoder's attention reads keys and values through the page table in the kernel."""
+    fn = ac.compile(load_example("gqa").grouped_query_attention, backend="cuda")
+    impl = fn.paged_decoder(page_size=16, num_pages=8).paged.fn._impl
+    kernels = impl.decode_kernels(64, rows=rows)
+    assert "page = arg_" in kernels[0].source and "_table[" in kernels[0].source
+    _check(impl, 64, kernels)
+
+
+def test_page_writing_kernels():
+    """The kernels a device pool is written with: new rows into their slots, a page copied on write."""
+    from attncomp.backends.numba_cuda import pages
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for
+
+    signatures = {
+        pages._write_rows: "void(float32[:, :, :, ::1], int64[::1], int64[::1], float32[:, :, ::1])",
+        pages._copy_page: "void(float32[:, :, :, ::1], int64, int64)",
+    }
+    for kernel, signature in signatures.items():
+        for cc, ptx in compile_ptx_for(kernel.py_func, signature, TARGETS).items():
+            assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx

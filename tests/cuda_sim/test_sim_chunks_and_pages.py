@@ -48,3 +48,55 @@ def test_paged_decoder_on_cuda():
     got = np.concatenate([first, ys[a]], axis=2)
     assert np.max(np.abs(got - whole)) / np.max(np.abs(whole)) < 1e-5
     assert np.max(np.abs(ys[b] - whole[:, :, 9:10])) / np.max(np.abs(whole)) < 1e-5
+
+
+def test_the_pool_stays_on_the_device():
+    """Pages are device arrays, written in place (copies on write included), read by the kernel
+    through the page table; a sequence reads back what was appended to it."""
+    from attncomp.backends.numba_cuda import runtime as rt
+
+    rng = np.random.default_rng(2)
+    fn = ac.compile(specs.causal_alibi, backend="cuda", window=6)
+    srv = fn.paged_decoder(page_size=4, num_pages=8)
+    q, k, v = (rng.standard_normal((1, 2, 7, 8), dtype=np.float32) for _ in range(3))
+    a = srv.new()
+    srv.step({a: (q[:, :, :6], k[:, :, :6], v[:, :, :6], SLOPES)})
+    assert all(rt.is_device(x) for x in srv.pool.arrays)
+    assert "page = arg_" in srv.paged.fn.source  # key and value chunks staged through the table
+    b = srv.fork(a)
+    srv.step({b: (q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], SLOPES)})  # b's last page is copied, then written
+    assert srv.pages_free == 5
+    keys, values = srv.pool.read(a, 0, 6)
+    np.testing.assert_array_equal(keys, k[:, :, :6])
+    keys, values = srv.pool.read(b, 0, 7)
+    np.testing.assert_array_equal(values, v)
+
+
+def test_gqa_sequences_over_a_device_pool():
+    from tests.conftest import load_example
+    from tests.e2e.test_paged_decoder import gqa_case, serve
+
+    srv = serve(gqa_case("cuda", {"gqa": load_example("gqa")}), seed=7, page_size=4, num_pages=64, steps=5)
+    assert srv.pool.storage.__class__.__name__ == "DevicePages"
+
+
+def test_a_failed_step_leaves_the_device_pool_as_it_was():
+    from tests.e2e.test_paged_decoder import PoolExhausted, snapshot, tokens
+
+    rng = np.random.default_rng(5)
+    srv = ac.compile(specs.causal_alibi, backend="cuda", window=6).paged_decoder(page_size=4, num_pages=5)
+    a = srv.new()
+    srv.step({a: tokens(rng, 9)})
+    b = srv.fork(a)
+    before = snapshot(srv)
+    bad = [
+        ({a: tokens(rng), b: tokens(rng, 9)}, PoolExhausted, r"needs 3 pages, 2 are free \(of 5\)"),
+        ({a: tokens(rng), b: tokens(rng, heads=3)}, ac.ShapeError, "slopes: dimension H is 2"),
+    ]
+    for batch, error, message in bad:
+        with pytest.raises(error, match=message):
+            srv.step(batch)
+        assert snapshot(srv) == before
+
+
+SLOPES = np.array([0.5, 0.25], np.float32)

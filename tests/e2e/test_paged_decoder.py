@@ -161,7 +161,7 @@ def test_fork_copies_at_most_one_page():
 def snapshot(srv):
     pool = srv.pool
     return (
-        [a.tobytes() for a in pool.arrays],
+        [a.tobytes() for a in pool.host_arrays()],
         pool.refs.tobytes(),
         {s: (list(q.pages), q.length) for s, q in pool.sequences.items()},
         pool.pages_free,

@@ -45,7 +45,11 @@ class AttentionKernels:
         self.index = index
         self.grid = grid
         self.tiled = read_tiled_attention(grid)
-        self.captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(grid))}
+        self.captured: dict = {}
+        for n, v in enumerate(captured_values(grid)):
+            self.captured[v] = f"arg_{n}"
+            if v.owner is not None and getattr(v.owner, "name", None) == "ac.page_view":
+                self.captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
         self.dims = size_names(func)
         self.func_name = func.name
         self.name = f"attention_kernel_{index}"

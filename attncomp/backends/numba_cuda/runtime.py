@@ -19,6 +19,7 @@ import numpy as np
 from numba import cuda
 
 from attncomp.errors import with_location
+from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range
 from attncomp.ir.types import NUMPY_DTYPES
 
@@ -113,9 +114,9 @@ def kernel_scalar(x: Any, dtype: str):
     return np.float64(x) if dtype == "f64" else np.float32(x)
 
 
-def empty(shape: tuple[int, ...], dtype: str) -> Any:
+def empty(shape: tuple[int, ...], dtype: Any) -> Any:
     """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
-    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES[dtype], stream=stream())
+    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES.get(dtype, dtype), stream=stream())
 
 
 def scratch(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -141,7 +142,7 @@ def _copy_kernel(out, src):
         out[n] = src[n]
 
 
-def zeros(shape: tuple[int, ...], dtype: str) -> Any:
+def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
     """A zeroed device array (zeroed by a kernel: no host transfer); 0-d gets one element, as in
     :func:`empty`.  What the backward's kernels and ``ac.scatter_add`` add into."""
     array = empty(shape, dtype)
@@ -228,6 +229,13 @@ def check_indices(flags: Any, shape: tuple[int, ...], at: str = "") -> None:
             bad = low if low < 0 else high
             message = f"ac.gather: index {bad} is out of range for axis {axis} of size {shape[axis]}"
             raise IndexError(with_location(message, at))
+
+
+def check_pages(table: Any, num_pages: int, size: int, rows: int) -> None:
+    """Before a kernel reads ``rows`` rows through a page table: enough entries, each naming a page
+    (a table already on the device is copied back to be checked: tables are small)."""
+    host = copy_to_host(device_view(table)) if is_device(table) else table
+    _check_pages(np.asarray(host, dtype=np.int64), num_pages, size, rows)
 
 
 def is_contiguous(x: Any) -> bool:
