@@ -41,6 +41,8 @@ class Row:
     note: str = ""
     #: attncomp's time over torch's: the median of per-pair ratios, the two called alternately
     torch_ratio: float | None = None
+    #: floating-point operations of the case (4 per query-key pair and head dim: both products)
+    flops: float = 0.0
 
 
 def best_of(fn, repeats: int) -> float:
@@ -61,9 +63,11 @@ def inputs(rng, b, h, t, s, d, kv=None):
     return q, k, v
 
 
-def time_case(name, spec, args, constants, torch_call, numpy_call, repeats, with_numpy=True) -> Row:
+def time_case(name, spec, args, constants, torch_call, numpy_call, repeats, with_numpy=True, pairs=None) -> Row:
     fn = ac.compile(spec, backend="cpu", **constants)
-    row = Row(name)
+    q, k = args[0], args[1]
+    pairs = q.shape[-2] * k.shape[-2] if pairs is None else pairs  # query-key pairs per head
+    row = Row(name, flops=4.0 * q.shape[0] * q.shape[1] * pairs * q.shape[-1])
     torch = peers.torch_or_none()
     if torch is not None:
         check(name, fn(*args), torch_call(torch))
@@ -104,6 +108,7 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
                 lambda q=q, k=k, v=v, m=causal_mask: peers.numpy_attention(q, k, v, m),
                 repeats if t < 8192 else 1,
                 with_numpy=t < 8192,
+                pairs=t * (t + 1) // 2,
             )
         )
     t = 1024 if quick else 8192
@@ -120,6 +125,7 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
             lambda: peers.numpy_attention(q, k, v, window),
             1 if t == 8192 else repeats,
             with_numpy=False,
+            pairs=int(window.sum()),
         )
     )
     cache = 1024 if quick else 4096
@@ -429,15 +435,27 @@ def compile_rows() -> list[str]:
     ]
 
 
+def sgemm_peak() -> float:
+    """GFLOP/s of a 4096^3 float32 ``np.matmul`` (numpy's BLAS, every core): the machine's peak."""
+    a = np.random.default_rng(1).standard_normal((4096, 4096), dtype=np.float32)
+    a @ a
+    return 2 * 4096**3 / best_of(lambda: a @ a, 3) / 1e9
+
+
 def print_table(rows: list[Row]) -> None:
-    print(f"{'case':<42} {'attncomp':>10} {'torch':>10} {'numpy':>10} {'vs torch':>9} {'vs numpy':>9}")
+    peak = sgemm_peak()
+    print(f"{'case':<42} {'attncomp':>10} {'torch':>10} {'numpy':>10} {'vs torch':>9} {'vs numpy':>9}  GFLOP/s")
     for row in rows:
         s = row.seconds
         cells = [f"{s[k] * 1e3:9.1f}ms" if s.get(k) else f"{'-':>10}" for k in ("attncomp", "torch", "numpy")]
         ratios = [f"{s['attncomp'] / s[k]:9.2f}" if s.get(k) else f"{'-':>9}" for k in ("torch", "numpy")]
         if row.torch_ratio is not None:
             ratios[0] = f"{row.torch_ratio:9.2f}"
-        print(f"{row.case:<42} {' '.join(cells)} {' '.join(ratios)}")
+        rates = f"{row.flops / s['attncomp'] / 1e9:6.0f}"
+        if s.get("torch"):
+            rates += f" (torch {row.flops / s['torch'] / 1e9:.0f})"
+        print(f"{row.case:<42} {' '.join(cells)} {' '.join(ratios)}  {rates}")
+    print(f"  sgemm peak: a 4096^3 float32 np.matmul runs at {peak:.0f} GFLOP/s on this machine")
 
 
 def plot(rows: list[Row], path: str) -> None:

@@ -72,11 +72,16 @@ def test_the_pool_stays_on_the_device():
     np.testing.assert_array_equal(values, v)
 
 
-def test_gqa_sequences_over_a_device_pool():
+@pytest.mark.parametrize("name", ["alibi", "sinks", "gqa", "nanochat"])
+def test_sequences_over_a_device_pool(name):
+    """Random prefill and decode steps, forks and frees: each sequence's outputs equal one call
+    of the spec on its whole history (the e2e workload, smaller)."""
     from tests.conftest import load_example
-    from tests.e2e.test_paged_decoder import gqa_case, serve
+    from tests.e2e import test_paged_decoder as e2e
 
-    srv = serve(gqa_case("cuda", {"gqa": load_example("gqa")}), seed=7, page_size=4, num_pages=64, steps=5)
+    examples = {n: load_example(n) for n in ("sinks_window", "gqa", "nanochat_attention")}
+    case = e2e.alibi_case("cuda") if name == "alibi" else getattr(e2e, f"{name}_case")("cuda", examples)
+    srv = e2e.serve(case, seed=7, page_size=4, num_pages=64, steps=2 if name == "nanochat" else 4)
     assert srv.pool.storage.__class__.__name__ == "DevicePages"
 
 
