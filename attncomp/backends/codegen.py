@@ -220,6 +220,21 @@ class KernelSource:
     def array_ref(self, value: Value) -> str:
         return self.captured[value]
 
+    def page_view(self, load_op: Op) -> Op | None:
+        """The ``ac.page_view`` a key or value tile load reads through, if any."""
+        view = load_op.operands[0].owner
+        return view if getattr(view, "name", None) == "ac.page_view" else None
+
+    def page_row(self, load_op: Op, view: Op, row: str) -> tuple[str, str]:
+        """Row ``row`` of a load through ``view`` in the pool: the page it is on (from the table:
+        one table row per batch entry, or one table) and the index of the row's first element in
+        the pages array after that page (``heads..., slot, ``)."""
+        pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
+        batch, *heads = (self.scalar().ref(v) for v in load_op.operands[1:-1])
+        entry = f"{batch}, " if view.operands[1].type.rank == 2 else ""
+        size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
+        return f"{table}[{entry}({row}) // {size}]", "".join(f"{h}, " for h in heads) + f"({row}) % {size}, "
+
     def by_tile_class(self, tiled, emit: Callable[[object, bool], None]) -> None:
         """The loop body of ``tiled`` (a TiledAttention or TiledBackward): its classification, then
         ``emit(tile, with_mask)`` for the masked class (1) and the full class (2); skipped tiles (0) do

@@ -243,9 +243,7 @@ class PagedDecoder:
         keys, values = self.pool.arrays
         sizes = self._sizes(first, q.shape[-2], rows)
         outputs = self.paged.fn._run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
-        if not isinstance(keys, np.ndarray):  # a device pool: the results are left on the device too
-            outputs = [self.pool.storage.host(x) for x in outputs]
-        return outputs
+        return [self.pool.storage.host(x) for x in outputs]  # a device pool leaves them on the device
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""

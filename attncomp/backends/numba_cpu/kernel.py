@@ -40,9 +40,8 @@ from __future__ import annotations
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
 from attncomp.backends.numba_cpu import signatures as sig
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
-from attncomp.ir.core import Op, Value
+from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
-from attncomp.passes.patterns import producer
 
 
 class KernelWriter(KernelSource):
@@ -181,33 +180,23 @@ class KernelWriter(KernelSource):
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
             w.line("rows_values(sr, vs, acc[g], nq, nk)")
 
-    def paged(self, load_op) -> Op | None:
-        """The ``ac.page_view`` a key or value tile is read through, if any."""
-        view = producer(load_op.operands[0])
-        return view if view is not None and view.name == "ac.page_view" else None
-
     def load_rows(self, target: str, load_op, buffer: str) -> None:
         """``target`` = the tile's rows: in place, or copied page by page into ``buffer`` through the table."""
-        view = self.paged(load_op)
+        view = self.page_view(load_op)
         if view is None:
             self.w.line(f"{target} = {self.tile_rows(load_op)}")
             return
-        w = self.w
-        pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
-        batch, *heads = (self.scalar().ref(v) for v in load_op.operands[1:-1])
-        row = f"{batch}, " if view.operands[1].type.rank == 2 else ""  # one table row per sequence
-        heads = "".join(h + ", " for h in heads)
-        size = f"{pages}.shape[{load_op.operands[0].owner.operands[0].type.rank - 2}]"
+        page, at = self.page_row(load_op, view, "j0 + c")
+        pages = self.array_ref(load_op.operands[0])
         lines = [
             "for c in range(nk):  # row j0 + c: its page from the table, its slot in the page",
-            f"    page = {table}[{row}(j0 + c) // {size}]",
-            f"    slot = (j0 + c) % {size}",
+            f"    page = {page}",
             f"    for e in range({buffer}.shape[1]):",
-            f"        {buffer}[c, e] = {pages}[page, {heads}slot, e]",
+            f"        {buffer}[c, e] = {pages}[page, {at}e]",
             f"{target} = {buffer}[:nk]",
         ]
         for line in lines:
-            w.line(line)
+            self.w.line(line)
 
     def tile_rows(self, load_op) -> str:
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
@@ -312,7 +301,7 @@ class KernelWriter(KernelSource):
         for row in ("mx", "m_safe", "row_sum"):
             w.line(f"{row} = np.empty(BQ, dtype=ACC)")
         w.line("acc = np.empty((G, BQ, n_e), dtype=ACC)")
-        if self.paged(t.masked.k_load) is not None:  # key and value tiles gathered from pages
+        if self.page_view(t.masked.k_load) is not None:  # key and value tiles gathered from pages
             w.line("k_paged = np.empty((BK, n_d), dtype=ACC)")
             w.line("v_paged = np.empty((BK, n_e), dtype=ACC)")
         w.line("for task in range(worker, n_units * n_split, n_workers):")
