@@ -15,21 +15,32 @@ the bus (outputs come back to the host when the inputs came from it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from attncomp.ir.binding import as_array, bind_shapes
+from attncomp.compilation import Compilation
+from attncomp.ir.binding import bind_shapes
 from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.passes.pipeline import edit_pipeline, make_pass, pass_names
 
-if TYPE_CHECKING:
-    from attncomp.api import CompiledFunction
+
+def decoding_compilation(c: Compilation, backend: str | None = None) -> Compilation:
+    """``c``'s input compiled with kv-cache-reuse right after softmax-fusion (once per backend)."""
+
+    def make() -> Compilation:
+        passes = c.passes
+        if "kv-cache-reuse" not in pass_names(passes):
+            if "softmax-fusion" not in pass_names(passes):
+                passes = [make_pass("softmax-fusion"), *passes]
+            passes = edit_pipeline(passes, insert=make_pass("kv-cache-reuse"), after="softmax-fusion")
+        return c.derive(passes, backend=backend)
+
+    return c.variant(("decoding", backend or c.backend), make)
 
 
 class Decoder:
     """Callable decoder over one cache.  See ``CompiledFunction.decoder``."""
 
-    def __init__(self, fn: CompiledFunction, max_len: int):
+    def __init__(self, fn: Compilation, max_len: int):
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
         self.fn = fn
@@ -41,7 +52,7 @@ class Decoder:
         self._n_outputs = len(func.results) - func.attrs["cache_results"]
         self._axis = self._cache_args[0].type.rank - 2
         self._new_keys = func.results[self._n_outputs]  # the spec's k: its sequence size is the new count
-        self._buffers: list[np.ndarray] | None = None
+        self._buffers: list[Any] | None = None
         self.length = 0
 
     @property
@@ -61,13 +72,11 @@ class Decoder:
         if len(inputs) != self._n_inputs:
             names = ", ".join(a.name for a in self.fn.func.args[: self._n_inputs])
             raise TypeError(f"the decoder takes {self._n_inputs} inputs ({names}), got {len(inputs)}")
-        impl = self.fn._impl
-        on_device = getattr(impl, "device_cache", False)
-        if on_device:  # shapes are read without copying device inputs; the backend binds them
-            checked = [impl.shape_view(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
-            arrays = list(inputs)
-        else:
-            arrays = checked = [as_array(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
+        program = self.fn.program
+        on_device = program.cache_on_device
+        # shapes are read without copying device inputs; the backend binds them
+        checked = [program.shape_view(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
+        arrays = list(inputs) if on_device else checked
         sizes = {self._cached.symbol: self.length}
         env = bind_shapes(self.fn.func.args[: self._n_inputs], checked, sizes)
         new = self._new_keys.type.shape[self._axis].evaluate(env)
@@ -79,10 +88,10 @@ class Decoder:
         if self._buffers is None:
             new_entries = self.fn.func.results[self._n_outputs :]
             self._buffers = [self._allocate(value, env) for value in new_entries]
-        results = self.fn._run([*arrays, *self._buffers], sizes)
+        results = self.fn.run([*arrays, *self._buffers], sizes)
         outputs, new_kv = results[: self._n_outputs], results[self._n_outputs :]
         if on_device:  # the kernels appended to the device cache in place
-            outputs = impl.outputs_for(outputs, inputs)
+            outputs = program.outputs_for(outputs, inputs)
         else:  # the compiled backends append in place too; the interpreter returns the new entries
             index = [slice(None)] * (self._axis + 1)
             index[self._axis] = slice(self.length, self.length + new)
@@ -95,10 +104,7 @@ class Decoder:
         """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""
         shape = [d.evaluate(env) for d in new_entries.type.shape]
         shape[self._axis] = self.max_len
-        dtype = NUMPY_DTYPES[new_entries.type.dtype]
-        if getattr(self.fn._impl, "device_cache", False):
-            return self.fn._impl.zeros(tuple(shape), dtype)
-        return np.zeros(tuple(shape), dtype=dtype)
+        return self.fn.program.zeros(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype])
 
     def __repr__(self) -> str:
         return f"<attncomp decoder {self.fn.name}: {self.length}/{self.max_len} positions cached>"

@@ -401,5 +401,5 @@ def _signature(fn: Callable[..., Any]) -> tuple[list[tuple[str, TensorSpec]], di
 
 
 def spec(fn: Callable[..., Any]) -> Spec:
-    """Trace ``fn`` into the graph IR (see API.md section 1)."""
+    """Trace ``fn`` into the graph IR (see docs/api.md section 1)."""
     return Spec(fn)

@@ -29,7 +29,7 @@ def _no_python_value(what: str) -> SpecError:
 
 
 class Tensor:
-    """A traced value.  Supports the operations listed in API.md section 1."""
+    """A traced value.  Supports the operations listed in docs/api.md section 1."""
 
     __array_priority__ = 1000
 

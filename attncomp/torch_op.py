@@ -1,4 +1,4 @@
-"""A compiled function as a differentiable PyTorch op (API.md section 6).
+"""A compiled function as a differentiable PyTorch op (docs/api.md section 6).
 
 ``fn.to_torch()`` registers two ``torch.library`` custom ops per compiled function:
 
@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
+from attncomp.gradients import backward_of, saving_forward_of
 from attncomp.ir.binding import bind_arguments, check_dtype
 from attncomp.ir.types import NUMPY_DTYPES, is_float
 
@@ -104,7 +106,7 @@ class TorchFunction:
         torch = require_torch()
         self.fn = fn
         self.name = name
-        forward, backward = fn.forward_saving, fn.backward
+        forward, backward = saving_forward_of(fn.compilation), backward_of(fn.compilation)
         self._forward, self._backward = forward, backward
         self._arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
         self._floating = [is_float(a.type.dtype) for a in fn.func.args]
@@ -148,21 +150,22 @@ class TorchFunction:
 
     # running ----------------------------------------------------------------------------------
     def _run(
-        self, compiled: CompiledFunction, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None = None
+        self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None = None
     ) -> list[torch.Tensor]:
         """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results."""
         torch = require_torch()
         names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
         for t, name, arg in zip(tensors, names, compiled.func.args):
             check_device(name, t.device, self.fn.backend)
-            numpy_dtype(t, arg.type.dtype, name)
+            # the binding's TypeError before any conversion (.numpy() refuses some dtypes itself)
+            check_dtype(np.empty(0, numpy_dtype(t, arg.type.dtype, name)), arg.type.dtype, name)
         # detach: .numpy() and __cuda_array_interface__ refuse tensors that require grad
         inputs = [t.detach().contiguous() for t in tensors]
         if self.fn.backend == "cuda":
             outputs = _run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
         arrays = [t.numpy() for t in inputs]
-        outputs = compiled._run(arrays)
+        outputs = compiled.run(arrays)
         outputs = outputs if picked is None else [outputs[k] for k in picked]
         return [torch.from_numpy(a) for a in _owned(outputs, arrays)]
 
@@ -266,7 +269,7 @@ def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[
     return owned
 
 
-def _run_cuda(torch: Any, compiled: CompiledFunction, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The cuda backend on CUDA tensors, in place through ``__cuda_array_interface__``.
 
     Every launch, allocation and copy of the call is enqueued on PyTorch's current stream
@@ -281,7 +284,7 @@ def _run_cuda(torch: Any, compiled: CompiledFunction, inputs: Sequence[torch.Ten
     device = inputs[0].device
     torch_stream = torch.cuda.current_stream(device)
     with runtime.on_stream(cuda.external_stream(torch_stream.cuda_stream)):
-        outputs = compiled._run(list(inputs))
+        outputs = compiled.run(list(inputs))
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
     for out in outputs:

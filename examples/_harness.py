@@ -44,7 +44,7 @@ def worst_error(results: Any, references: Any) -> float:
 
 
 def check_round_trip(spec: ac.Spec, **constants: Any) -> None:
-    """The IR text, as traced and with ``constants``, must parse back to the same text (API.md 1)."""
+    """The IR text, as traced and with ``constants``, must parse back to the same text (docs/api.md 1)."""
     modules = [spec.ir, spec.trace(**constants)] if constants else [spec.ir]
     for module in modules:
         text = str(module)

@@ -4,7 +4,7 @@
     out = softmax(where(visible, s, -inf)) @ v
 
 Each head penalises distance linearly with its own slope; no position
-embeddings are needed.  The spec is API.md section 1's example, verbatim.
+embeddings are needed.  The spec is docs/api.md section 1's example, verbatim.
 """
 
 # Dimension names such as ac.f32["B", "T"] are sizes, not forward references.

@@ -1,3 +1,26 @@
-"""Backends: lowering of the final IR to runnable code."""
+"""Backends: lowering of the final IR to runnable code (see ``base.Program``)."""
 
-BACKENDS = ("interp", "cpu", "cuda")
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attncomp.backends.base import Program
+    from attncomp.ir.core import Module
+
+#: backend name -> the module whose ``build(module) -> Program`` builds for it (imported on use:
+#: numba-cuda is an optional extra)
+BUILDERS = {
+    "interp": "attncomp.backends.interp",
+    "cpu": "attncomp.backends.numba_cpu",
+    "cuda": "attncomp.backends.numba_cuda",
+}
+BACKENDS = tuple(BUILDERS)
+
+
+def build(backend: str, module: Module) -> Program:
+    """Build ``module``'s final IR for ``backend``."""
+    if backend not in BUILDERS:
+        raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
+    return importlib.import_module(BUILDERS[backend]).build(module)

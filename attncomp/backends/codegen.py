@@ -235,22 +235,33 @@ class KernelSource:
         size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
         return f"{table}[{entry}({row}) // {size}]", "".join(f"{h}, " for h in heads) + f"({row}) % {size}, "
 
-    def by_tile_class(self, tiled, emit: Callable[[object, bool], None]) -> None:
+    def by_tile_class(self, tiled, emit: Callable[[object, str | None], None], one_copy: bool = False) -> None:
         """The loop body of ``tiled`` (a TiledAttention or TiledBackward): its classification, then
-        ``emit(tile, with_mask)`` for the masked class (1) and the full class (2); skipped tiles (0) do
-        nothing.  Without a classification, the loop's default class."""
+        ``emit(tile, mask_when)``, where ``mask_when`` is the condition under which the tile's mask
+        applies ("True": always, None: never).  Skipped tiles (class 0) do nothing.
+
+        Two copies by default (the CPU's): the masked class (1) with its mask, the full class (2)
+        without.  With ``one_copy`` (the GPU's, where a second copy costs registers and instruction
+        cache) every computed tile runs one copy, the mask under ``tile_class == 1``: mask-elimination
+        makes the full region the masked one with the mask replaced by ``true`` (docs/ir.md, 6.3).
+        Without a classification, the loop's default class."""
         if tiled.tile_class is None:
-            emit(tiled.masked, tiled.default_class == 1)
+            emit(tiled.masked, "True" if tiled.default_class == 1 else None)
             return
         for op in tiled.classify_ops:
             self.scalar().op(op)
         tile_class = self.scalar().ref(tiled.tile_class)
+        if one_copy:
+            self.w.line(f"if {tile_class} != 0:")
+            with self.w.indent():
+                emit(tiled.masked, f"{tile_class} == 1")
+            return
         self.w.line(f"if {tile_class} == 1:")
         with self.w.indent():
-            emit(tiled.masked, True)
+            emit(tiled.masked, "True")
         self.w.line(f"elif {tile_class} == 2:")
         with self.w.indent():
-            emit(tiled.full or tiled.masked, False)
+            emit(tiled.full or tiled.masked, None)
 
     def scalar(self) -> ScalarEmitter:
         if self.functions is None:

@@ -1,4 +1,4 @@
-"""Dask arrays in, Dask arrays out: the task graph of a chunked run (API.md section 8).
+"""Dask arrays in, Dask arrays out: the task graph of a chunked run (docs/api.md section 8).
 
 ``fn(*args)`` with any argument a ``dask.array.Array`` builds, without running
 anything, one graph:
@@ -40,7 +40,7 @@ from attncomp.ir.binding import as_array, bind_arguments
 from attncomp.ir.types import NUMPY_DTYPES
 
 if TYPE_CHECKING:
-    from attncomp.api import CompiledFunction
+    from attncomp.compilation import Compilation
 
 PAIR = "attncomp-pair"
 
@@ -81,7 +81,7 @@ def _standin(value: Any, name: str) -> np.ndarray:
 
 
 class GraphBuilder:
-    def __init__(self, fn: CompiledFunction, args: tuple[Any, ...]):
+    def __init__(self, fn: Compilation, args: tuple[Any, ...]):
         import dask.array as da
         from dask.base import tokenize
 
@@ -91,7 +91,7 @@ class GraphBuilder:
         self.args = {a.name: (a, x) for a, x in zip(fn.func.args, args)}
         standins = [_standin(x, a.name) for a, x in zip(fn.func.args, args)]
         _, self.env = bind_arguments(fn.func, standins, fn.constraints)
-        self.token = tokenize(fn.name, fn.backend, fn.pipeline, str(fn._input), *args)
+        self.token = tokenize(fn.name, fn.backend, fn.pipeline, str(fn.input), *args)
         self.layer: dict[Any, Any] = {}
         self.deps: list[Any] = []
         self.layout = self._layout()
@@ -303,7 +303,7 @@ class GraphBuilder:
         return arrays
 
 
-def run_chunked(fn: CompiledFunction, args: tuple[Any, ...]) -> Any:
+def run_chunked(fn: Compilation, args: tuple[Any, ...]) -> Any:
     """``fn`` over Dask arrays: a Dask array per result, sharing one graph; nothing runs yet."""
     builder = GraphBuilder(fn, args)
     arrays = builder.arrays(builder.build())

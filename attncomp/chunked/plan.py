@@ -12,45 +12,35 @@ key axis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from attncomp.chunked.tasks import PartRef, register
+from attncomp.compilation import Compilation
+from attncomp.ir.parser import parse_ir
+from attncomp.passes.base import Pass
 from attncomp.passes.chunk_pairs import fused_attention, split_axes
-from attncomp.passes.manager import split_top_level
 from attncomp.passes.patterns import constant_value
-
-if TYPE_CHECKING:
-    from attncomp.api import CompiledFunction
+from attncomp.passes.pipeline import edit_pipeline, make_pass, pipeline_text
 
 
 def part_pipeline(
-    pipeline: str,
+    passes: list[Pass],
     part: str,
     masked: bool = True,
     blocks: tuple[int, int] | None = None,
     offsets: bool = True,
     ragged: bool = False,
     paged: bool = False,
-) -> str:
-    """``pipeline`` with ``chunk-pairs{part=...}`` run on the fused graph (its options as named).
+) -> list[Pass]:
+    """``passes`` with ``chunk-pairs{part=...}`` run on the fused graph (its options as named).
 
     ``blocks`` sets flash-tiling's (query, key) blocks: the classifier tiles one tile per chunk
     pair (with ``offsets`` false); a paged decoder's ragged parts take small query blocks.
     """
-    from attncomp.api import with_graph_pass
-
-    options = [f"part={part}"] + ([] if masked else ["masked=false"]) + ([] if offsets else ["offsets=false"])
-    options += (["ragged=true"] if ragged else []) + (["paged=true"] if paged else [])
-    entry = f"chunk-pairs{{{','.join(options)}}}"
-    entries = split_top_level(with_graph_pass(pipeline, entry))
+    cut = make_pass("chunk-pairs", part=part, masked=masked, offsets=offsets, ragged=ragged, paged=paged)
+    passes = edit_pipeline(passes, insert=cut, before="flash-tiling")
     if blocks is not None:
-        names = [e.split("{")[0].strip() for e in entries]
-        tiling = f"flash-tiling{{block_q={blocks[0]},block_k={blocks[1]}}}"
-        if "flash-tiling" in names:
-            entries[names.index("flash-tiling")] = tiling
-        else:
-            entries.append(tiling)
-    return ",".join(entries)
+        passes = edit_pipeline(passes, replace=make_pass("flash-tiling", block_q=blocks[0], block_k=blocks[1]))
+    return passes
 
 
 @dataclass
@@ -58,7 +48,7 @@ class Part:
     """One compiled part and the reference a task builds it from."""
 
     ref: PartRef
-    fn: CompiledFunction
+    fn: Compilation
 
     @property
     def arg_names(self) -> list[str]:
@@ -72,7 +62,7 @@ class Part:
 
 @dataclass
 class ChunkPlan:
-    fn: CompiledFunction
+    fn: Compilation
     #: the attention's batch axes: the spec's size name of each split one, None for the others
     batch: list[str | None] = field(default_factory=list)
     #: per batch axis: whether the keys (and values) follow the query chunk along it
@@ -92,7 +82,7 @@ class ChunkPlan:
     #: when the spec returns the attention's results as they are: "out" / "lse" per result
     passthrough: list[str] | None = None
     #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
-    classifiers: dict[tuple[int, int], CompiledFunction] = field(default_factory=dict)
+    classifiers: dict[tuple[int, int], Compilation] = field(default_factory=dict)
     _ragged: dict[str, Part] = field(default_factory=dict)
 
     @property
@@ -100,21 +90,14 @@ class ChunkPlan:
         return {s for s in (*self.batch, self.seq_q, self.seq_k) if s is not None}
 
     @classmethod
-    def of(cls, fn: CompiledFunction) -> ChunkPlan:
-        plan = getattr(fn, "_chunk_plan", None)
-        if plan is None:
-            plan = cls.build(fn)
-            fn._chunk_plan = plan
-        return plan
+    def of(cls, fn: Compilation) -> ChunkPlan:
+        """The plan of ``fn`` (built once per compilation)."""
+        return fn.variant("chunk-plan", lambda: cls.build(fn))
 
     @classmethod
-    def build(cls, fn: CompiledFunction) -> ChunkPlan:
-        from attncomp.api import CompiledFunction
-
-        entries = split_top_level(fn.pipeline)
-        names = [e.split("{")[0].strip() for e in entries]
-        fusing = ",".join(entries[: names.index("softmax-fusion") + 1]) if "softmax-fusion" in names else ""
-        fused = CompiledFunction(fn._input, "interp", fusing, fn.name).func
+    def build(cls, fn: Compilation) -> ChunkPlan:
+        fusing = edit_pipeline(fn.passes, until="softmax-fusion")
+        fused = fn.derive(fusing, backend="interp").func
         attn = fused_attention(fused)
         q, k, v = attn.operands
         split = split_axes(attn)
@@ -132,7 +115,7 @@ class ChunkPlan:
         mask_yield = attn.regions[1].ops[-1].operands[0]
         plan.masked_by_spec = constant_value(mask_yield) is not True
 
-        text = str(fn._input)
+        text = str(fn.input)
         plan.attention = plan._part(text, "attention")
         if plan.masked_by_spec:
             plan.unmasked = plan._part(text, "attention", masked=False)
@@ -154,7 +137,7 @@ class ChunkPlan:
             plan.outputs = outputs
         return plan
 
-    def parts(self) -> dict[str, CompiledFunction]:
+    def parts(self) -> dict[str, Compilation]:
         """Each compiled part by name: "inputs" (or "queries", "keys"), "attention", "attention_unmasked", "outputs"."""
         named = {ref_part.ref.name.removeprefix(f"{self.fn.name}_"): ref_part.fn for ref_part, _ in self.inputs}
         named["attention"] = self.attention.fn
@@ -169,25 +152,21 @@ class ChunkPlan:
         values read from pools of pages through page tables."""
         key = "paged" if paged else "ragged"
         if key not in self._ragged:
-            self._ragged[key] = self._part(str(self.fn._input), "attention", ragged=True, paged=paged)
+            self._ragged[key] = self._part(str(self.fn.input), "attention", ragged=True, paged=paged)
         return self._ragged[key]
 
     def _part(self, text: str, part: str, masked: bool = True, ragged: bool = False, paged: bool = False) -> Part:
-        from attncomp.api import CompiledFunction, parse_ir
-
         fn = self.fn
         # a step's sequences bring a few new tokens each: query blocks of 16 rows
         blocks = (16, 64) if ragged else None
-        pipeline = part_pipeline(fn.pipeline, part, masked, blocks, ragged=ragged, paged=paged)
+        passes = part_pipeline(fn.passes, part, masked, blocks, ragged=ragged, paged=paged)
         suffix = ("" if masked else "_unmasked") + ("_ragged" if ragged else "") + ("_paged" if paged else "")
-        ref = PartRef(text, fn.backend, pipeline, f"{fn.name}_{part}{suffix}")
-        compiled = CompiledFunction(parse_ir(text), fn.backend, pipeline, ref.name)
+        ref = PartRef(text, fn.backend, pipeline_text(passes), f"{fn.name}_{part}{suffix}")
+        compiled = fn.derive(passes, name=ref.name, module=parse_ir(text))
         register(ref, compiled)
         return Part(ref, compiled)
 
-    def classifier(self, blocks: tuple[int, int]) -> CompiledFunction:
+    def classifier(self, blocks: tuple[int, int]) -> Compilation:
         """The attention part tiled with one tile per chunk pair, in the interpreter: it classifies pairs."""
-        from attncomp.api import CompiledFunction
-
-        pipeline = part_pipeline(self.fn.pipeline, "attention", True, blocks, offsets=False)
-        return CompiledFunction(self.fn._input, "interp", pipeline, f"{self.fn.name}_chunk_pairs")
+        passes = part_pipeline(self.fn.passes, "attention", True, blocks, offsets=False)
+        return self.fn.derive(passes, backend="interp", name=f"{self.fn.name}_chunk_pairs")

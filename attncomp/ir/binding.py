@@ -123,3 +123,45 @@ def _shown(d, value: int) -> str:
 
 def _sizes(symbols: set[str], env: dict[str, int]) -> str:
     return ", ".join(f"{s} = {env[s]}" for s in sorted(symbols) if s in env)
+
+
+class Binder:
+    """Binding for repeated calls of one function: the checked way, with a quick path.
+
+    :meth:`bind` takes arrays of exactly the declared element types and ranks, for a
+    signature whose every size is a name, by reading the sizes alone; anything else (and
+    anything wrong) goes through :func:`bind_arguments`, which names what is wrong.
+    :meth:`sizes_of` reads the sizes of arrays the library built to the signature itself.
+    """
+
+    def __init__(self, func: Func, constraints: Sequence[DimConstraint] = ()):
+        self.func = func
+        self.constraints = constraints
+        spec = func.args
+        #: (argument, axis, size name) per named size
+        self.symbols = [
+            (k, axis, d.symbol) for k, a in enumerate(spec) for axis, d in enumerate(a.type.shape) if d.is_symbol
+        ]
+        simple = not constraints and all(d.is_symbol for a in spec for d in a.type.shape)
+        #: (element type, rank) per argument, when the quick path applies
+        self.types = [(np.dtype(NUMPY_DTYPES[a.type.dtype]), a.type.rank) for a in spec] if simple else None
+
+    def bind(self, args: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[list[Any], dict[str, int]]:
+        """``bind_arguments(func, args, constraints, sizes)``, quickly when the quick path applies."""
+        types = self.types
+        if types is not None and len(args) == len(types):
+            if all(type(x) is np.ndarray and x.dtype == t and x.ndim == n for x, (t, n) in zip(args, types)):
+                env = dict(sizes or {})
+                for k, axis, name in self.symbols:
+                    if env.setdefault(name, args[k].shape[axis]) != args[k].shape[axis]:
+                        break
+                else:
+                    return list(args), env
+        return bind_arguments(self.func, args, self.constraints, sizes)
+
+    def sizes_of(self, arrays: Sequence[Any], sizes: dict[str, int]) -> dict[str, int]:
+        """The sizes of ``arrays`` built to the signature (unchecked), with ``sizes`` the caller knows."""
+        env = dict(sizes)
+        for k, axis, name in self.symbols:
+            env[name] = arrays[k].shape[axis]
+        return env

@@ -48,6 +48,17 @@ def wider(a: str, b: str) -> str:
     return a if _BITS[a] >= _BITS[b] else b
 
 
+def accumulation_dtype(dtype: str) -> str:
+    """The type a kernel accumulates ``dtype`` values in: float64 for float64, float32 for every
+    narrower float (products, sums and the online-softmax state), int64 for integers.  Every
+    backend asks this one function; each writer spells the answer in its own dialect."""
+    if dtype == "f64":
+        return "f64"
+    if dtype in FLOAT_DTYPES:
+        return "f32"
+    return "i64" if dtype in INT_DTYPES else dtype
+
+
 def dtype_of_numpy(np_dtype: np.dtype) -> str | None:
     for name, np_type in NUMPY_DTYPES.items():
         if np.dtype(np_type) == np_dtype:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.ops.elementwise import promote
-from attncomp.ir.types import TensorType
+from attncomp.ir.types import TensorType, accumulation_dtype
 from attncomp.passes.builder import Builder
 from attncomp.passes.patterns import constant_value
 from attncomp.passes.rewrite import replace_uses
@@ -45,7 +45,7 @@ def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op 
         return None
     dq_type, dk_type, dv_type = (r.type for r in op.results[:3])
     sites = op.results[3:]
-    acc = "f32" if out.type.dtype == "f16" else promote([q.type, k.type, v.type])
+    acc = accumulation_dtype(promote([q.type, k.type, v.type]))
     at = block.ops.index(op)
     top = Builder(block, at)
     delta = top.op(

@@ -23,7 +23,7 @@ from attncomp.ir.core import Block, Module, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops.elementwise import promote
-from attncomp.ir.types import TensorType
+from attncomp.ir.types import TensorType, accumulation_dtype
 from attncomp.passes.backward_tiling import tile_attention_grad
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
@@ -91,7 +91,7 @@ def _key_loop(
 def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
     q, k, v = attn.operands
     out_type = attn.results[0].type
-    acc = "f32" if out_type.dtype == "f16" else promote([q.type, k.type, v.type])
+    acc = accumulation_dtype(promote([q.type, k.type, v.type]))
     cfg = TileConfig(block_q, block_k, acc)
     nb = out_type.rank - 2
     grid, grid_index, i0 = grid_region(nb, "i0")

@@ -1,4 +1,4 @@
-"""Serving many sequences: a paged key/value cache (API.md section 7)."""
+"""Serving many sequences: a paged key/value cache (docs/api.md section 7)."""
 
 from attncomp.serving.decoder import PagedDecoder
 from attncomp.serving.pool import PagePool, PoolExhausted

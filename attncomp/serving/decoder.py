@@ -29,20 +29,16 @@ extra merge and call cost more than the reads saved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from attncomp.backends.codegen import size_names
+from attncomp.backends.lse_merge import merge_partials
 from attncomp.chunked.plan import ChunkPlan
-from attncomp.chunked.tasks import merge
+from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
-from attncomp.ir.binding import bind_arguments
-from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.serving.pool import PagePool, PoolExhausted
-
-if TYPE_CHECKING:
-    from attncomp.api import CompiledFunction
 
 
 @dataclass
@@ -70,23 +66,19 @@ def to_rows(x: np.ndarray) -> np.ndarray:
 
 
 class PagedDecoder:
-    """See ``CompiledFunction.paged_decoder`` and API.md section 7."""
+    """See ``CompiledFunction.paged_decoder`` and docs/api.md section 7."""
 
     def __init__(
         self,
-        fn: CompiledFunction,
+        fn: Compilation,
         page_size: int,
         num_pages: int,
         cascade_min: int = 64,
         cascade_sharers: int = 2,
     ):
         self.fn = fn
-        storage = None
-        if fn.backend == "cuda":  # the pool lives on the device; steps copy in only their new tokens
-            from attncomp.backends.numba_cuda.pages import DevicePages
-
-            storage = DevicePages()
-        self.pool = PagePool(num_pages, page_size, storage)
+        # where the backend's kernels read the pages: a device pool copies in only a step's new tokens
+        self.pool = PagePool(num_pages, page_size, fn.program.page_storage())
         self.plan = ChunkPlan.of(fn)
         #: the attention of a ragged batch of sequences over keys held contiguously (the new ones)
         self.attention = self.plan.ragged_attention()
@@ -103,18 +95,6 @@ class PagedDecoder:
             self.plan.batch_size in {d.symbol for d in a.type.shape if d.is_symbol} for a in func.args[6:]
         )
         self._offsets = [name for name in func.attrs["chunk_offsets"] if name]
-        spec = fn.func.args
-        simple = not fn.constraints and all(d.is_symbol for a in spec for d in a.type.shape)
-        #: (element type, rank) per argument and (argument, axis, size name) per size, when every
-        #: size is a name: arrays of exactly those types are bound without the general checks
-        self._quick_bind = (
-            (
-                [(np.dtype(NUMPY_DTYPES[a.type.dtype]), a.type.rank) for a in spec],
-                [(k, axis, d.symbol) for k, a in enumerate(spec) for axis, d in enumerate(a.type.shape)],
-            )
-            if simple
-            else None
-        )
         #: cascade steps run, and sequences they served (for tests and benchmarks)
         self.cascades = 0
 
@@ -170,7 +150,7 @@ class PagedDecoder:
         func = self.fn.func
         if not isinstance(args, tuple | list):
             args = (args,)
-        arrays, env = self._bind(list(args))
+        arrays, env = self.fn.binding().bind(list(args))
         for arg, array in zip(func.args, arrays):
             for axis, d in enumerate(arg.type.shape[:1]):
                 if d.is_symbol and d.symbol == self.plan.batch_size and array.shape[axis] != 1:
@@ -187,27 +167,11 @@ class PagedDecoder:
         named = {a.name: x for a, x in zip(func.args, arrays)}
         return Pending(seq, named, env, s.length, counts.pop())
 
-    def _bind(self, args: list[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
-        """``bind_arguments``, with a quick way for arrays of exactly the declared types and named sizes."""
-        func = self.fn.func
-        quick = self._quick_bind is not None and len(args) == len(func.args)
-        if quick:
-            dtypes, symbols = self._quick_bind
-            quick = all(type(x) is np.ndarray and x.dtype == t and x.ndim == n for x, (t, n) in zip(args, dtypes))
-        if quick:
-            env: dict[str, int] = {}
-            for k, axis, name in symbols:
-                if env.setdefault(name, args[k].shape[axis]) != args[k].shape[axis]:
-                    break
-            else:
-                return args, env
-        return bind_arguments(func, args, self.fn.constraints)  # checks, and names what is wrong
-
     def _inputs(self, p: Pending) -> None:
         got = {role: p.args[name] for role, name in self.plan.direct.items() if name is not None}
         for part, produced in self.plan.inputs:
             sizes = {size: p.start for size in part.offsets().values()}
-            outs = part.fn._run([p.args[a.name] for a in part.fn.func.args], sizes)
+            outs = part.fn.run([p.args[a.name] for a in part.fn.func.args], sizes)
             for role, out in zip(produced, outs):
                 got.setdefault(role, out)
         p.q, p.k, p.v = got["q"], got["k"], got["v"]
@@ -233,7 +197,7 @@ class PagedDecoder:
             keys = np.concatenate([p.k for p in members])
             values = np.concatenate([p.v for p in members])
             sizes = self._sizes(first, q.shape[-2])
-            return self.attention.fn._run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
+            return self.attention.fn.run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         size, rows = self.pool.page_size, int(lengths.max())
         entries = max(-(-rows // size), 1)
         table = np.zeros((len(members), entries), np.int64)  # page 0 pads: rows past a count are never read
@@ -242,7 +206,7 @@ class PagedDecoder:
             table[b, : len(pages)] = pages
         keys, values = self.pool.arrays
         sizes = self._sizes(first, q.shape[-2], rows)
-        outputs = self.paged.fn._run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
+        outputs = self.paged.fn.run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
         return [self.pool.storage.host(x) for x in outputs]  # a device pool leaves them on the device
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
@@ -307,7 +271,7 @@ class PagedDecoder:
                 parts.append(news)
                 if batch[0].partials:  # their cascade's partial results, one batch entry each
                     parts.append(tuple(np.concatenate(x) for x in zip(*(p.partials[0] for p in batch))))
-                out, lse = merge(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
+                out, lse = merge_partials(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
                 for b, p in enumerate(batch):
                     p.partials = [(out[b : b + 1], lse[b : b + 1])]
 
@@ -319,7 +283,7 @@ class PagedDecoder:
             part = self.plan.outputs
             sizes = {size: p.start for size in part.offsets().values()}
             args = [out, lse, *(p.args[a.name] for a in part.fn.func.args[2:])]
-            results = part.fn._run(args, sizes)
+            results = part.fn.run(args, sizes)
         return results[0] if len(results) == 1 else tuple(results)
 
     def __repr__(self) -> str:

@@ -19,25 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from attncomp.backends.host_pages import HostPages
 from attncomp.serving.pages import gather_pages
-
-
-class HostPages:
-    """Pages in host memory (numpy arrays): the cpu and interp backends' pool."""
-
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        return np.zeros(shape, dtype)
-
-    def write(self, array: np.ndarray, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
-        """``array[pages[c], ..., slots[c], :] = rows[c]`` for each new row ``c``."""
-        heads = (slice(None),) * (array.ndim - 3)
-        array[(pages, *heads, slots)] = rows
-
-    def copy_page(self, array: np.ndarray, dst: int, src: int) -> None:
-        array[dst] = array[src]
-
-    def host(self, array: np.ndarray) -> np.ndarray:
-        return array
 
 
 class PoolExhausted(ValueError):

@@ -41,7 +41,7 @@ def test_shape_generic_no_recompile():
         k = rng.standard_normal((1, 3, S, 8)).astype(np.float32)
         got = fn(q, k, k)
         assert worst_error([got], [ac.interpret(pass_specs.causal, q, k, k)]) < 1e-4
-    kernel = fn._impl.kernels[0]
+    kernel = fn.compilation.program.kernels[0]
     assert len(kernel.signatures) == 1
 
 

@@ -197,7 +197,7 @@ def test_unfused_backward_kernels_compile(example, name):
 def test_paged_attention_kernels(rows):
     """A paged decoder's attention reads keys and values through the page table in the kernel."""
     fn = ac.compile(load_example("gqa").grouped_query_attention, backend="cuda")
-    impl = fn.paged_decoder(page_size=16, num_pages=8).paged.fn._impl
+    impl = fn.paged_decoder(page_size=16, num_pages=8).paged.fn.program
     kernels = impl.decode_kernels(64, rows=rows)
     assert "page = arg_" in kernels[0].source and "_table[" in kernels[0].source
     _check(impl, 64, kernels)

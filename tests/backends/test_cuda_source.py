@@ -82,4 +82,4 @@ def test_key_splits_take_contiguous_parts_of_the_key_loop_and_a_merge_kernel_com
     assert "sp = cuda.blockIdx.y" in loop and "kb_lo = kb_lo + sp * per_split" in loop
     assert "part_m[sp, flat] = m" in source and "part_o[sp, flat, " in source
     merge = _body_after(source, "_merge(out_0, out_1, part_o, part_m, part_l):")
-    assert "math.exp(part_m[s, flat] - m_max)" in merge and "out_1[" in merge
+    assert "math.exp(part_m[sp, flat] - top_safe)" in merge and "out_1[" in merge

@@ -39,9 +39,10 @@ def test_fast_calls_compiled_kernels_and_quiet_print_nothing(short_delay, capsys
 
 def test_only_a_first_call_with_uncompiled_kernels_is_pending():
     fn = ac.compile(load_example("causal").causal, backend="cpu")  # builds the source; Numba compiles on first use
-    assert fn._impl.loaded is False
-    assert fn._first_call() is True
-    assert fn._first_call() is False  # once per compiled function
-    fn._called = False
-    fn._impl = SimpleNamespace(loaded=True)
-    assert fn._first_call() is False  # already compiled (or loaded from the cache) in this process
+    compilation = fn.compilation
+    assert compilation.program.compiled is False
+    assert compilation.first_call() is True
+    assert compilation.first_call() is False  # once per compiled function
+    compilation.called = False
+    compilation.program = SimpleNamespace(compiled=True)
+    assert compilation.first_call() is False  # already compiled (or loaded from the cache) in this process

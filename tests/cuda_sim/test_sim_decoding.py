@@ -55,7 +55,7 @@ def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
     q, k, v = module.make_inputs(np.random.default_rng(4), B=1, H=2, KV=1, T=1, S=200, D=8, E=8)
     fn = ac.compile(module.grouped_query_attention, backend="cuda")
     got = fn(q, k, v)
-    kernels = fn._impl.attention[0]
+    kernels = fn.compilation.program.attention[0]
     assert kernels.last_split > 1
     assert (8, 8, 1) in kernels._kernels and kernels.plan(8, 8, 1).threads == 32
     np.testing.assert_allclose(got, module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)

@@ -73,8 +73,8 @@ def test_eight_threads_compile_once_and_agree(tmp_path, monkeypatch):
         t.join()
     assert not errors
     assert all(np.abs(r - want).max() < 1e-5 for r in results)
-    assert len({id(fn._impl.module) for fn in functions}) == 1  # one module, so one Numba compile
-    assert len(functions[0]._impl.kernels[0].signatures) == 1
+    assert len({id(fn.compilation.program.module) for fn in functions}) == 1  # one module, so one Numba compile
+    assert len(functions[0].compilation.program.kernels[0].signatures) == 1
     assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
 
 

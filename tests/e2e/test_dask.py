@@ -1,4 +1,4 @@
-"""Compiled functions over Dask arrays (API.md section 8): chunk pairs, pruning, merges, a cluster."""
+"""Compiled functions over Dask arrays (docs/api.md section 8): chunk pairs, pruning, merges, a cluster."""
 
 import subprocess
 import sys

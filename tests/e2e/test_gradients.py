@@ -1,4 +1,4 @@
-"""Gradients (API.md section 5): fn.vjp and fn.backward, derived by the autodiff pass.
+"""Gradients (docs/api.md section 5): fn.vjp and fn.backward, derived by the autodiff pass.
 
 Every example spec, unfused and fused: the pullback's gradients against
 central finite differences of the float64 interpreter (directional

@@ -1,4 +1,4 @@
-"""fn.paged_decoder (API.md section 7): many sequences, forks and frees, against whole-sequence calls."""
+"""fn.paged_decoder (docs/api.md section 7): many sequences, forks and frees, against whole-sequence calls."""
 
 from dataclasses import dataclass, field
 
@@ -218,9 +218,9 @@ def test_the_cpu_kernel_reads_pages_in_place_and_checks_their_numbers_first():
     keys, values = srv.pool.arrays
     table = np.array([srv.pool.sequence(a).pages], np.int64)
     ragged = [np.array([[21]]), np.array([0]), np.array([21])]  # position of the query, first key, key count
-    got = srv.paged.fn._run([q, keys, values, table, *ragged, slopes], dict(sizes, k_rows=21))
-    want = srv.attention.fn._run([q, *srv.pool.read(a, 0, 21), *ragged, slopes], sizes)
+    got = srv.paged.fn.run([q, keys, values, table, *ragged, slopes], dict(sizes, k_rows=21))
+    want = srv.attention.fn.run([q, *srv.pool.read(a, 0, 21), *ragged, slopes], sizes)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(IndexError, match="page 99 is out of range for a pool of 16 pages"):
         bad = np.array([[0, 99, 2]], np.int64)
-        srv.paged.fn._run([q, keys, values, bad, *ragged, slopes], dict(sizes, k_rows=21))
+        srv.paged.fn.run([q, keys, values, bad, *ragged, slopes], dict(sizes, k_rows=21))

@@ -1,4 +1,4 @@
-"""PyTorch (API.md section 6): ``fn.to_torch()``, a differentiable ``torch.library`` custom op.
+"""PyTorch (docs/api.md section 6): ``fn.to_torch()``, a differentiable ``torch.library`` custom op.
 
 Two specs are compiled on the cpu backend, once each for the whole file (each costs a Numba
 compile of its saving forward and of its backward): ALiBi with learnable slopes in float32,
@@ -178,15 +178,15 @@ def test_cpu_tensors_are_passed_as_views(alibi_fn, alibi, monkeypatch):
     The backward then runs from the saved residuals, not by running the forward again.
     """
     calls = []
-    saving = alibi_fn.forward_saving
-    run = saving._run
+    saving = alibi_fn.forward_saving.compilation  # the compilation the op runs
+    run = saving.run
 
     def recording_run(args, *rest, **kw):
         outputs = run(args, *rest, **kw)
         calls.append((args, outputs))
         return outputs
 
-    monkeypatch.setattr(saving, "_run", recording_run)
+    monkeypatch.setattr(saving, "run", recording_run)
     inputs = alibi_inputs(requires_grad=True)
     out = alibi(*inputs)
     assert len(calls) == 1, "one forward run"
@@ -233,7 +233,7 @@ def test_opcheck(alibi):
 def test_opcheck_of_the_backward_op(alibi_fn, alibi):
     inputs = alibi_inputs(T=9, requires_grad=False)
     saving = alibi_fn.forward_saving
-    outputs = saving._run(numpy_of(inputs))
+    outputs = saving.compilation.run(numpy_of(inputs))
     saved = outputs[len(outputs) - saving.func.attrs["residuals"] :]
     d_out = torch.ones(1, 2, 9, 8)
     torch.library.opcheck(alibi.backward_op, (*inputs, *map(torch.from_numpy, saved), d_out))

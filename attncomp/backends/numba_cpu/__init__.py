@@ -11,18 +11,20 @@ the same spec and options reuses Numba's compiled code.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attncomp.backends.backward_tiles import read_tiled_backward
+from attncomp.backends.base import Program
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
-from attncomp.backends.numba_cpu.kernel import write_kernel
+from attncomp.backends.numba_cpu.kernel import FEW_ROWS, write_kernel
+from attncomp.backends.numba_cpu.signatures import Jit
 from attncomp.backends.numba_cpu.tile_math import FASTMATH
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Block, Func, Module, Op, Value
@@ -53,7 +55,7 @@ FASTMATH = {fastmath!r}
 # read in place and q is transposed once per task, so both products are BLAS gemm calls
 # without a transposed tile (OpenBLAS's small q @ kᵀ is slow), and the softmax runs down
 # the rows, vectorised over the queries.  A few query rows (decoding) use row-major scores.
-FEW_ROWS = 4
+FEW_ROWS = {few_rows}
 """
 
 
@@ -93,10 +95,10 @@ def captured_values(op: Op) -> list[Value]:
 
 def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
     fastmath = FASTMATH if fastmath is None else fastmath
-    chunks = [HEADER.format(name=func.name, fastmath=sorted(fastmath), shared=SHARED_CODE)]
+    chunks = [HEADER.format(name=func.name, fastmath=sorted(fastmath), shared=SHARED_CODE, few_rows=FEW_ROWS)]
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
     dims = size_names(func)
-    decorator = "@njit(parallel=True, fastmath=set(FASTMATH), cache=True, nogil=True)"
+    jit = Jit()
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
         captured = {}
@@ -104,40 +106,43 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
             captured[v] = f"arg_{n}"
             if v.owner is not None and getattr(v.owner, "name", None) == "ac.page_view":
                 captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
-        chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, decorator))
+        chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, jit))
         kernels[op] = (name, captured)
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):
         name = f"attention_backward_kernel_{k}"
         captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}
-        chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, decorator))
+        chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, jit))
         kernels[op] = (name, captured)
     chunks.append(DriverWriter(func, kernels).write())
     return "\n\n".join(chunks)
 
 
-@dataclass
-class CpuFunction:
-    """The built function: ``run(arrays, env)`` gives the outputs.
+class CpuFunction(Program):
+    """The built function (``base.Program``): the generated module's ``run`` gives the outputs.
 
     The generated module is imported on first use: its kernels have explicit
     signatures, so importing it is what compiles them (or loads Numba's cache).
     """
 
-    source: str
-    _module: Any = field(default=None, repr=False)
+    backend = "cpu"
+    runs_host_arrays = True
+
+    def __init__(self, source: str):
+        self.source = source
+        self.loaded_module: Any = None
 
     @property
     def module(self) -> Any:
-        if self._module is None:
-            self._module = load_source(self.source, "cpu")
-        return self._module
+        if self.loaded_module is None:
+            self.loaded_module = load_source(self.source, "cpu")
+        return self.loaded_module
 
     @property
-    def loaded(self) -> bool:
+    def compiled(self) -> bool:
         """Whether the kernels are compiled (or loaded from the disk cache) in this process."""
-        return self._module is not None
+        return self.loaded_module is not None
 
-    def __call__(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
+    def run_bound(self, arrays: Sequence[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
         return list(self.module.run(*arrays, env))
 
     @property

@@ -30,6 +30,7 @@ from attncomp.backends.numba_cpu import signatures as sig
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
+from attncomp.ir.types import accumulation_dtype
 
 
 class BackwardKernelWriter(KernelSource):
@@ -37,7 +38,7 @@ class BackwardKernelWriter(KernelSource):
         super().__init__(captured, dims)
         self.name = name
         self.t = tiled
-        self.acc_dtype = "f64" if tiled.grid.results[0].type.dtype == "f64" else "f32"
+        self.acc_dtype = accumulation_dtype(tiled.grid.results[0].type.dtype)
         self.acc = NUMPY_SCALAR[self.acc_dtype]
         self.nb = tiled.grid.results[0].type.rank - 2
         self.group = dim_expr(dim(tiled.grid.attrs["kv_repeat"]))
@@ -66,8 +67,10 @@ class BackwardKernelWriter(KernelSource):
         batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
         return f"{src}[{''.join(b + ', ' for b in batch)}{row}, 0]"
 
-    def tile(self, tile: BackwardTile, with_mask: bool) -> None:
+    def tile(self, tile: BackwardTile, mask_when: str | None) -> None:
+        """One (query block, key block) tile; one copy per tile class: ``mask_when`` is "True" or None."""
         w = self.w
+        with_mask = mask_when is not None
         for op in tile.scalar_ops:
             self.scalar().op(op)
         w.line(f"i0 = {self.scalar().ref(tile.q_load.operands[-1])}")
@@ -139,14 +142,14 @@ class BackwardKernelWriter(KernelSource):
         w.line("n_kb = (n_keys + BK - 1) // BK")
         w.line("n_units = 1" + "".join(f" * out_dk.shape[{a}]" for a in range(nb)))
 
-    def write(self, decorator: str) -> str:
+    def write(self, jit: sig.Jit) -> str:
         """``NAME_slot`` (one parallel task's units) and ``NAME``, whose ``prange`` calls it
         at its address (as the forward kernel's ``write`` does)."""
         t, w, nb = self.t, self.w, self.nb
         params = ", ".join(self.params())
         signature = f"{self.name.upper()}_SLOT"
         sig.declare_task(w, signature, [sig.INT, *self.param_types()])
-        w.line(decorator.replace("@njit(parallel=True, ", f"@njit({signature}, "))
+        w.line(str(jit.typed(signature)))
         w.line(f"def {self.name}_slot(slot, {params}):")
         with w.indent():
             self.header()
@@ -179,7 +182,7 @@ class BackwardKernelWriter(KernelSource):
                     w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
         sig.declare_caller(w, signature)
         driver_signature = f"types.void(types.intp, {', '.join(self.param_types())})"
-        w.line(decorator.replace("@njit(", f"@njit({driver_signature}, "))
+        w.line(str(jit.typed(driver_signature, parallel=True)))
         w.line(f"def {self.name}(slot_at, {params}):")
         with w.indent():
             w.line("for slot in prange(n_slots):")
@@ -213,6 +216,6 @@ class BackwardKernelWriter(KernelSource):
 
 
 def write_backward_kernel(
-    name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], decorator: str
+    name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], jit: sig.Jit
 ) -> str:
-    return BackwardKernelWriter(name, tiled, captured, dims).write(decorator)
+    return BackwardKernelWriter(name, tiled, captured, dims).write(jit)

@@ -7,11 +7,12 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
+from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter, dim_expr, dim_var, size_names
 from attncomp.backends.numba_cpu.signatures import argument_dtype, tile_sources
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
+from attncomp.ir.types import accumulation_dtype
 
 NUMPY_UNARY = {
     "ac.neg": "np.negative",
@@ -164,10 +165,10 @@ class DriverWriter:
         for result in op.results:
             name = self.fresh(result)
             # kernels write float32 (or float64) rows; narrower results are cast after
-            dtype = "np.float64" if result.type.dtype == "f64" else "np.float32"
+            dtype = NUMPY_SCALAR[accumulation_dtype(result.type.dtype)]
             self.w.line(f"{name} = np.empty({shape_expr(result)}, dtype={dtype})")
             outs.append(name)
-        acc = "f64" if op.results[0].type.dtype == "f64" else "f32"
+        acc = accumulation_dtype(op.results[0].type.dtype)
         args = self.kernel_args(op, captured, acc)
         dims = [dim_var(d) for d in self.dim_names()]
         self.w.line("with rt.blas_one_thread:")
@@ -192,8 +193,8 @@ class DriverWriter:
     def key_grid(self, op: Op) -> None:
         """The backward kernel: gradients accumulate in zeroed arrays; site parts summed after."""
         kernel, captured = self.kernels[op]
-        acc = "f64" if op.results[0].type.dtype == "f64" else "f32"
-        dtype = "np.float64" if acc == "f64" else "np.float32"
+        acc = accumulation_dtype(op.results[0].type.dtype)
+        dtype = NUMPY_SCALAR[acc]
         outs = []
         for result in op.results[:3]:
             outs.append(self.fresh(result))

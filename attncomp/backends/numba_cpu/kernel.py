@@ -38,10 +38,16 @@ task and hold one tile per head of the group.
 from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
+from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cpu import signatures as sig
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
+from attncomp.ir.types import accumulation_dtype
+
+#: query rows up to which a task computes a tile row-major with loops (decoding a few tokens)
+#: rather than by BLAS on the transposed tile; the generated module's ``FEW_ROWS``
+FEW_ROWS = 4
 
 
 class KernelWriter(KernelSource):
@@ -51,7 +57,7 @@ class KernelWriter(KernelSource):
         super().__init__(captured, dims)
         self.name = name
         #: the accumulation type: float64 for float64 specs, float32 otherwise
-        self.acc_dtype = "f64" if tiled.grid.results[0].type.dtype == "f64" else "f32"
+        self.acc_dtype = accumulation_dtype(tiled.grid.results[0].type.dtype)
         self.acc = NUMPY_SCALAR[self.acc_dtype]
         self.t = tiled
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
@@ -155,10 +161,12 @@ class KernelWriter(KernelSource):
                 w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
             w.line("mx[r] = row_max")
 
-    def key_tile(self, compute: TileCompute, with_mask: bool) -> None:
+    def key_tile(self, compute: TileCompute, mask_when: str | None) -> None:
         """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
-        decoding) by loops on row-major scores, each row vectorised over its keys."""
+        decoding) by loops on row-major scores, each row vectorised over its keys.  The CPU writes
+        one copy per tile class: ``mask_when`` is "True" (masked) or None (full)."""
         w = self.w
+        with_mask = mask_when is not None
         for op in compute.scalar_ops:
             self.scalar().op(op)
         w.line(f"j0 = {self.scalar().ref(compute.k_load.operands[-1])}")
@@ -230,7 +238,7 @@ class KernelWriter(KernelSource):
             w.line("n_groups = out_0.shape[1] // G")
         w.line("n_units = n_qb" + "".join(f" * out_0.shape[{k}]" for k in range(nb)) + " // G")
 
-    def write(self, decorator: str) -> str:
+    def write(self, jit: sig.Jit) -> str:
         """Two functions: ``NAME_task`` (a worker's share of the tasks: a unit's query block, or a
         split of its keys; or with ``merging``, of the split units' merges) and ``NAME``, whose
         ``prange`` over workers calls it at its address.  The task is a plain ``@njit``
@@ -246,7 +254,7 @@ class KernelWriter(KernelSource):
         parts = [sig.INT, sig.array_type(acc, 3), sig.array_type(acc, 3), sig.array_type(acc, 4)]
         signature = f"{self.name.upper()}_TASK"
         sig.declare_task(w, signature, [sig.INT, sig.INT, sig.INT, *self.param_types(), *parts])
-        w.line(decorator.replace("@njit(parallel=True, ", f"@njit({signature}, "))
+        w.line(str(jit.typed(signature)))
         w.line(f"def {self.name}_task(worker, n_workers, merging, {shared}):")
         with w.indent():
             self.header()
@@ -259,7 +267,7 @@ class KernelWriter(KernelSource):
                 w.line("return")
             self.task()
         sig.declare_caller(w, signature)
-        w.line(decorator.replace("@njit(", f"@njit(types.void(types.intp, {', '.join(self.param_types())}), "))
+        w.line(str(jit.typed(f"types.void(types.intp, {', '.join(self.param_types())})", parallel=True)))
         w.line(f"def {self.name}(task_at, {params}):")
         with w.indent():
             self.header()
@@ -380,25 +388,18 @@ class KernelWriter(KernelSource):
                 w.line("bi_1 = group * G + g")
             w.line("for r in range(nq):")
             with w.indent():
-                w.line("top = ACC(-np.inf)")
-                w.line("for sp in range(n_split):")
-                with w.indent():
-                    w.line("top = max(top, part_m[base + sp, g, r])")
-                w.line("top_safe = ACC(0.0) if top == -np.inf else top")
-                w.line("total = ACC(0.0)")
-                w.line("for sp in range(n_split):")
-                with w.indent():
-                    w.line("total += EXP2(ACC(part_m[base + sp, g, r] - top_safe)) * part_l[base + sp, g, r]")
-                w.line("denominator = total if total != 0.0 else ACC(1.0)")
-                w.line("for e in range(n_e):")
-                with w.indent():
-                    w.line("value = ACC(0.0)")
-                    w.line("for sp in range(n_split):")
-                    with w.indent():
-                        w.line("value += EXP2(ACC(part_m[base + sp, g, r] - top_safe)) * part_acc[base + sp, g, r, e]")
-                    w.line(f"out_0[{prefix}i0 + r, e] = value / denominator")
-                if t.with_lse:
-                    w.line(f"out_1[{prefix}i0 + r] = -np.inf if total == 0.0 else top_safe * LN2 + math.log(total)")
+                spelling = MergeSpelling(
+                    count="n_split",
+                    m="part_m[base + {s}, g, r]",
+                    l="part_l[base + {s}, g, r]",
+                    o="part_acc[base + {s}, g, r, {e}]",
+                    out=f"out_0[{prefix}i0 + r, {{e}}]",
+                    lse=f"out_1[{prefix}i0 + r]" if t.with_lse else None,
+                    weight="EXP2(ACC({m} - top_safe))",  # maxima are kept in base 2
+                    to_natural=" * LN2",
+                    features="n_e",
+                )
+                write_merge(w, spelling)
 
     def loop_body(self) -> None:
         self.by_tile_class(self.t, self.key_tile)
@@ -406,15 +407,17 @@ class KernelWriter(KernelSource):
     def finish(self) -> None:
         t, w = self.t, self.w
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
-        w.line("for r in range(nq):")
-        with w.indent():
-            w.line("denominator = l[g, r] if l[g, r] != 0.0 else ACC(1.0)")
+
+        def outputs(denominator: str) -> None:
             w.line("for e in range(n_e):")
             with w.indent():
-                w.line(f"out_0[{prefix}i0 + r, e] = acc[g, r, e] / denominator")
-            if t.with_lse:
-                w.line(f"out_1[{prefix}i0 + r] = -np.inf if l[g, r] == 0.0 else m[g, r] * LN2 + math.log(l[g, r])")
+                w.line(f"out_0[{prefix}i0 + r, e] = acc[g, r, e] / {denominator}")
+
+        w.line("for r in range(nq):")
+        with w.indent():
+            lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
+            write_finish(w, "m[g, r]", "l[g, r]", outputs, lse, to_natural=" * LN2")
 
 
-def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], decorator: str) -> str:
-    return KernelWriter(name, tiled, captured, dims).write(decorator)
+def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], jit: sig.Jit) -> str:
+    return KernelWriter(name, tiled, captured, dims).write(jit)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 from numba.core.typing.templates import Signature
 
+from attncomp.backends.scalars import kernel_scalar  # noqa: F401 (generated drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
+from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
 
@@ -27,14 +29,6 @@ def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
     elif x.dtype == np.float16:
         x = x.astype(np.float32)
     return np.ascontiguousarray(x)
-
-
-def kernel_scalar(x, dtype: str):
-    if dtype == "i1":
-        return bool(x)
-    if dtype.startswith("i"):
-        return np.int64(x)
-    return np.float64(x) if dtype == "f64" else np.float32(x)
 
 
 def iota(shape: tuple[int, ...], axis: int) -> np.ndarray:
@@ -69,23 +63,14 @@ def reduce(kind: str, x: np.ndarray, axes: list[int], keepdims: bool) -> np.ndar
     return fn(x, axis=tuple(axes), keepdims=keepdims)
 
 
-def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
-    if x.shape[axis] == 0:
-        shape = list(x.shape)
-        shape[axis] = 1
-        return np.zeros(shape, dtype=x.dtype)
-    m = np.max(x, axis=axis, keepdims=True)
-    return np.where(m == -np.inf, 0.0, m).astype(x.dtype)
-
-
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - _safe_max(x, axis))
+    e = np.exp(x - safe_max(x, axis))
     total = np.sum(e, axis=axis, keepdims=True)
     return e / np.where(total == 0, 1, total)
 
 
 def logsumexp(x: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
-    m = _safe_max(x, axis)
+    m = safe_max(x, axis)
     out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
     return out if keepdims else np.squeeze(out, axis=axis)
 

@@ -14,28 +14,27 @@ arrays (a read-only memory map, or a Dask chunk, passes as it is).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from attncomp.backends.codegen import SourceWriter
+from attncomp.backends.scalars import SCALAR_TYPES
 from attncomp.ir.core import Op, Value
+from attncomp.ir.types import DTYPES, accumulation_dtype, is_float
 
-#: a 0-d value as ``runtime.kernel_scalar`` passes it
-SCALAR = {
-    "i1": "types.boolean",
-    "i32": "types.int64",
-    "i64": "types.int64",
-    "f16": "types.float32",
-    "f32": "types.float32",
-    "f64": "types.float64",
-}
-
-#: an array element as ``runtime.kernel_array`` passes it (float16 widened)
-ELEMENT = {
+NUMBA_TYPES = {
     "i1": "types.boolean",
     "i32": "types.int32",
     "i64": "types.int64",
-    "f16": "types.float32",
+    "f16": "types.float16",
     "f32": "types.float32",
     "f64": "types.float64",
 }
+
+#: a 0-d value as ``runtime.kernel_scalar`` passes it
+SCALAR = {d: NUMBA_TYPES[t] for d, t in SCALAR_TYPES.items()}
+
+#: an array element as ``runtime.kernel_array`` passes it (float16 widened)
+ELEMENT = {d: NUMBA_TYPES[accumulation_dtype(d) if is_float(d) else d] for d in DTYPES}
 
 INT = "types.int64"
 
@@ -101,3 +100,26 @@ def declare_addresses(w: SourceWriter, kernel: str, signature: str, tasks: list[
     w.line()
     w.line()
     w.line(f"{kernel.upper()}_TASKS = rt.task_addresses({signature}, {', '.join(tasks)})")
+
+
+@dataclass(frozen=True)
+class Jit:
+    """An ``@njit`` decorator as data: written from its signature and options, never edited as text.
+
+    Every kernel function is compiled with an explicit signature: the task functions plainly,
+    the driver that calls them with ``parallel=True``.
+    """
+
+    signature: str | None = None
+    parallel: bool = False
+    #: the options every kernel function takes (``FASTMATH`` is a constant of the generated module)
+    options: tuple[str, ...] = ("fastmath=set(FASTMATH)", "cache=True", "nogil=True")
+
+    def typed(self, signature: str, parallel: bool = False) -> Jit:
+        """This decorator with ``signature`` (and ``parallel``)."""
+        return replace(self, signature=signature, parallel=parallel)
+
+    def __str__(self) -> str:
+        args = [self.signature] if self.signature else []
+        args += ["parallel=True"] if self.parallel else []
+        return f"@njit({', '.join([*args, *self.options])})"

@@ -15,10 +15,11 @@ Numba is imported), and compiles to PTX with neither.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from attncomp.backends.base import Program
 from attncomp.errors import AttncompError
 from attncomp.ir.core import Func, Module
 
@@ -44,22 +45,31 @@ class KernelInfo:
     source: str
 
 
-@dataclass
-class CudaFunction:
-    """The built function: ``fn(arrays, env)`` gives the outputs.
+class CudaFunction(Program):
+    """The built function (``base.Program``): the driver module's ``run`` gives the outputs.
 
     Numpy arguments are copied to the device and the results back; when any
     argument is device memory, the results stay on the device.
     """
 
-    driver_source: str
-    module: ModuleType = field(repr=False)
-    graph_kernels: list[Any] = field(repr=False)
-    attention: list[Any] = field(repr=False)
-    #: the backward kernels (``BackwardKernels``), one per ``ac.key_grid``
-    backward: list[Any] = field(default_factory=list, repr=False)
+    backend = "cuda"
 
-    def __call__(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
+    def __init__(
+        self,
+        driver_source: str,
+        module: ModuleType,
+        graph_kernels: list[Any],
+        attention: list[Any],
+        backward: list[Any] | None = None,
+    ):
+        self.driver_source = driver_source
+        self.module = module
+        self.graph_kernels = graph_kernels
+        self.attention = attention
+        #: the backward kernels (``BackwardKernels``), one per ``ac.key_grid``
+        self.backward = backward or []
+
+    def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
         return list(self.module.run(*arrays, env, self.attention, self.backward))
 
     def run(
@@ -70,18 +80,17 @@ class CudaFunction:
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
         arrays, env = bind_device_arguments(func, args, constraints, sizes)
-        return self(arrays, env)
-
-    def call(
-        self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
-    ) -> Any:
-        """:meth:`run`, returning one result or a tuple, as a compiled function does."""
-        outputs = self.run(func, args, constraints, sizes)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self.run_bound(arrays, env)
 
     # decoders keep their cache on the device --------------------------------------------
     #: a decoder over this backend allocates its cache with :meth:`zeros` and reads shapes with :meth:`shape_view`
-    device_cache = True
+    cache_on_device = True
+
+    def page_storage(self) -> Any:
+        """A paged decoder's pool in device memory (pages written and copied by kernels)."""
+        from attncomp.backends.numba_cuda.pages import DevicePages
+
+        return DevicePages()
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """A zeroed device array (a decoder's cache: steps append to it in place, never copying it)."""

@@ -31,7 +31,7 @@ from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, row
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op
 from attncomp.ir.dims import Dim
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 #: the most parts one unit's keys are split into
 MAX_SPLIT = 64
@@ -68,14 +68,14 @@ class AttentionKernels:
 
     @property
     def acc_dtype(self) -> str:
-        return "f64" if self.grid.results[0].type.dtype == "f64" else "f32"
+        return accumulation_dtype(self.grid.results[0].type.dtype)
 
     @property
     def n_outs(self) -> int:
         return len(self.grid.results)
 
     def plan(self, head_dim: int, value_dim: int, rows: int | None = None) -> AttentionPlan:
-        acc_bytes = 8 if self.acc_dtype == "f64" else 4
+        acc_bytes = np.dtype(NUMPY_DTYPES[self.acc_dtype]).itemsize
         t = self.tiled
         return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes, rows)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
@@ -22,6 +24,7 @@ from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backwa
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.ir.core import Func, Op
 from attncomp.ir.dims import Dim
+from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 
 class BackwardKernels:
@@ -46,10 +49,10 @@ class BackwardKernels:
     @property
     def acc_dtype(self) -> str:
         """The element type of the outputs the kernel adds into (float16 results are narrowed after)."""
-        return "f64" if self.grid.results[0].type.dtype == "f64" else "f32"
+        return accumulation_dtype(self.grid.results[0].type.dtype)
 
     def plan(self, head_dim: int, value_dim: int) -> BackwardPlan:
-        acc_bytes = 8 if self.acc_dtype == "f64" else 4
+        acc_bytes = np.dtype(NUMPY_DTYPES[self.acc_dtype]).itemsize
         t = self.tiled
         return plan_backward(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes)
 

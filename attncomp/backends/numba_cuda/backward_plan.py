@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
 #: registers per thread for the dk slice, and again for the dv slice
@@ -28,13 +29,6 @@ MAX_SLICE = 16
 MAX_KEYS = 64
 #: query rows staged at a time, at most
 MAX_ROWS = 8
-#: static shared memory a block may use (CUDA's limit without opting in is 48 KiB)
-SHARED_BUDGET = 48 * 1024
-MAX_THREADS = 1024
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -55,15 +49,15 @@ class BackwardPlan:
     @property
     def parts(self) -> int:
         """Thread blocks per IR key block."""
-        return _ceil_div(self.block_k, self.keys)
+        return ceil_div(self.block_k, self.keys)
 
     @property
     def dk_slice(self) -> int:
-        return _ceil_div(self.head_dim, self.lanes)
+        return ceil_div(self.head_dim, self.lanes)
 
     @property
     def dv_slice(self) -> int:
-        return _ceil_div(self.value_dim, self.lanes)
+        return ceil_div(self.value_dim, self.lanes)
 
     @property
     def head_pitch(self) -> int:
@@ -84,20 +78,13 @@ def plan_backward(
 ) -> BackwardPlan:
     """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it)."""
     keys = min(block_k, MAX_KEYS)
-    if lanes is None:
-        lanes = 1
-        while lanes < 32 and (_ceil_div(head_dim, lanes) > MAX_SLICE or _ceil_div(value_dim, lanes) > MAX_SLICE):
-            lanes *= 2
-        while lanes < 32 and keys * lanes < 32:  # at least a warp per thread block
-            lanes *= 2
-    if lanes < 1 or 32 % lanes:
-        raise LoweringError(f"cuda backward: lanes per key must divide 32, got {lanes}")
+    lanes = choose_lanes(head_dim, value_dim, MAX_SLICE, keys, lanes, "cuda backward: lanes per key")
     while keys * lanes > MAX_THREADS:
-        keys = _ceil_div(keys, 2)
+        keys = ceil_div(keys, 2)
     rows = min(block_q, max(MAX_ROWS, lanes))
     plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, keys, rows, acc_bytes)
     while plan.shared_bytes > SHARED_BUDGET and plan.keys > 1:
-        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, _ceil_div(plan.keys, 2), rows, acc_bytes)
+        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, ceil_div(plan.keys, 2), rows, acc_bytes)
     while plan.shared_bytes > SHARED_BUDGET and plan.rows > 1:
         plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, plan.keys, plan.rows // 2, acc_bytes)
     if plan.shared_bytes > SHARED_BUDGET:

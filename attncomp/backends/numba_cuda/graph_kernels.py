@@ -25,15 +25,16 @@ from dataclasses import dataclass, field
 from attncomp.backends.codegen import NUMPY_SCALAR, ScalarEmitter, SourceWriter, dim_expr, literal
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
 from attncomp.backends.numba_cuda.runtime import MATMUL_TILE
+from attncomp.backends.scalars import SCALAR_TYPES
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
-from attncomp.ir.types import TensorType
+from attncomp.ir.types import TensorType, accumulation_dtype
 
 NUMBA_DTYPE = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
 #: what a host scalar becomes as a kernel argument (see runtime.kernel_scalar)
-SCALAR_ARG = {"f16": "float32", "f32": "float32", "f64": "float64", "i32": "int64", "i64": "int64", "i1": "boolean"}
+SCALAR_ARG = {d: NUMBA_DTYPE[t] for d, t in SCALAR_TYPES.items()}
 
 ELEMENTWISE = {
     "ac.neg",
@@ -359,7 +360,7 @@ def _rows(name: str, op: Op) -> GraphKernel:
     out_dtype = op.results[0].type.dtype
     attrs = op.attrs
     is_float = src_value.type.dtype.startswith("f")
-    acc = ("np.float64" if src_value.type.dtype == "f64" else "np.float32") if is_float else "np.int64"
+    acc = NUMPY_SCALAR[accumulation_dtype(src_value.type.dtype)] if is_float else "np.int64"
     w = k.w
     if op.name == "ac.reduce":
         axes, keepdims, kind = attrs["axes"], attrs["keepdims"], attrs["kind"]
@@ -459,7 +460,7 @@ def _matmul(name: str, op: Op) -> GraphKernel:
     out_type = op.results[0].type
     rank = out_type.rank
     dtype = out_type.dtype
-    acc = "np.float64" if dtype == "f64" else ("np.float32" if dtype.startswith("f") else "np.int64")
+    acc = NUMPY_SCALAR[accumulation_dtype(dtype)] if dtype.startswith("f") else "np.int64"
     tile = MATMUL_TILE
     w = k.w
     w.line("@cuda.jit(cache=True)")

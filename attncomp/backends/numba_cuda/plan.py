@@ -24,19 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
 #: registers per thread for the query slice, and again for the accumulator slice
 MAX_SLICE = 32
 #: keys staged per chunk, at most (the scores of a chunk are registers too)
 MAX_CHUNK = 16
-#: static shared memory a block may use (CUDA's limit without opting in is 48 KiB)
-SHARED_BUDGET = 48 * 1024
-MAX_THREADS = 1024
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -57,12 +51,12 @@ class AttentionPlan:
     @property
     def q_slice(self) -> int:
         """Query entries per lane (registers)."""
-        return _ceil_div(self.head_dim, self.lanes)
+        return ceil_div(self.head_dim, self.lanes)
 
     @property
     def acc_slice(self) -> int:
         """Output entries per lane (registers)."""
-        return _ceil_div(self.value_dim, self.lanes)
+        return ceil_div(self.value_dim, self.lanes)
 
     @property
     def head_pad(self) -> int:
@@ -106,14 +100,7 @@ def plan_attention(
     rows = block_q if rows is None else rows
     if not 1 <= rows <= block_q:
         raise LoweringError(f"cuda: rows per thread block must be in [1, block_q = {block_q}], got {rows}")
-    if lanes is None:
-        lanes = 1
-        while lanes < 32 and (_ceil_div(head_dim, lanes) > MAX_SLICE or _ceil_div(value_dim, lanes) > MAX_SLICE):
-            lanes *= 2
-        while lanes < 32 and rows * lanes < 32:  # at least a warp per thread block
-            lanes *= 2
-    if lanes < 1 or 32 % lanes:
-        raise LoweringError(f"cuda: lanes per row must divide 32, got {lanes}")
+    lanes = choose_lanes(head_dim, value_dim, MAX_SLICE, rows, lanes, "cuda: lanes per row")
     if rows * lanes > MAX_THREADS:
         raise LoweringError(
             f"cuda: block_q = {rows} with {lanes} threads per row needs {rows * lanes} threads "

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from attncomp.backends.scalars import kernel_scalar  # noqa: F401 (generated drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range
@@ -103,15 +104,6 @@ def host_value(x: Any, dtype: str) -> np.ndarray:
 
 def cast(x: Any, dtype: str) -> np.ndarray:
     return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
-
-
-def kernel_scalar(x: Any, dtype: str):
-    """A host 0-d value as a kernel argument (the types ``graph_kernels.SCALAR_ARG`` declares)."""
-    if dtype == "i1":
-        return bool(x)
-    if dtype.startswith("i"):
-        return np.int64(x)
-    return np.float64(x) if dtype == "f64" else np.float32(x)
 
 
 def empty(shape: tuple[int, ...], dtype: Any) -> Any:

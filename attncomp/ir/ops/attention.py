@@ -25,7 +25,7 @@ import numpy as np
 from attncomp.errors import TypeCheckError
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.base import OpDef, register, require_attr
-from attncomp.ir.ops.compute import _safe_max
+from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import BOOL_DTYPE, TensorType
 
@@ -118,7 +118,7 @@ class Attention(OpDef):
         visible = ctx.run_block(op.regions[1], grids)[0]
         with np.errstate(all="ignore"):
             masked = np.where(visible, np.broadcast_to(scored, scores.shape), -np.inf)
-            m = _safe_max(masked, -1)
+            m = safe_max(masked, -1)
             p = np.exp(masked - m)
             total = np.sum(p, axis=-1, keepdims=True)
             out = np.matmul(p, v) / np.where(total == 0.0, 1.0, total)

@@ -47,14 +47,14 @@ def _reduced_shape(src: TensorType, axes: list[int], keepdims: bool) -> list:
     return [d for k, d in enumerate(src.shape) if k not in axes]
 
 
-def _safe_max(x: np.ndarray, axis: tuple[int, ...] | int) -> np.ndarray:
+def safe_max(x: np.ndarray, axis: tuple[int, ...] | int) -> np.ndarray:
     """Row maximum with -inf rows mapped to 0, so ``x - m`` stays -inf, not NaN."""
     if x.shape[axis] == 0:  # no keys at all: every row is empty, as if fully masked
         shape = list(x.shape)
         shape[axis] = 1
-        return np.zeros(shape)
+        return np.zeros(shape, dtype=x.dtype)
     m = np.max(x, axis=axis, keepdims=True)
-    return np.where(m == -np.inf, 0.0, m)
+    return np.where(m == -np.inf, 0.0, m).astype(x.dtype, copy=False)
 
 
 REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
@@ -123,7 +123,7 @@ class Softmax(OpDef):
         x = args[0]
         axis = op.attrs["axis"] % x.ndim
         with np.errstate(all="ignore"):
-            e = np.exp(x - _safe_max(x, axis))
+            e = np.exp(x - safe_max(x, axis))
             total = np.sum(e, axis=axis, keepdims=True)
             return [e / np.where(total == 0.0, 1.0, total)]
 
@@ -145,7 +145,7 @@ class LogSumExp(OpDef):
         x = args[0]
         axis = op.attrs["axis"] % x.ndim
         with np.errstate(all="ignore"):
-            m = _safe_max(x, axis)
+            m = safe_max(x, axis)
             out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
         if not op.attrs["keepdims"]:
             out = np.squeeze(out, axis=axis)

@@ -1,0 +1,101 @@
+"""What every backend provides: the ``Program`` a build returns.
+
+A backend turns a final IR module into a :class:`Program` (``build``).  The
+compiled function and every feature built on it (gradients, the decoder,
+the paged decoder, chunked runs, the torch op) use this interface only:
+
+- ``run`` checks and binds a call's arguments, runs, and gives every result
+  (numpy arrays of the declared types, or device arrays when an argument
+  was one); ``run_bound`` runs arrays already bound, with their sizes.
+- ``source`` is what runs (generated source, or the final IR); ``ptx``,
+  ``inspect_llvm`` and ``inspect_asm`` where the backend has them.
+- Storage: where a decoder's cache and a paged pool live (``zeros``,
+  ``shape_view``, ``outputs_for``, ``page_storage``), host memory unless
+  the backend keeps them on a device.
+
+``Program`` implements the host-storage defaults; a backend overrides what
+differs.  A new backend is a package with ``build(module) -> Program``
+named in ``attncomp.backends.BUILDERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attncomp.backends.host_pages import HostPages
+from attncomp.ir.binding import as_array, bind_arguments
+from attncomp.ir.core import Func
+from attncomp.ir.types import NUMPY_DTYPES
+
+
+class Program:
+    """A built function: the interface between a backend and everything that calls it."""
+
+    #: the backend's name ("interp", "cpu", "cuda")
+    backend: str = ""
+    #: generated source (or the final IR) of what runs
+    source: str = ""
+    #: whether the results are the float64 reference (the interpreter)
+    reference: bool = False
+    #: whether a decoder's cache and a pool's pages live in device memory
+    cache_on_device: bool = False
+    #: whether ``run_bound`` takes host arrays as a caller built them to the signature and gives
+    #: results of the declared types (then callers that build their arguments may skip the checks)
+    runs_host_arrays: bool = False
+
+    # running ---------------------------------------------------------------------------
+    def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
+        """Run on arrays bound to the signature (``env``: every size); the raw results."""
+        raise NotImplementedError
+
+    def run(
+        self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
+    ) -> list[Any]:
+        """Check and bind ``args`` against ``func``'s signature (``sizes``: ones the caller knows), run,
+        and give every result as an array of its declared element type."""
+        arrays, env = bind_arguments(func, args, constraints, sizes)
+        outputs = self.run_bound(arrays, env)
+        return [np.asarray(out, dtype=NUMPY_DTYPES[value.type.dtype]) for out, value in zip(outputs, func.results)]
+
+    def call(
+        self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
+    ) -> Any:
+        """:meth:`run`, giving one result or a tuple, as a compiled function does."""
+        outputs = self.run(func, args, constraints, sizes)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this process already compiled (or loaded) what a first call runs."""
+        return False
+
+    # storage ---------------------------------------------------------------------------
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A zeroed array where this backend's kernels read it (a decoder's cache)."""
+        return np.zeros(shape, dtype=dtype)
+
+    def shape_view(self, x: Any, name: str) -> Any:
+        """What the shared shape checks read for argument ``x``, without copying it."""
+        return as_array(x, name)
+
+    def outputs_for(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+        """Results where the caller wants them: on the host when every input was."""
+        return list(outputs)
+
+    def page_storage(self) -> Any:
+        """Where a paged decoder's pool keeps its pages (host memory, or a device's)."""
+        return HostPages()
+
+    # inspection ------------------------------------------------------------------------
+    @property
+    def ptx(self) -> dict[str, str]:
+        raise ValueError(f"ptx needs the cuda backend, not {self.backend!r}")
+
+    def inspect_llvm(self) -> str:
+        raise ValueError(f"inspect_llvm needs a compiled backend, not {self.backend!r}")
+
+    def inspect_asm(self) -> str:
+        raise ValueError(f"inspect_asm needs a compiled backend, not {self.backend!r}")

@@ -1,0 +1,135 @@
+"""The log-sum-exp merge of partial attention results: the one rule, and its spellings.
+
+Attention over disjoint key sets gives partial results that combine exactly.
+A part holds, per query row, its running maximum ``m``, the sum ``l`` of
+``exp(score - m)`` over its keys and the unnormalised output ``acc`` (the
+same sums weighting the values); or, finished, its output ``acc / l`` and its
+LSE ``m + log l``.  With ``M = max m_s``:
+
+    out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s
+    lse = M + log(sum exp(m_s - M) l_s)
+
+A row no key reaches (every ``m_s = -inf``) is zeros with LSE ``-inf``.
+
+Three places merge: the CPU and CUDA kernels' key splits (flash-decoding),
+written as generated source by :func:`write_merge` from a
+:class:`MergeSpelling` that says where each part's values are in that
+dialect; and host code merging finished ``(output, LSE)`` pairs (Dask chunk
+pairs, a paged decoder's cascade), :func:`merge_partials`, in numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from attncomp.backends.codegen import SourceWriter
+
+
+@dataclass(frozen=True)
+class MergeSpelling:
+    """Where a kernel's parts are, as source templates (``{s}``: the part, ``{e}``: the feature)."""
+
+    #: the number of parts
+    count: str
+    #: a part's row maximum, row sum and unnormalised output
+    m: str
+    l: str  # noqa: E741 (the name the online-softmax literature uses)
+    o: str
+    #: where the merged output and LSE go
+    out: str
+    lse: str | None
+    #: a part's weight ``exp(m - top)`` in the maxima's unit (``{m}``: its maximum), in the accumulation type
+    weight: str
+    #: what turns a maximum into natural-log units (`` * LN2`` for base 2)
+    to_natural: str = ""
+    #: the features a thread merges: a loop over ``range(features)``, or (None) one ``e`` it was given
+    features: str | None = None
+    #: the condition under which this thread stores the LSE (one thread per row)
+    lse_when: str | None = None
+
+
+def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
+    """The merge of one row's parts, as statements (``ACC`` is the accumulation type's constructor)."""
+    how = spelling
+
+    def weight(s: str) -> str:
+        return how.weight.format(m=how.m.format(s=s))
+
+    w.line("top = ACC(-np.inf)")
+    w.line(f"for sp in range({how.count}):")
+    with w.indent():
+        w.line(f"top = max(top, {how.m.format(s='sp')})")
+    w.line("top_safe = ACC(0.0) if top == -np.inf else top")
+    w.line("total = ACC(0.0)")
+    w.line(f"for sp in range({how.count}):")
+    with w.indent():
+        w.line(f"total += {weight('sp')} * {how.l.format(s='sp')}")
+    w.line("denominator = total if total != 0.0 else ACC(1.0)")
+    loop = how.features is not None
+    if loop:
+        w.line(f"for e in range({how.features}):")
+        w.depth += 1
+    w.line("value = ACC(0.0)")
+    w.line(f"for sp in range({how.count}):")
+    with w.indent():
+        w.line(f"value += {weight('sp')} * {how.o.format(s='sp', e='e')}")
+    w.line(f"{how.out.format(e='e')} = value / denominator")
+    if loop:
+        w.depth -= 1
+    if how.lse is None:
+        return
+    store = f"{how.lse} = ACC(-np.inf) if total == 0.0 else top_safe{how.to_natural} + math.log(total)"
+    if how.lse_when is None:
+        w.line(store)
+        return
+    w.line(f"if {how.lse_when}:")
+    with w.indent():
+        w.line(store)
+
+
+def write_finish(
+    w: SourceWriter,
+    m: str,
+    l: str,  # noqa: E741
+    store_outputs: Callable[[str], None],
+    lse: str | None,
+    to_natural: str = "",
+    lse_when: str | None = None,
+) -> None:
+    """One part's state finished (a merge of one): ``out = acc / l``, ``lse = m + log l``; a row
+    with no visible key (``l = 0``) gets zeros and ``-inf``.  ``store_outputs(denominator)`` writes
+    the output stores in the writer's layout."""
+    w.line(f"denominator = {l} if {l} != 0.0 else ACC(1.0)")
+    store_outputs("denominator")
+    if lse is None:
+        return
+    store = f"{lse} = ACC(-np.inf) if {l} == 0.0 else {m}{to_natural} + math.log({l})"
+    if lse_when is None:
+        w.line(store)
+        return
+    w.line(f"if {lse_when}:")
+    with w.indent():
+        w.line(store)
+
+
+def merge_partials(*partials: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Combine finished (output, LSE) pairs over disjoint key sets into one, by their log-sum-exp.
+
+    Each output is a softmax-weighted mean over its keys, and its LSE the log of the weights'
+    sum, so the merged output weighs each by ``exp(lse - max lse)``.  In float64; rows no key
+    reaches (every LSE -inf) stay zero with LSE -inf.
+    """
+    dtype = partials[0][0].dtype
+    lses = np.stack([np.asarray(lse, dtype=np.float64) for _, lse in partials])
+    top = lses.max(axis=0)
+    safe = np.where(np.isneginf(top), 0.0, top)
+    weights = np.exp(lses - safe)
+    total = weights.sum(axis=0)
+    out = sum(w[..., None] * np.asarray(o, dtype=np.float64) for w, (o, _) in zip(weights, partials))
+    reached = total > 0
+    out = out / np.where(reached, total, 1.0)[..., None]
+    lse = np.where(reached, safe + np.log(np.where(reached, total, 1.0)), -np.inf)
+    return out.astype(dtype), lse.astype(dtype)

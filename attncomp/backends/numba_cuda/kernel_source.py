@@ -1,0 +1,123 @@
+"""What the CUDA kernel writers (forward and backward) share.
+
+Scalar references with the device math functions; a region's scalar code
+split into what is hoisted out of the tile loops and what runs per element;
+and the index code of the lane layout (``lanes.py``): the feature a lane's
+register holds, batch indices from a flat block index, stores guarded for
+the padded features of a last slice, and rows staged into shared memory
+(through a page table when the load reads pages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from attncomp.backends.codegen import KernelSource
+from attncomp.backends.numba_cuda.device_math import FUNCTIONS
+from attncomp.ir.core import Block, Op, Value
+
+
+def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[Op], list[Op]]:
+    """The region's ops computable from ``known`` values alone (hoistable), and the rest, in order."""
+    ready: set[Value] = set()
+    hoisted, rest = [], []
+    for op in block.ops:
+        if op.name == "ac.yield":
+            continue
+        if all(v in ready or known(v) for v in op.operands):
+            hoisted.append(op)
+            ready.update(op.results)
+        else:
+            rest.append(op)
+    return hoisted, rest
+
+
+class CudaKernelSource(KernelSource):
+    """What the CUDA kernel writers (forward and backward) share: scalar references with the
+    device math functions, and a region's scalar code split into what is hoisted out of the
+    tile loops and what runs per element."""
+
+    functions = FUNCTIONS
+
+    def ref(self, value: Value) -> str:
+        return self.scalar().ref(value)
+
+    def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
+        """Bind the region's batch arguments, emit its position-independent ops; return the others."""
+        region = map_op.regions[0]
+        n_batch = len(region.args) - n_variant
+        for arg, outer in zip(region.args[:n_batch], map_op.operands[:n_batch]):
+            self.names[arg] = self.ref(outer)
+        # Known before the tile loop: the batch indices, the prologue's scalars, captured arrays.
+        hoisted, rest = split_invariant(region, lambda v: v in self.names or v in self.captured)
+        for op in hoisted:
+            self.scalar().op(op)
+        return rest
+
+    def apply_all(self, map_op: Op, rest: list[Op], variant: list[str]) -> list[str]:
+        """Emit the position-dependent ops of a region for one element; return what it yields."""
+        region = map_op.regions[0]
+        for arg, expr in zip(region.args[len(region.args) - len(variant) :], variant):
+            self.names[arg] = expr
+        for op in rest:
+            self.scalar().op(op)
+        return [self.ref(v) for v in region.ops[-1].operands]
+
+    # the lane layout ------------------------------------------------------------
+    #: threads per item (query row or key) and threads per block; set by each writer from its plan
+    lanes: int
+    threads: int
+
+    def feature(self, k: int) -> str:
+        """The feature index of this lane's ``k``-th register (lanes interleave)."""
+        return f"g + {k * self.lanes}" if self.lanes > 1 else str(k)
+
+    def padded(self, k: int, width: int) -> bool:
+        """Whether register ``k`` of a slice over ``width`` features may be past the last one."""
+        return (k + 1) * self.lanes > width
+
+    def guarded(self, k: int, width: int, statement: str) -> None:
+        """``statement`` for register ``k``, under ``feature < width`` where it may be padding."""
+        if not self.padded(k, width):
+            self.w.line(statement)
+            return
+        self.w.line(f"if {self.feature(k)} < {width}:")
+        with self.w.indent():
+            self.w.line(statement)
+
+    def batch_indices(self, rank: int, flat: str, shape_of: str) -> list[str]:
+        """Emit the batch indices ``bi_k`` of the row-major flat batch index ``flat`` over the
+        first ``rank`` axes of array ``shape_of``."""
+        names = [f"bi_{k}" for k in range(rank)]
+        for k in reversed(range(rank)):
+            self.w.line(f"rest_{k} = {flat}")
+            self.w.line(f"{names[k]} = rest_{k} % {shape_of}.shape[{k}]")
+            flat = f"rest_{k} // {shape_of}.shape[{k}]"
+        return names
+
+    def stage(self, tile: str, load: Op, count: str, first: str, width: int, pitch: int, rows: int) -> None:
+        """Copy ``count`` rows from row ``first`` of a tile load's source into a shared tile of
+        ``rows`` rows (coalesced); zero the rows past ``count`` and the columns past ``width``.
+
+        Rows read through an ``ac.page_view`` come from the pool: row ``j`` of sequence ``b`` is
+        slot ``j % P`` of page ``table[b, j // P]``."""
+        w = self.w
+        src = self.array_ref(load.operands[0])
+        view = self.page_view(load)
+        w.line(f"for e_idx in range(tid, {rows * pitch}, {self.threads}):")
+        with w.indent():
+            w.line(f"cc = e_idx // {pitch}")
+            w.line(f"dd = e_idx - cc * {pitch}")
+            cond = f"cc < {count}" if width == pitch else f"cc < {count} and dd < {width}"
+            if view is None:
+                prefix = "".join(f"{self.ref(v)}, " for v in load.operands[1:-1])
+                w.line(f"{tile}[cc, dd] = ACC({src}[{prefix}{first} + cc, dd]) if {cond} else ACC(0.0)")
+                return
+            page, at = self.page_row(load, view, f"{first} + cc")
+            w.line(f"if {cond}:")
+            with w.indent():
+                w.line(f"page = {page}")
+                w.line(f"{tile}[cc, dd] = ACC({src}[page, {at}dd])")
+            w.line("else:")
+            with w.indent():
+                w.line(f"{tile}[cc, dd] = ACC(0.0)")

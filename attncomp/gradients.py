@@ -1,0 +1,79 @@
+"""Gradients of a compilation: the forward that saves residuals, the compiled backward, the pullback.
+
+``autodiff`` runs on the fused graph (just before flash-tiling) and makes
+the backward a function of its own: it takes the spec's arguments, the saved
+results of the forward (each fused attention's output and LSE) and one
+cotangent per result, and returns one gradient per floating argument.
+``save-residuals`` makes the forward that also returns what the backward reads.
+Both are compiled once per compilation (``Compilation.variant``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from attncomp.compilation import Compilation
+from attncomp.errors import ShapeError
+from attncomp.ir.types import NUMPY_DTYPES, is_float
+from attncomp.passes.pipeline import edit_pipeline, make_pass
+
+
+def backward_of(c: Compilation) -> Compilation:
+    """The compiled backward: ``autodiff`` after the graph passes, then tiled like the forward."""
+
+    def make() -> Compilation:
+        passes = edit_pipeline(c.passes, insert=make_pass("autodiff"), before="flash-tiling")
+        return c.derive(passes, name=f"{c.name}_backward")
+
+    return c.variant("backward", make)
+
+
+def saving_forward_of(c: Compilation) -> Compilation:
+    """The forward that also returns what the backward reads (``save-residuals``)."""
+
+    def make() -> Compilation:
+        return c.derive(edit_pipeline(c.passes, insert=make_pass("save-residuals"), before="flash-tiling"))
+
+    return c.variant("saving", make)
+
+
+def vjp(c: Compilation, args: tuple[Any, ...]) -> tuple[Any, Callable[..., tuple[np.ndarray | None, ...]]]:
+    """Run the forward; return its result and ``pullback(*cotangents) -> one gradient per argument``.
+
+    ``pullback`` takes one cotangent per result (``None``: zero) and gives, per argument, an
+    array of its shape and element type (float64 on ``interp``, the reference), or ``None`` for
+    integer and boolean arguments.
+    """
+    forward = saving_forward_of(c)
+    exact = c.program.reference
+    outputs = forward.run(args, exact=exact)
+    n_saved = forward.func.attrs.get("residuals", 0)
+    results, saved = outputs[: len(outputs) - n_saved], outputs[len(outputs) - n_saved :]
+    backward = backward_of(c)
+    result_types = [v.type for v in c.func.results]
+    arg_names = [a.name for a in c.func.args]
+
+    def pullback(*cotangents: Any) -> tuple[np.ndarray | None, ...]:
+        if len(cotangents) != len(results):
+            raise TypeError(
+                f"pullback of @{c.name} takes {len(results)} cotangent(s), one per result, got {len(cotangents)}"
+            )
+        filled = []
+        for k, (cot, r, t) in enumerate(zip(cotangents, results, result_types)):
+            dtype = np.float64 if exact else NUMPY_DTYPES[t.dtype]
+            if cot is None:
+                filled.append(np.zeros(np.shape(r), dtype=dtype))
+                continue
+            cot = np.asarray(cot)
+            if cot.shape != np.shape(r):
+                raise ShapeError(f"cotangent {k}: expected shape {np.shape(r)} (result {k}), got {cot.shape}")
+            filled.append(cot.astype(dtype, copy=False))
+        grads = iter(backward.run([*args, *saved, *filled], exact=exact))
+        return tuple(next(grads) if is_float(v.type.dtype) else None for v in c.func.args)
+
+    pullback.__doc__ = f"Gradients of ({', '.join(arg_names)}) from one cotangent per result."
+    primal = results[0] if len(results) == 1 else tuple(results)
+    return primal, pullback
