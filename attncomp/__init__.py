@@ -1,7 +1,7 @@
 """attncomp: a compiler for attention kernels written as math."""
 
 from attncomp.api import CompiledFunction, compile, interpret, parse_ir
-from attncomp.dsl import Spec, bool_, f16, f32, f64, i32, i64, spec
+from attncomp.dsl import Spec, bf16, bool_, f16, f32, f64, floating, i32, i64, spec
 from attncomp.errors import (
     AttncompError,
     IRParseError,
@@ -57,7 +57,9 @@ __all__ = [
     "concat",
     "cos",
     "exp",
+    "bf16",
     "f16",
+    "floating",
     "f32",
     "f64",
     "i32",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,8 @@ from attncomp.chunked.graph import is_dask
 from attncomp.chunked.plan import ChunkPlan
 from attncomp.compilation import Compilation
 from attncomp.decoder import Decoder, decoding_compilation
-from attncomp.dsl import Spec
+from attncomp.dsl import DEFAULT_FLOAT, Spec
+from attncomp.float_types import FloatFamily
 from attncomp.gradients import backward_of, saving_forward_of, vjp
 from attncomp.ir import parser
 from attncomp.ir.core import Module
@@ -58,10 +60,32 @@ class CompiledFunction:
 
     Its state is one :class:`~attncomp.compilation.Compilation` (``fn.compilation``), which the
     features built on a compiled function (gradients, decoders, serving, Dask, PyTorch) use.
+    A generic spec's function (``ac.floating`` arguments) has one compilation per float type
+    (``family``); ``fn.compilation`` is the float32 one, and a call runs its arguments' type's.
     """
 
-    def __init__(self, compilation: Compilation):
+    def __init__(self, compilation: Compilation, family: FloatFamily | None = None):
         self.compilation = compilation
+        self.family = family
+        self.specialised: dict[str, CompiledFunction] = {}
+
+    @property
+    def generic(self) -> bool:
+        """Whether this function serves every float type (its spec has ``ac.floating`` arguments)."""
+        return self.family is not None
+
+    def for_dtype(self, dtype: str | None) -> CompiledFunction:
+        """This function for float type ``dtype`` ("f16", "bf16", "f32", "f64"): compiled on first use.
+        ``None``, or a function whose spec declares its types, gives the function itself."""
+        if dtype is None or self.family is None:
+            return self
+        if dtype not in self.specialised:
+            self.specialised[dtype] = CompiledFunction(self.family.member(dtype))
+        return self.specialised[dtype]
+
+    def for_args(self, args: Sequence[Any]) -> CompiledFunction:
+        """This function for the float type of a call's arguments (itself unless generic)."""
+        return self if self.family is None else self.for_dtype(self.family.float_type_of(args))
 
     @classmethod
     def build(cls, module: Module, backend: str, pipeline: str | None, name: str) -> CompiledFunction:
@@ -111,13 +135,13 @@ class CompiledFunction:
         """(pass, seconds) for each pass run."""
         return [(s.name, s.seconds) for s in self.compilation.stages[1:]]
 
-    def ir(self, stage: str = "final") -> str:
-        """The IR text after ``stage``: "input", a pass name, or "final"."""
-        return self.compilation.ir(stage)
+    def ir(self, stage: str = "final", dtype: str | None = None) -> str:
+        """The IR text after ``stage``: "input", a pass name, or "final" (a generic spec's: for ``dtype``)."""
+        return self.for_dtype(dtype).compilation.ir(stage)
 
-    def dump(self) -> str:
+    def dump(self, dtype: str | None = None) -> str:
         """Every stage's IR text in order, each under a ``// ----- after NAME -----`` line."""
-        return self.compilation.dump()
+        return self.for_dtype(dtype).compilation.dump()
 
     @property
     def source(self) -> str:
@@ -138,6 +162,8 @@ class CompiledFunction:
         return self.compilation.program.inspect_asm()
 
     def __call__(self, *args: Any):
+        if self.family is not None:
+            return self.for_args(args)(*args)
         if any(is_dask(a) for a in args):  # a graph of chunk-pair kernel calls; nothing runs yet
             from attncomp.chunked import run_chunked
 
@@ -168,20 +194,30 @@ class CompiledFunction:
         argument, an array of its shape and element type (float64 on ``interp``, the
         reference), or ``None`` for integer and boolean arguments.
         """
-        return vjp(self.compilation, args)
+        return vjp(self.for_args(args).compilation, args)
 
     # features --------------------------------------------------------------------
-    def decoder(self, max_len: int) -> Decoder:
-        """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse)."""
-        return Decoder(decoding_compilation(self.compilation), max_len)
+    def decoder(self, max_len: int, dtype: str | None = None) -> Decoder:
+        """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse).
 
-    def paged_decoder(self, page_size: int = 16, num_pages: int = 1024) -> PagedDecoder:
-        """A decoder serving many sequences over one pool of key/value pages (docs/api.md section 7)."""
+        A generic spec's decoder takes the float type of its first call (or ``dtype``); its cache
+        holds that type."""
+        decoding = self.for_dtype(dtype).compilation
+        if self.family is not None and dtype is None:
+            decoding_compilation(decoding)  # the refusals, now
+            return Decoder(None, max_len, lambda inputs: decoding_compilation(self.for_args(inputs).compilation))
+        return Decoder(decoding_compilation(decoding), max_len)
+
+    def paged_decoder(self, page_size: int = 16, num_pages: int = 1024, dtype: str | None = None) -> PagedDecoder:
+        """A decoder serving many sequences over one pool of key/value pages (docs/api.md section 7).
+
+        A generic spec's pool holds ``dtype`` (default float32) keys and values."""
+        compilation = self.for_dtype(dtype).compilation
         # the same refusals as fn.decoder: keys must be computable for new tokens alone
-        decoding_compilation(self.compilation, backend="interp")
-        return PagedDecoder(self.compilation, page_size, num_pages)
+        decoding_compilation(compilation, backend="interp")
+        return PagedDecoder(compilation, page_size, num_pages)
 
-    def chunk_parts(self) -> dict[str, CompiledFunction]:
+    def chunk_parts(self, dtype: str | None = None) -> dict[str, CompiledFunction]:
         """The compiled parts a run over Dask arrays schedules (docs/api.md section 8), by name.
 
         "inputs" (or "queries" and "keys") computes q, k and v per chunk of positions,
@@ -189,7 +225,8 @@ class CompiledFunction:
         visible), "outputs" uses the attention's result per query chunk; parts the spec
         does not need are absent.  Each is inspectable (``.ir(stage)``, ``.dump()``, ``.source``).
         """
-        return {name: CompiledFunction(part) for name, part in ChunkPlan.of(self.compilation).parts().items()}
+        plan = ChunkPlan.of(self.for_dtype(dtype).compilation)
+        return {name: CompiledFunction(part) for name, part in plan.parts().items()}
 
     def block_map(self, *args: Any) -> np.ndarray:
         """int8 ``[*batch, q_blocks, kv_blocks]``: 0 skipped, 1 computed with its mask, 2 without."""
@@ -218,4 +255,10 @@ def compile(
     """
     module = _module_of(target, constants)
     name = target.name if isinstance(target, Spec) else module.main.name
+    if isinstance(target, Spec) and target.generic:  # one compilation per float type, float32's now
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
+        family = FloatFamily(target, constants, lambda m, _: Compilation.build(m, backend, pipeline, name))
+        family.members[DEFAULT_FLOAT] = Compilation.build(module, backend, pipeline, name)
+        return CompiledFunction(family.members[DEFAULT_FLOAT], family)
     return CompiledFunction.build(module, backend, pipeline, name)

@@ -15,6 +15,7 @@ the bus (outputs come back to the host when the inputs came from it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attncomp.compilation import Compilation
@@ -40,11 +41,23 @@ def decoding_compilation(c: Compilation, backend: str | None = None) -> Compilat
 class Decoder:
     """Callable decoder over one cache.  See ``CompiledFunction.decoder``."""
 
-    def __init__(self, fn: Compilation, max_len: int):
+    def __init__(
+        self, fn: Compilation | None, max_len: int, choose: Callable[[tuple[Any, ...]], Compilation] | None = None
+    ):
+        """``fn``: the decoding compilation; or None and ``choose``, which picks it from the first
+        call's inputs (a generic spec's decoder takes that call's float type)."""
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
-        self.fn = fn
         self.max_len = int(max_len)
+        self.choose = choose
+        self.fn: Compilation | None = None
+        self._buffers: list[Any] | None = None
+        self.length = 0
+        if fn is not None:
+            self._use(fn)
+
+    def _use(self, fn: Compilation) -> None:
+        self.fn = fn
         func = fn.func
         self._cached = func.attrs["cached_length"]
         self._n_inputs = len(func.args) - 2
@@ -52,8 +65,6 @@ class Decoder:
         self._n_outputs = len(func.results) - func.attrs["cache_results"]
         self._axis = self._cache_args[0].type.rank - 2
         self._new_keys = func.results[self._n_outputs]  # the spec's k: its sequence size is the new count
-        self._buffers: list[Any] | None = None
-        self.length = 0
 
     @property
     def cache(self) -> dict[str, Any]:
@@ -69,6 +80,16 @@ class Decoder:
         self.length = 0
 
     def __call__(self, *inputs: Any):
+        if self.fn is not None:
+            return self._step(inputs)
+        self._use(self.choose(inputs))
+        try:
+            return self._step(inputs)
+        except Exception:
+            self.fn = None  # a first call that failed fixes nothing
+            raise
+
+    def _step(self, inputs: tuple[Any, ...]):
         if len(inputs) != self._n_inputs:
             names = ", ".join(a.name for a in self.fn.func.args[: self._n_inputs])
             raise TypeError(f"the decoder takes {self._n_inputs} inputs ({names}), got {len(inputs)}")
@@ -107,4 +128,5 @@ class Decoder:
         return self.fn.program.zeros(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype])
 
     def __repr__(self) -> str:
-        return f"<attncomp decoder {self.fn.name}: {self.length}/{self.max_len} positions cached>"
+        name = self.fn.name if self.fn is not None else "(float type of the first call)"
+        return f"<attncomp decoder {name}: {self.length}/{self.max_len} positions cached>"

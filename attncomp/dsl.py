@@ -29,7 +29,14 @@ from attncomp.names import name_values
 from attncomp.tensor import SymDim, Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-RESERVED_DIM_NAMES = {"x", "tensor", "inf", "nan", "true", "false", "f16", "f32", "f64", "i1", "i32", "i64"}
+RESERVED_DIM_NAMES = {
+    *("x", "tensor", "inf", "nan", "true", "false", "floating"),
+    *("f16", "bf16", "f32", "f64", "i1", "i32", "i64"),
+}
+#: the element type of ``ac.floating`` arguments: the float type of the call
+GENERIC = "floating"
+#: the float type a generic spec's own IR (``spec.ir``) is traced with
+DEFAULT_FLOAT = "f32"
 
 
 # annotations ------------------------------------------------------------------
@@ -40,8 +47,9 @@ class TensorSpec:
     dtype: str
     dims: tuple[str | int, ...]
 
-    def type(self) -> TensorType:
-        return TensorType.of(self.dims, self.dtype)
+    def type(self, float_type: str = DEFAULT_FLOAT) -> TensorType:
+        """The argument's type; ``ac.floating`` takes ``float_type``."""
+        return TensorType.of(self.dims, float_type if self.dtype == GENERIC else self.dtype)
 
     def __repr__(self) -> str:
         return f"{self.dtype}{list(self.dims)}"
@@ -69,7 +77,9 @@ class DType:
         return f"ac.{self.name}"
 
 
-f16, f32, f64 = DType("f16"), DType("f32"), DType("f64")
+f16, bf16, f32, f64 = DType("f16"), DType("bf16"), DType("f32"), DType("f64")
+#: any float type: the call's (docs/api.md section 9)
+floating = DType(GENERIC)
 i32, i64, bool_ = DType("i32"), DType("i64"), DType("i1")
 
 
@@ -275,6 +285,8 @@ class Spec:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         self.params, self.constants = _signature(fn)
+        #: the positions of the ``ac.floating`` arguments: a generic spec has some
+        self.float_args = [k for k, (_, ann) in enumerate(self.params) if ann.dtype == GENERIC]
         self._ir = self.trace()
 
     @property
@@ -285,15 +297,24 @@ class Spec:
     def arg_names(self) -> list[str]:
         return [name for name, _ in self.params]
 
+    @property
+    def generic(self) -> bool:
+        """Whether some argument is ``ac.floating``: the spec then serves every float type."""
+        return bool(self.float_args)
+
     def trace(self, **constants: Any) -> Module:
         """Trace again with keyword constants overriding the defaults."""
+        return self.trace_as(DEFAULT_FLOAT, **constants)
+
+    def trace_as(self, float_type: str, **constants: Any) -> Module:
+        """Trace with ``ac.floating`` arguments of ``float_type`` (and keyword constants)."""
         unknown = set(constants) - set(self.constants)
         if unknown:
             valid = ", ".join(self.constants) or "none"
             raise TypeError(f"{self.name}: unknown constant(s) {', '.join(sorted(unknown))}; valid: {valid}")
         values = {**self.constants, **constants}
         tracer = Tracer(self.name)
-        args = [tracer.add_arg(name, spec.type()) for name, spec in self.params]
+        args = [tracer.add_arg(name, spec.type(float_type)) for name, spec in self.params]
         try:
             result = self.fn(*args, **values)
         except SpecError as exc:

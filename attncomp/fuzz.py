@@ -31,13 +31,14 @@ import re
 import sys
 import tempfile
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 import attncomp as ac
-from attncomp.testing import directional_derivatives, interpret_float64, worst_error
+from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.testing import TOLERANCE, directional_derivatives, interpret_float64, worst_error
 
 BLOCKS = [(4, 4), (4, 8), (8, 4), (16, 16), (64, 64)]
 
@@ -66,6 +67,8 @@ class Case:
     pipeline: str
     constants: dict[str, float] = field(default_factory=dict)
     lse: bool = False
+    #: the float type of q, k, v and the float tables (the CPU slice also runs each case in bf16)
+    dtype: str = "f32"
 
     @property
     def captured(self) -> list[str]:
@@ -83,6 +86,7 @@ class Case:
         }
         params = ['q: ac.f32["B", "H", "T", "D"]', 'k: ac.f32["B", "H", "S", "D"]', 'v: ac.f32["B", "H", "S", "D"]']
         params += [args[name] for name in self.captured]
+        params = [p.replace("ac.f32", f"ac.{self.dtype}") for p in params]
         body = ["s = (q @ k.mT) * q.shape[-1] ** -0.5", "b, h, i, j = ac.index(s)", *self.score]
         if self.mask:
             body.append(f"s = ac.where({self.mask}, s, -ac.inf)")
@@ -109,7 +113,8 @@ class Case:
             "lengths": lambda: rng.integers(0, S + 1, B).astype(np.int32),
             "doc": lambda: np.sort(rng.integers(0, 3, (B, T)), axis=1).astype(np.int32),
         }
-        return arrays + [makers[name]() for name in self.captured]
+        arrays += [makers[name]() for name in self.captured]
+        return [a.astype(NUMPY_DTYPES[self.dtype]) if a.dtype == np.float32 else a for a in arrays]
 
 
 def load_case(case: Case, directory: Path) -> ac.Spec:
@@ -152,8 +157,8 @@ def run_case(
                 if error > 1e-9:
                     return f"interpreting the IR after {stage}: relative error {error:.3e}"
         error = worst_error(_as_list(fn(*inputs)), reference)
-        if error > 1e-4:
-            return f"backend {backend}: relative error {error:.3e}"
+        if error > (1e-4 if case.dtype == "f32" else TOLERANCE[case.dtype]):
+            return f"backend {backend}: relative error {error:.3e} ({case.dtype})"
         if grads is not None:
             problem = _check_backward(fn, inputs, *grads)
             if problem is not None:
@@ -333,6 +338,9 @@ def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False, cuda_
             if cuda_every and count[0] % cuda_every == 0:
                 backends += ("cuda",)
             problem = run_case(case, directory, backends, seed=count[0])
+            if problem is None and "cpu" in backends:  # the same case in bf16 (no finite differences there)
+                case = replace(case, dtype="bf16")
+                problem = run_case(case, directory, ("cpu",), seed=count[0], gradients=False)
             if verbose:
                 print(f"case {count[0]}: {'ok' if problem is None else problem}", file=sys.stderr)
             if problem is not None:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from attncomp.ir.core import Func
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.types import NUMPY_DTYPES, is_float
 
 #: relative error bound of a result of each element type against float64
-TOLERANCE = {"f16": 2e-2, "f32": 2e-5, "f64": 1e-10}
+TOLERANCE = {"f16": 2e-2, "bf16": 6e-2, "f32": 2e-5, "f64": 1e-10}
 
 
 def random_inputs(func: Func, sizes: dict[str, int], seed: int = 0) -> list[np.ndarray]:
@@ -28,7 +28,7 @@ def random_inputs(func: Func, sizes: dict[str, int], seed: int = 0) -> list[np.n
     for arg in func.args:
         shape = arg.type.concrete_shape(sizes)
         dtype = arg.type.dtype
-        if dtype.startswith("f"):
+        if is_float(dtype):
             arrays.append(rng.standard_normal(shape).astype(NUMPY_DTYPES[dtype]))
         elif dtype == "i1":
             arrays.append(rng.random(shape) < 0.5)

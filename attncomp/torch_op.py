@@ -106,8 +106,9 @@ class TorchFunction:
         torch = require_torch()
         self.fn = fn
         self.name = name
-        forward, backward = saving_forward_of(fn.compilation), backward_of(fn.compilation)
-        self._forward, self._backward = forward, backward
+        forward, backward = self.member(())
+        #: the shapes of the forward op's outputs: every float type's member must have them
+        self._layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
         self._arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
         self._floating = [is_float(a.type.dtype) for a in fn.func.args]
         # Each distinct IR value the saving forward returns is one output of the op; a result that is
@@ -133,6 +134,22 @@ class TorchFunction:
         )
         self.backward_op.register_fake(self._backward_fake)
         self.op.register_autograd(self._backward_rule, setup_context=self._setup_context)
+        #: the arguments a generic spec's call takes in its float type (``ac.floating``)
+        self._generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
+
+    def member(self, tensors: Sequence[Any]) -> tuple[Compilation, Compilation]:
+        """The saving forward and the backward for the float type of ``tensors`` (a generic spec's
+        member for it; a spec of declared types has one)."""
+        c = self.fn.for_args(tensors).compilation if tensors else self.fn.compilation
+        forward = saving_forward_of(c)
+        layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
+        if tensors and layout != self._layout:
+            raise TypeError(
+                f"@{c.name} does not fuse in {c.func.args[0].type.dtype} as in float32, so one op cannot serve "
+                f"both: {'; '.join(forward.remarks) or 'its residuals differ'} (make the tensors that enter "
+                "the scores ac.floating too)"
+            )
+        return forward, backward_of(c)
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if len(tensors) != len(self._arg_names):
@@ -140,10 +157,24 @@ class TorchFunction:
                 f"@{self.fn.func.name} takes {len(self._arg_names)} arguments ({', '.join(self._arg_names)}), "
                 f"got {len(tensors)}"
             )
-        outputs = self.op(*tensors)
+        outputs = self.op(*self._autocast(tensors))
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         results = tuple(outputs[slot] for slot in self._result_slots)
         return results[0] if len(results) == 1 else results
+
+    def _autocast(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Under ``torch.autocast`` a generic spec runs in the autocast type: its ``ac.floating``
+        arguments are cast to it.  A spec of declared types keeps them (as PyTorch's float32 ops do)."""
+        torch = require_torch()
+        if not self._generic_args or not tensors:
+            return tensors
+        device = tensors[0].device.type
+        if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+            return tensors
+        dtype = torch.get_autocast_dtype(device)
+        return tuple(
+            t.to(dtype) if k in self._generic_args and t.is_floating_point() else t for k, t in enumerate(tensors)
+        )
 
     def __repr__(self) -> str:
         return f"<attncomp torch op attncomp::{self.name} ({self.fn.backend})>"
@@ -164,17 +195,17 @@ class TorchFunction:
         if self.fn.backend == "cuda":
             outputs = _run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
-        arrays = [t.numpy() for t in inputs]
+        arrays = [as_numpy(torch, t) for t in inputs]
         outputs = compiled.run(arrays)
         outputs = outputs if picked is None else [outputs[k] for k in picked]
-        return [torch.from_numpy(a) for a in _owned(outputs, arrays)]
+        return [from_numpy(torch, a) for a in _owned(outputs, arrays)]
 
     def _forward_impl(self, *tensors: torch.Tensor) -> Any:
         first = [self._slots.index(k) for k in range(len(self._outputs))]  # each distinct value once
-        return _tuple_or_one(self._run(self._forward, tensors, first))
+        return _tuple_or_one(self._run(self.member(tensors)[0], tensors, first))
 
     def _backward_impl(self, *tensors: torch.Tensor) -> Any:
-        return _tuple_or_one(self._run(self._backward, tensors))
+        return _tuple_or_one(self._run(self.member(tensors[: len(self._arg_names)])[1], tensors))
 
     # fake (shape-only) functions: what torch.compile and opcheck trace --------------------------
     def _sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
@@ -183,7 +214,7 @@ class TorchFunction:
         Static sizes go through the binding itself, so tracing raises the same errors as a call;
         symbolic ones are bound by name without comparing them (a comparison would add guards).
         """
-        func = self.fn.func
+        func = self.member(tensors)[0].func
         dtypes = []
         for t, name, arg in zip(tensors, self._arg_names, func.args):
             check_device(name, t.device, self.fn.backend, allow_meta=True)
@@ -210,14 +241,16 @@ class TorchFunction:
 
     def _forward_fake(self, *tensors: torch.Tensor) -> Any:
         sizes = self._sizes(tensors)
-        return _tuple_or_one([self._empty(v, sizes, tensors[0]) for v in self._outputs])
+        forward = self.member(tensors)[0]
+        distinct = list(dict.fromkeys(forward.func.results))
+        return _tuple_or_one([self._empty(v, sizes, tensors[0]) for v in distinct])
 
     def _backward_fake(self, *tensors: torch.Tensor) -> Any:
         torch = require_torch()
         args = tensors[: len(self._arg_names)]
         grads = [
             torch.empty_like(t, dtype=getattr(torch, np.dtype(NUMPY_DTYPES[a.type.dtype]).name))
-            for t, a, floating in zip(args, self.fn.func.args, self._floating)
+            for t, a, floating in zip(args, self.member(args)[0].func.args, self._floating)
             if floating
         ]
         return _tuple_or_one(grads)
@@ -233,7 +266,7 @@ class TorchFunction:
         saved = ctx.saved_tensors
         inputs, residuals = saved[: len(self._arg_names)], saved[len(self._arg_names) :]
         cotangents, seen = [], set()
-        for slot, value in zip(self._result_slots, self.fn.func.results):
+        for slot, value in zip(self._result_slots, self.member(inputs)[0].func.results):
             grad = grads[slot] if slot not in seen else None  # a result returned twice: its grad once
             seen.add(slot)
             if grad is None:  # an unused result: a zero cotangent, as pullback(None) gives
@@ -244,6 +277,20 @@ class TorchFunction:
         return tuple(
             next(floating).to(t.dtype) if is_floating else None for t, is_floating in zip(inputs, self._floating)
         )
+
+
+def as_numpy(torch: Any, t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array, without a copy (bfloat16 through a 16-bit view)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(NUMPY_DTYPES["bf16"])
+    return t.numpy()
+
+
+def from_numpy(torch: Any, a: np.ndarray) -> torch.Tensor:
+    """A numpy array as a CPU tensor sharing its memory (bfloat16 through a 16-bit view)."""
+    if a.dtype == np.dtype(NUMPY_DTYPES["bf16"]):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _returns(values: Sequence[Any]) -> str:

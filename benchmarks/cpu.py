@@ -30,6 +30,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
 from benchmarks import peers, specs  # noqa: E402
+from benchmarks.float_types import float_type_rows  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
 
@@ -502,6 +503,8 @@ def main(argv: list[str] | None = None) -> None:
     for line in backward_rows(args.quick, args.repeats):
         print(line)
     for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
+        print(line)
+    for line in float_type_rows(args.quick, args.repeats):
         print(line)
     for line in serving_rows(args.quick, args.repeats):
         print(line)

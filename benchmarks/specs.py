@@ -34,3 +34,22 @@ def gqa_decode(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v:
     n_rep = q.shape[1] // k.shape[1]
     s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5
     return ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep)
+
+
+@ac.spec
+def causal_any(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "D"]
+):
+    """``causal`` for every float type: compiled per type the calls bring."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+
+@ac.spec
+def gqa_decode_any(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "KV", "S", "D"], v: ac.floating["B", "KV", "S", "D"]
+):
+    n_rep = q.shape[1] // k.shape[1]
+    s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5
+    return ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep)

@@ -33,6 +33,7 @@ LAYERS = {
     "compilation": 4,
     "gradients": 5,
     "decoder": 5,
+    "float_types": 5,
     "chunked": 5,
     "serving": 5,
     "torch_op": 5,

@@ -14,9 +14,11 @@ from collections.abc import Callable
 
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import Dim, dim
+from attncomp.ir.types import is_float
 
 NUMPY_SCALAR = {
     "f16": "np.float32",
+    "bf16": "np.float32",
     "f32": "np.float32",
     "f64": "np.float64",
     "i32": "np.int64",
@@ -163,7 +165,7 @@ class ScalarEmitter:
             expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
         elif name in ("ac.maximum", "ac.minimum"):
             fn = "max" if name == "ac.maximum" else "min"
-            if dtype.startswith("f"):  # NaN propagates, as in np.maximum
+            if is_float(dtype):  # NaN propagates, as in np.maximum
                 expr = self.typed(f"({a[0]} if {a[0]} != {a[0]} else {fn}({a[0]}, {a[1]}))", dtype)
             else:
                 expr = self.typed(f"{fn}({a[0]}, {a[1]})", dtype)

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from attncomp.ir.dims import Dim, DimLike, dim
 
-FLOAT_DTYPES = ("f16", "f32", "f64")
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 INT_DTYPES = ("i32", "i64")
 BOOL_DTYPE = "i1"
 DTYPES = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,)
 
 NUMPY_DTYPES = {
     "f16": np.float16,
+    "bf16": ml_dtypes.bfloat16,  # numpy's bfloat16: the dtype extension JAX and ONNX use
     "f32": np.float32,
     "f64": np.float64,
     "i32": np.int32,
@@ -25,7 +27,7 @@ NUMPY_DTYPES = {
     "i1": np.bool_,
 }
 
-_BITS = {"f16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64, "i1": 1}
+_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64, "i1": 1}
 
 
 def category(dtype: str) -> int:
@@ -44,7 +46,9 @@ def is_int(dtype: str) -> bool:
 
 
 def wider(a: str, b: str) -> str:
-    """The wider of two dtypes of one category."""
+    """The wider of two dtypes of one category; f16 and bf16 (neither holds the other) meet in f32."""
+    if {a, b} == {"f16", "bf16"}:
+        return "f32"
     return a if _BITS[a] >= _BITS[b] else b
 
 

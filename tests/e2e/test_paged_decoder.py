@@ -212,7 +212,7 @@ def test_the_cpu_kernel_reads_pages_in_place_and_checks_their_numbers_first():
     srv = ac.compile(specs.causal_alibi, backend="cpu", window=19).paged_decoder(page_size=8, num_pages=16)
     a = prompt(srv, rng, n=21)
     kernel = srv.paged.fn.source.split("def run(")[0]
-    assert "k_paged[c, e] = " in kernel  # key tiles gathered through the table, not a copied sequence
+    assert "k_staged[c, e] = " in kernel  # key tiles gathered through the table, not a copied sequence
     q, _, _, slopes = tokens(rng)
     sizes = {"B_start": 0, "H_start": 0, "q_start": 0, "k_start": 0, "H": 2, "D": 8, "E": 8, "T": 1, "S": 22}
     keys, values = srv.pool.arrays

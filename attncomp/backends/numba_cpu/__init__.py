@@ -38,12 +38,14 @@ import numpy as np
 from numba import get_num_threads, njit, prange, types
 
 from attncomp.backends.numba_cpu import runtime as rt
-from attncomp.backends.numba_cpu.intrinsics import gemm, maximum_f32, maximum_f64, task_caller
+from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, gemm, maximum_f32, maximum_f64, task_caller
 from attncomp.backends.numba_cpu.tile_math import (
     exp2_f32,
     exp_nonpositive_f32,
     rows_scores,
+    rows_scores_bf16,
     rows_values,
+    rows_values_bf16,
     softmax_by_keys,
     softmax_by_rows,
     transpose_into,

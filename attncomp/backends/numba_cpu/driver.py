@@ -8,7 +8,7 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter, dim_expr, dim_var, size_names
-from attncomp.backends.numba_cpu.signatures import argument_dtype, tile_sources
+from attncomp.backends.numba_cpu.signatures import argument_dtype
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -181,13 +181,12 @@ class DriverWriter:
     def kernel_args(self, op: Op, captured: dict[Value, str], acc: str) -> list[str]:
         """The kernel's arguments for the values its regions capture (tile sources in ``acc``)."""
         args = []
-        tiles = tile_sources(op)
         for value in captured:
             value_ref = self.ref(self.buffers.get(value, value))
             if value.type.rank == 0:
                 args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
             else:  # the dtype the kernel's signature names (signatures.captured_types)
-                args.append(f"rt.kernel_array({value_ref}, {argument_dtype(value, tiles, acc)!r})")
+                args.append(f"rt.kernel_array({value_ref}, {argument_dtype(value, op, acc)!r})")
         return args
 
     def key_grid(self, op: Op) -> None:

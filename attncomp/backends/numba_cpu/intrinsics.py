@@ -47,6 +47,17 @@ def float_from_bits(typingctx, bits):
 
 
 @intrinsic
+def bf16_to_f32(typingctx, bits):
+    """The float32 a bf16 is, from its 16 bits (a uint16): the bits, shifted to the top of a float32."""
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
 def prefer_wide_vectors(typingctx):
     """Let LLVM vectorise the calling function with the CPU's widest vectors (512-bit with
     AVX-512; x86 targets otherwise prefer 256).  The online softmax's exp2 pass calls it: with

@@ -60,6 +60,8 @@ class KernelWriter(KernelSource):
         self.acc_dtype = accumulation_dtype(tiled.grid.results[0].type.dtype)
         self.acc = NUMPY_SCALAR[self.acc_dtype]
         self.t = tiled
+        #: tile sources passed as bf16 bits: each element read is widened (``bf16_to_f32``)
+        self.bits = sig.stored_bf16(tiled.grid)
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
         #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
         self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
@@ -106,7 +108,8 @@ class KernelWriter(KernelSource):
         with w.indent():
             w.line("for dd in range(n_d):")
             with w.indent():
-                w.line(f"x = ACC({src}[{prefix}i0 + rr, dd]) if rr < nq else ACC(0.0)")
+                x = self.element(load, f"{src}[{prefix}i0 + rr, dd]")
+                w.line(f"x = ACC({x}) if rr < nq else ACC(0.0)")
                 w.line("qt[g, rr, dd] = x")
                 w.line("qt_t[g, dd, rr] = x")
 
@@ -172,10 +175,22 @@ class KernelWriter(KernelSource):
         w.line(f"j0 = {self.scalar().ref(compute.k_load.operands[-1])}")
         w.line("nk = min(BK, n_keys - j0)")
         # Keys and values are read in place: C-contiguous rows, multiplied without a transpose.
-        self.load_rows("ks", compute.k_load, "k_paged")
-        self.load_rows("vs", compute.v_load, "v_paged")
+        # bf16 rows in place are read as bits by the few-row loops (decoding streams half the
+        # bytes) and widened into float32 buffers for BLAS.
+        raw = {
+            load: self.page_view(load) is None and load.operands[0] in self.bits
+            for load in (compute.k_load, compute.v_load)
+        }
+        for name, load in (("ks", compute.k_load), ("vs", compute.v_load)):
+            if raw[load]:
+                w.line(f"{name}_bits = {self.tile_rows(load)}")
+            else:
+                self.load_rows(name, load, f"{name[0]}_staged")
         w.line("if nq > FEW_ROWS:")
         with w.indent():
+            for name, load in (("ks", compute.k_load), ("vs", compute.v_load)):
+                if raw[load]:
+                    self.load_rows(name, load, f"{name[0]}_staged")
             w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
             # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
@@ -183,26 +198,50 @@ class KernelWriter(KernelSource):
             w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
-            w.line("rows_scores(qt[g], ks, sr, nq, nk)")
+            keys = "rows_scores_bf16(qt[g], ks_bits" if raw[compute.k_load] else "rows_scores(qt[g], ks"
+            w.line(f"{keys}, sr, nq, nk)")
             self.scores_by_rows(compute, with_mask)
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
-            w.line("rows_values(sr, vs, acc[g], nq, nk)")
+            values = "rows_values_bf16(sr, vs_bits" if raw[compute.v_load] else "rows_values(sr, vs"
+            w.line(f"{values}, acc[g], nq, nk)")
+
+    def element(self, load_op, expr: str) -> str:
+        """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
+        return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
+
+    def staged(self, load_op) -> bool:
+        """Whether a key or value tile is copied into a work buffer (read through pages, or widened
+        from bf16) rather than multiplied in place."""
+        return self.page_view(load_op) is not None or load_op.operands[0] in self.bits
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
-        """``target`` = the tile's rows: in place, or copied page by page into ``buffer`` through the table."""
-        view = self.page_view(load_op)
-        if view is None:
+        """``target`` = the tile's rows: in place, or copied into ``buffer``: page by page through the
+        table, and widened from bf16."""
+        if not self.staged(load_op):
             self.w.line(f"{target} = {self.tile_rows(load_op)}")
             return
-        page, at = self.page_row(load_op, view, "j0 + c")
-        pages = self.array_ref(load_op.operands[0])
-        lines = [
-            "for c in range(nk):  # row j0 + c: its page from the table, its slot in the page",
-            f"    page = {page}",
-            f"    for e in range({buffer}.shape[1]):",
-            f"        {buffer}[c, e] = {pages}[page, {at}e]",
-            f"{target} = {buffer}[:nk]",
-        ]
+        view = self.page_view(load_op)
+        src = self.array_ref(load_op.operands[0])
+        if view is None:  # bf16 rows: each row's bits to the top half of the buffer's float32 bits
+            batch = "".join(f"{self.scalar().ref(v)}, " for v in load_op.operands[1:-1])
+            lines = [
+                "for c in range(nk):",
+                f"    row = {src}[{batch}j0 + c]",
+                f"    wide = {buffer}_bits[c]",
+                "    for e in range(row.shape[0]):  # vectorised: a widening and a shift",
+                "        wide[e] = np.uint32(row[e]) << np.uint32(16)",
+            ]
+        else:
+            page, at = self.page_row(load_op, view, "j0 + c")
+            lines = [
+                "for c in range(nk):  # row j0 + c: its page from the table, its slot in the page",
+                f"    page = {page}",
+                f"    for e in range({buffer}.shape[1]):",
+                f"        {buffer}[c, e] = {self.element(load_op, f'{src}[page, {at}e]')}",
+            ]
+        # the heads of a group share the key/value head: a tile is staged once per key block
+        lines = [f"if {buffer}_at != kb:", *(f"    {line}" for line in lines), f"    {buffer}_at = kb"]
+        lines.append(f"{target} = {buffer}[:nk]")
         for line in lines:
             self.w.line(line)
 
@@ -309,14 +348,20 @@ class KernelWriter(KernelSource):
         for row in ("mx", "m_safe", "row_sum"):
             w.line(f"{row} = np.empty(BQ, dtype=ACC)")
         w.line("acc = np.empty((G, BQ, n_e), dtype=ACC)")
-        if self.page_view(t.masked.k_load) is not None:  # key and value tiles gathered from pages
-            w.line("k_paged = np.empty((BK, n_d), dtype=ACC)")
-            w.line("v_paged = np.empty((BK, n_e), dtype=ACC)")
+        if self.staged(t.masked.k_load):  # key and value tiles gathered from pages, or widened
+            w.line("k_staged = np.empty((BK, n_d), dtype=ACC)")
+            w.line("v_staged = np.empty((BK, n_e), dtype=ACC)")
+            if t.masked.k_load.operands[0] in self.bits or t.masked.v_load.operands[0] in self.bits:
+                w.line("k_staged_bits = k_staged.view(np.uint32)  # bf16 widens into the float32 bits")
+                w.line("v_staged_bits = v_staged.view(np.uint32)")
         w.line("for task in range(worker, n_units * n_split, n_workers):")
         with w.indent():
             w.line("unit = task // n_split")
             w.line("split = task % n_split")
             self.unit_start(nb)
+            if self.staged(t.masked.k_load):  # no key block staged yet for this unit
+                w.line("k_staged_at = np.int64(-1)")
+                w.line("v_staged_at = np.int64(-1)")
             w.line("m[:] = -np.inf")
             w.line("l[:] = ACC(0.0)")
             w.line("acc[:] = ACC(0.0)")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 from numba.core.typing.templates import Signature
 
-from attncomp.backends.scalars import kernel_scalar  # noqa: F401 (generated drivers call rt.kernel_scalar)
+from attncomp.backends.scalars import array_dtype, kernel_scalar  # noqa: F401 (drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
+from attncomp.ir.types import NUMPY_DTYPES, dtype_of_numpy
 
 __all__ = ["check_index_range", "check_pages"]
 
-NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
+NUMPY = NUMPY_DTYPES
 
 
 def cast(x, dtype: str) -> np.ndarray:
@@ -21,13 +22,16 @@ def cast(x, dtype: str) -> np.ndarray:
 
 
 def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
-    """C-contiguous; in ``dtype`` when given (the tiles a kernel multiplies), else
-    with float16 widened to float32 (kernels accumulate in f32)."""
+    """C-contiguous; in ``dtype`` when given (the tiles a kernel multiplies), else with
+    16-bit floats widened to their accumulation type, float32 (``accumulation_dtype``)."""
     x = np.asarray(x)
+    if dtype == "bf16":  # a tile source read as bits and widened tile by tile (signatures.stored_bf16)
+        return np.ascontiguousarray(x, dtype=NUMPY[dtype]).view(np.uint16)
     if dtype is not None:
-        x = x.astype(NUMPY[dtype], copy=False)
-    elif x.dtype == np.float16:
-        x = x.astype(np.float32)
+        return np.ascontiguousarray(x, dtype=NUMPY[dtype])
+    stored = dtype_of_numpy(x.dtype)
+    if stored is not None and array_dtype(stored) != stored:
+        return np.ascontiguousarray(x, dtype=NUMPY[array_dtype(stored)])
     return np.ascontiguousarray(x)
 
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.codegen import SourceWriter
-from attncomp.backends.scalars import SCALAR_TYPES
+from attncomp.backends.scalars import SCALAR_TYPES, array_dtype
 from attncomp.ir.core import Op, Value
-from attncomp.ir.types import DTYPES, accumulation_dtype, is_float
+from attncomp.ir.types import DTYPES
 
 NUMBA_TYPES = {
     "i1": "types.boolean",
     "i32": "types.int32",
     "i64": "types.int64",
     "f16": "types.float16",
+    "bf16": "types.float32",  # what a bf16 value computes in (its stored bits: ELEMENT)
     "f32": "types.float32",
     "f64": "types.float64",
 }
@@ -33,8 +34,9 @@ NUMBA_TYPES = {
 #: a 0-d value as ``runtime.kernel_scalar`` passes it
 SCALAR = {d: NUMBA_TYPES[t] for d, t in SCALAR_TYPES.items()}
 
-#: an array element as ``runtime.kernel_array`` passes it (float16 widened)
-ELEMENT = {d: NUMBA_TYPES[accumulation_dtype(d) if is_float(d) else d] for d in DTYPES}
+#: an array element as ``runtime.kernel_array`` passes it (16-bit floats widened, but see ``stored_bf16``)
+ELEMENT = {d: NUMBA_TYPES[array_dtype(d)] for d in DTYPES}
+ELEMENT["bf16"] = "types.uint16"  # a bf16 tile source's bits (``stored_bf16``); other bf16 arrays are widened
 
 INT = "types.int64"
 
@@ -58,23 +60,33 @@ def buffer_of(value: Value) -> Value:
     return value
 
 
-def argument_dtype(value: Value, tiles: set[Value], acc: str) -> str:
-    """The IR dtype of the array passed for captured ``value``: ``acc`` for tile sources."""
-    if value in tiles:
+def stored_bf16(grid: Op) -> set[Value]:
+    """The tile sources a forward kernel reads as bf16 bits, widening each tile as it loads it:
+    keys, values and a decoder's cache are streamed at half the bytes of float32."""
+    if grid.name != "ac.tile_grid":
+        return set()
+    return {v for v in tile_sources(grid) if v.type.dtype == "bf16"}
+
+
+def argument_dtype(value: Value, grid: Op, acc: str) -> str:
+    """The IR dtype of the array passed for captured ``value`` of ``grid``: ``acc`` for tile
+    sources (bf16 ones of a forward kernel as they are stored), floats widened otherwise."""
+    if value in stored_bf16(grid):
+        return "bf16"
+    if value in tile_sources(grid):
         return acc
-    return "f32" if value.type.dtype == "f16" else value.type.dtype
+    return array_dtype(value.type.dtype)
 
 
 def captured_types(grid: Op, captured: dict[Value, str], acc: str) -> list[str]:
     """The type of each captured value's parameter, in ``captured``'s order."""
-    tiles = tile_sources(grid)
     types = []
     for value in captured:
         if value.type.rank == 0:
             types.append(SCALAR[value.type.dtype])
         else:
             buffer = buffer_of(value)
-            types.append(array_type(argument_dtype(value, tiles, acc), buffer.type.rank, readonly=True))
+            types.append(array_type(argument_dtype(value, grid, acc), buffer.type.rank, readonly=True))
     return types
 
 

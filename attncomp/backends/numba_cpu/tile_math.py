@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from attncomp.backends.numba_cpu.intrinsics import float_from_bits, prefer_wide_vectors
+from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, float_from_bits, prefer_wide_vectors
 
 #: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -90,6 +90,25 @@ def rows_values(s, vs, acc, nq, nk):  # acc[:nq] += s[:nq, :nk] @ vs[:nk]
             weight = s[r, c]
             for e in range(acc.shape[1]):
                 acc[r, e] += weight * vs[c, e]
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def rows_scores_bf16(q, ks, s, nq, nk):  # rows_scores of keys held as bf16 bits, widened as they are read
+    for r in range(nq):
+        for c in range(nk):
+            total = q.dtype.type(0.0)
+            for d in range(q.shape[1]):
+                total += q[r, d] * bf16_to_f32(ks[c, d])
+            s[r, c] = total
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def rows_values_bf16(s, vs, acc, nq, nk):  # rows_values of values held as bf16 bits
+    for r in range(nq):
+        for c in range(nk):
+            weight = s[r, c]
+            for e in range(acc.shape[1]):
+                acc[r, e] += weight * bf16_to_f32(vs[c, e])
 
 
 # The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small

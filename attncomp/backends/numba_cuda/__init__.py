@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from attncomp.backends.base import Program
+from attncomp.backends.tiles import LoweringError
 from attncomp.errors import AttncompError
 from attncomp.ir.core import Func, Module
 
@@ -190,6 +191,18 @@ class CudaFunction(Program):
         return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
 
 
+def refuse_bf16(func: Func) -> None:
+    """bf16 values are not lowered to CUDA kernels yet (Numba-CUDA arrays have no bfloat16 element,
+    and its simulator no bf16 type): say so by name, before anything is generated."""
+    for value in [*func.args, *(r for op in func.body.walk() for r in op.results)]:
+        if value.type.dtype == "bf16":
+            what = f"argument {value.name}" if value in func.args else f"value %{value.name or '?'}"
+            raise LoweringError(
+                f"the cuda backend does not take bf16 yet ({what} of @{func.name} is {value.type}); "
+                "bf16 runs on the cpu and interp backends, and f16, f32 and f64 on cuda"
+            )
+
+
 def build(
     module: Module, lanes: int | None = None, split: int | None = None, backward_lanes: int | None = None
 ) -> CudaFunction:
@@ -202,6 +215,7 @@ def build(
     key of the backward kernels.
     """
     _require_numba_cuda()
+    refuse_bf16(module.main)
     from attncomp.backends.cache import load_source
     from attncomp.backends.numba_cuda.attention import AttentionKernels
     from attncomp.backends.numba_cuda.backward import BackwardKernels

@@ -29,7 +29,7 @@ from attncomp.backends.scalars import SCALAR_TYPES
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
-from attncomp.ir.types import TensorType, accumulation_dtype
+from attncomp.ir.types import TensorType, accumulation_dtype, is_float
 
 NUMBA_DTYPE = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
@@ -359,8 +359,8 @@ def _rows(name: str, op: Op) -> GraphKernel:
     rank = src_value.type.rank
     out_dtype = op.results[0].type.dtype
     attrs = op.attrs
-    is_float = src_value.type.dtype.startswith("f")
-    acc = NUMPY_SCALAR[accumulation_dtype(src_value.type.dtype)] if is_float else "np.int64"
+    floating = is_float(src_value.type.dtype)
+    acc = NUMPY_SCALAR[accumulation_dtype(src_value.type.dtype)] if floating else "np.int64"
     w = k.w
     if op.name == "ac.reduce":
         axes, keepdims, kind = attrs["axes"], attrs["keepdims"], attrs["kind"]
@@ -374,8 +374,8 @@ def _rows(name: str, op: Op) -> GraphKernel:
         if kind in ("sum", "mean"):
             w.line(f"total = {acc}(0)")
         else:
-            low = "-np.inf" if is_float else "-9223372036854775807 - 1"
-            high = "np.inf" if is_float else "9223372036854775807"
+            low = "-np.inf" if floating else "-9223372036854775807 - 1"
+            high = "np.inf" if floating else "9223372036854775807"
             w.line(f"total = {acc}({low if kind == 'max' else high})")
 
         def body(at):
@@ -460,7 +460,7 @@ def _matmul(name: str, op: Op) -> GraphKernel:
     out_type = op.results[0].type
     rank = out_type.rank
     dtype = out_type.dtype
-    acc = NUMPY_SCALAR[accumulation_dtype(dtype)] if dtype.startswith("f") else "np.int64"
+    acc = NUMPY_SCALAR[accumulation_dtype(dtype)] if is_float(dtype) else "np.int64"
     tile = MATMUL_TILE
     w = k.w
     w.line("@cuda.jit(cache=True)")

@@ -22,7 +22,7 @@ from attncomp.ir.ops.base import (
     require_attr,
     single_declared,
 )
-from attncomp.ir.types import TensorType, is_int
+from attncomp.ir.types import TensorType, is_float, is_int
 
 
 @register
@@ -38,7 +38,7 @@ class Constant(OpDef):
     def infer(self, operands, attrs, declared, checker):
         value = require_attr(attrs, "value", (int, float, bool), self.name)
         result = single_declared(declared, self.name)
-        if isinstance(value, float) and not result.dtype.startswith("f"):
+        if isinstance(value, float) and not is_float(result.dtype):
             raise TypeCheckError(f"ac.constant: float value {value} declared as {result.dtype}")
         return declared
 

@@ -1,0 +1,95 @@
+"""bf16 on the CPU: one generic spec in bf16 and in float32, against torch SDPA in the same type.
+
+    python -m benchmarks.float_types           # the rows benchmarks.cpu prints too
+    python -m benchmarks.float_types --quick
+
+Ratios are attncomp's time over the peer's, the two called alternately, the median of
+the per-pair ratios.  The decode row compares a bf16 decoder step with a float32 one
+over the same cache (half the bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import ml_dtypes
+import numpy as np
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+import attncomp as ac  # noqa: E402
+from benchmarks import peers, specs  # noqa: E402
+from benchmarks.timing import paired  # noqa: E402
+
+BF16 = ml_dtypes.bfloat16
+
+
+def causal_rows(quick: bool, repeats: int) -> list[str]:
+    torch = peers.torch_or_none()
+    if torch is None:
+        return ["  (torch absent: no bf16 peer)"]
+    t = 512 if quick else 2048
+    rng = np.random.default_rng(0)
+    base = [rng.standard_normal((1, 8, t, 64)).astype(np.float32) for _ in range(3)]
+    fn = ac.compile(specs.causal_any, backend="cpu")
+    lines = []
+    for name, np_type, torch_type in (("bf16", BF16, torch.bfloat16), ("f32", np.float32, torch.float32)):
+        arrays = [x.astype(np_type) for x in base]
+        tensors = [torch.from_numpy(x).to(torch_type) for x in base]
+
+        def theirs(tensors=tensors):
+            with torch.no_grad():
+                return torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=True)
+
+        ours = fn.for_dtype(name)
+        got = ours(*arrays).astype(np.float32)
+        want = theirs().float().numpy()
+        error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+        mine, peer, ratio = paired(lambda arrays=arrays, ours=ours: ours(*arrays), theirs, repeats)
+        lines.append(
+            f"  causal T={t} H=8 D=64 {name}: attncomp {mine * 1e3:.1f} ms, torch SDPA {peer * 1e3:.1f} ms, "
+            f"ratio {ratio:.2f} (max difference {error:.1e} of the largest output)"
+        )
+    return lines
+
+
+def decode_rows(quick: bool, repeats: int) -> list[str]:
+    cache = 1024 if quick else 4096
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 32, cache, 128)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 8, cache, 128)).astype(np.float32) for _ in range(2))
+    fn = ac.compile(specs.gqa_decode_any, backend="cpu")
+    steps = {}
+    for name, np_type in (("bf16", BF16), ("f32", np.float32)):
+        dec = fn.decoder(max_len=cache, dtype=name)
+        a = [x.astype(np_type) for x in (q, k, v)]
+        dec(*(x[:, :, :-1] for x in a))  # prefill all but the last token
+
+        def step(dec=dec, a=a):
+            dec.length = cache - 1  # the same step again: append the last token, attend over all
+            return dec(*(x[:, :, -1:] for x in a))
+
+        steps[name] = (step, sum(c.nbytes for c in dec.cache.values()))
+    mine, peer, ratio = paired(steps["bf16"][0], steps["f32"][0], repeats * 5)
+    return [
+        f"  decode step GQA 32/8 D=128, {cache} cached: bf16 {mine * 1e3:.2f} ms ({steps['bf16'][1] / 1e6:.0f} MB "
+        f"cached), f32 {peer * 1e3:.2f} ms ({steps['f32'][1] / 1e6:.0f} MB), ratio bf16/f32 {ratio:.2f}"
+    ]
+
+
+def float_type_rows(quick: bool, repeats: int) -> list[str]:
+    return ["bf16 and float32, one generic spec:", *causal_rows(quick, repeats), *decode_rows(quick, repeats)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    for line in float_type_rows(args.quick, args.repeats):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
