@@ -330,15 +330,19 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
 
     device = inputs[0].device
     torch_stream = torch.cuda.current_stream(device)
+    # bf16 runs as float32 on the cuda backend (``numba_cuda.widened``): widened here, on the device
+    inputs = [t.float() if t.dtype == torch.bfloat16 else t for t in inputs]
     with runtime.on_stream(cuda.external_stream(torch_stream.cuda_stream)):
         outputs = compiled.run(list(inputs))
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
-    for out in outputs:
+    for out, value in zip(outputs, compiled.func.results):
         if isinstance(out, np.ndarray):  # 0-d results stay on the host
-            result = torch.from_numpy(np.array(out)).to(device)
+            result = from_numpy(torch, np.array(out)).to(device)
         else:
             result = torch.as_tensor(out, device=device)
+        if value.type.dtype == "bf16":  # rounded to the declared type, on the device
+            result = result.to(torch.bfloat16)
         if result.untyped_storage().data_ptr() in taken:  # as in _owned: outputs alias nothing
             result = result.clone()
         taken.add(result.untyped_storage().data_ptr())

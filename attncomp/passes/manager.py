@@ -87,8 +87,8 @@ def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tupl
     """Run ``passes`` in order on a copy of ``module``, verifying after each."""
     stages = [Stage("input", print_module(module), 0.0)]
     current = parse_ir(stages[0].text)
-    _copy_locations(module, current)
-    _forget_numbers(current)
+    copy_locations(module, current)
+    forget_numbers(current)
     for p in passes:
         start = time.perf_counter()
         try:
@@ -102,19 +102,19 @@ def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tupl
             verify_module(current)
         except VerifyError as exc:
             raise VerifyError(f"after pass {p.name}: {exc}") from None
-        _forget_numbers(current)
+        forget_numbers(current)
         stages.append(Stage(p.name, print_module(current), seconds))
     return current, stages
 
 
-def _copy_locations(source: Module, copy: Module) -> None:
+def copy_locations(source: Module, copy: Module) -> None:
     """Give ``copy`` (``source`` printed and parsed back) the source locations text does not carry."""
     for original, parsed in zip(source.funcs, copy.funcs):
         for a, b in zip(original.body.walk(), parsed.body.walk()):
             b.loc = a.loc
 
 
-def _forget_numbers(module: Module) -> None:
+def forget_numbers(module: Module) -> None:
     """Drop numbered names so each stage is numbered afresh in program order."""
     for func in module.funcs:
         for value in list(func.args) + [r for op in func.body.walk() for r in op.results]:

@@ -14,15 +14,21 @@ Numba is imported), and compiles to PTX with neither.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from attncomp.backends.base import Program
-from attncomp.backends.tiles import LoweringError
 from attncomp.errors import AttncompError
 from attncomp.ir.core import Func, Module
+from attncomp.ir.parser import parse_ir
+from attncomp.ir.printer import print_module
+from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.passes.manager import copy_locations, forget_numbers
 
 
 class CudaUnavailable(AttncompError):
@@ -69,6 +75,10 @@ class CudaFunction(Program):
         self.attention = attention
         #: the backward kernels (``BackwardKernels``), one per ``ac.key_grid``
         self.backward = backward or []
+        #: the function the kernels were generated from (bf16 values widened: ``widened``)
+        self.func: Func | None = None
+        #: per result: whether the spec declares it bf16 (rounded to it on the way back to the host)
+        self.bf16_results: list[bool] = []
 
     def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
         return list(self.module.run(*arrays, env, self.attention, self.backward))
@@ -77,11 +87,21 @@ class CudaFunction(Program):
         self, func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
     ) -> list[Any]:
         """Bind the call's arguments (device arrays are checked, not copied) and run: every result,
-        numpy arrays of the declared types, or device arrays when an argument was one."""
+        numpy arrays of the declared types, or device arrays when an argument was one.
+
+        bf16 values run as float32 (``widened``): arguments bind to the widened signature (a bf16
+        host array is widened before it is copied in), and host results declared bf16 are rounded
+        to it; device results stay float32."""
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
-        arrays, env = bind_device_arguments(func, args, constraints, sizes)
-        return self.run_bound(arrays, env)
+        arrays, env = bind_device_arguments(self.func or func, args, constraints, sizes)
+        bf16 = np.dtype(NUMPY_DTYPES["bf16"])
+        arrays = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == bf16 else a for a in arrays]
+        outputs = self.run_bound(arrays, env)
+        return [
+            o.astype(bf16) if narrow and isinstance(o, np.ndarray) else o
+            for o, narrow in zip(outputs, self.bf16_results or [False] * len(outputs))
+        ]
 
     # decoders keep their cache on the device --------------------------------------------
     #: a decoder over this backend allocates its cache with :meth:`zeros` and reads shapes with :meth:`shape_view`
@@ -97,7 +117,7 @@ class CudaFunction(Program):
         """A zeroed device array (a decoder's cache: steps append to it in place, never copying it)."""
         from attncomp.backends.numba_cuda import runtime
 
-        array = runtime.scratch(shape, dtype)
+        array = runtime.scratch(shape, device_dtype(dtype))
         runtime.fill_zero(array)
         return array
 
@@ -191,16 +211,24 @@ class CudaFunction(Program):
         return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
 
 
-def refuse_bf16(func: Func) -> None:
-    """bf16 values are not lowered to CUDA kernels yet (Numba-CUDA arrays have no bfloat16 element,
-    and its simulator no bf16 type): say so by name, before anything is generated."""
-    for value in [*func.args, *(r for op in func.body.walk() for r in op.results)]:
-        if value.type.dtype == "bf16":
-            what = f"argument {value.name}" if value in func.args else f"value %{value.name or '?'}"
-            raise LoweringError(
-                f"the cuda backend does not take bf16 yet ({what} of @{func.name} is {value.type}); "
-                "bf16 runs on the cpu and interp backends, and f16, f32 and f64 on cuda"
-            )
+def device_dtype(dtype: Any) -> np.dtype:
+    """The dtype device memory holds for ``dtype``: bf16 as float32 (see ``widened``)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.dtype(NUMPY_DTYPES["bf16"]) else dtype
+
+
+def widened(module: Module) -> Module:
+    """``module`` with every bf16 value computed as float32: what the kernels are generated from.
+
+    Numba-CUDA arrays have no bfloat16 element (and its simulator no bf16 type), so bf16 crosses
+    the call's boundary: host arguments are widened before they are copied in, and results
+    declared bf16 are rounded to it (round to nearest even) when they come back to the host.
+    float32 holds every bf16 value, and the IR's promotions agree (bf16 with f32, and f16 with
+    bf16, are f32), so the widened module computes what the spec says, in float32."""
+    wide = parse_ir(re.sub(r"(?<=[ <])bf16>", "f32>", print_module(module)))
+    copy_locations(module, wide)  # gathers still name the spec's line in their errors
+    forget_numbers(wide)  # values unnamed in the module stay unnamed (the sources name them)
+    return wide
 
 
 def build(
@@ -215,12 +243,14 @@ def build(
     key of the backward kernels.
     """
     _require_numba_cuda()
-    refuse_bf16(module.main)
     from attncomp.backends.cache import load_source
     from attncomp.backends.numba_cuda.attention import AttentionKernels
     from attncomp.backends.numba_cuda.backward import BackwardKernels
     from attncomp.backends.numba_cuda.driver import generate_driver
 
+    declared = [r.type.dtype for r in module.main.results]
+    if "bf16>" in print_module(module):
+        module = widened(module)
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
     attention = {op: AttentionKernels(k, op, func, lanes, split) for k, op in enumerate(grids)}
@@ -228,4 +258,7 @@ def build(
     backward = {op: BackwardKernels(k, op, func, backward_lanes) for k, op in enumerate(key_grids)}
     source, graph_kernels = generate_driver(func, attention, backward)
     module_ = load_source(source, "cuda")
-    return CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))
+    program = CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))
+    program.bf16_results = [d == "bf16" for d in declared]
+    program.func = func
+    return program

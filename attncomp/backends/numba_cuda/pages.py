@@ -53,7 +53,9 @@ class DevicePages:
     """Where a :class:`~attncomp.serving.pool.PagePool` keeps its pages on the cuda backend."""
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return rt.zeros(tuple(shape), np.dtype(dtype))
+        from attncomp.backends.numba_cuda import device_dtype
+
+        return rt.zeros(tuple(shape), device_dtype(dtype))
 
     def write(self, array: Any, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
         """Rows ``[count, *heads, d]`` (host) into their pages' slots: one copy in, one launch."""

@@ -1,0 +1,59 @@
+"""bf16 and generic specs on the cuda backend: bf16 crosses the call's boundary, kernels compute in float32."""
+
+import ml_dtypes
+import numpy as np
+
+import attncomp as ac
+from attncomp.testing import TOLERANCE, worst_error
+
+
+@ac.spec
+def alibi(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
+    slopes: ac.floating["H"],
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf)
+    return ac.softmax(s, axis=-1) @ v, ac.logsumexp(s, axis=-1)
+
+
+def inputs(dtype, T=9):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((1, 2, T, 8)) for _ in range(3)] + [np.array([0.5, 0.25])]
+    return [a.astype(dtype) for a in arrays]
+
+
+def test_a_generic_spec_in_every_float_type():
+    fn = ac.compile(alibi, backend="cuda")
+    reference = ac.compile(alibi, backend="interp")
+    for name, dtype in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16), ("f32", np.float32)):
+        args = inputs(dtype)
+        got = fn(*args)
+        assert all(g.dtype == np.dtype(dtype) for g in got)
+        want = reference.for_dtype(name).compilation.run(args, exact=True)
+        assert worst_error(got, want) < TOLERANCE[name], name
+    assert "bf16" not in fn.for_dtype("bf16").source  # the kernels compute bf16 values as float32
+
+
+def test_a_bf16_decoder_on_the_device():
+    fn = ac.compile(alibi, backend="cuda")
+    args = inputs(ml_dtypes.bfloat16, T=10)
+    dec = fn.decoder(16)
+    outs = [dec(*(x[:, :, a:b] for x in args[:3]), args[3]) for a, b in [(0, 7), (7, 8), (8, 10)]]
+    got = [np.concatenate([o[0] for o in outs], axis=2), np.concatenate([o[1] for o in outs], axis=2)]
+    want = ac.compile(alibi, backend="interp").for_dtype("bf16").compilation.run(args, exact=True)
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+
+
+def test_a_bf16_paged_decoder_on_the_device():
+    fn = ac.compile(alibi, backend="cuda")
+    args = inputs(ml_dtypes.bfloat16, T=10)
+    server = fn.paged_decoder(page_size=4, num_pages=8, dtype="bf16")
+    seq = server.new()
+    outs = [server.step({seq: (*(x[:, :, a:b] for x in args[:3]), args[3])})[seq] for a, b in [(0, 6), (6, 10)]]
+    got = [np.concatenate([o[0] for o in outs], axis=2), np.concatenate([o[1] for o in outs], axis=2)]
+    want = ac.compile(alibi, backend="interp").for_dtype("bf16").compilation.run(args, exact=True)
+    assert worst_error(got, want) < TOLERANCE["bf16"]
