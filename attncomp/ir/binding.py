@@ -125,12 +125,19 @@ def _sizes(symbols: set[str], env: dict[str, int]) -> str:
     return ", ".join(f"{s} = {env[s]}" for s in sorted(symbols) if s in env)
 
 
-class Binder:
-    """Binding for repeated calls of one function: the checked way, with a quick path.
+#: distinct argument keys a binder remembers (a call with a new key binds the checked way)
+REMEMBERED_KEYS = 64
 
-    :meth:`bind` takes arrays of exactly the declared element types and ranks, for a
-    signature whose every size is a name, by reading the sizes alone; anything else (and
-    anything wrong) goes through :func:`bind_arguments`, which names what is wrong.
+
+class Binder:
+    """Binding for repeated calls of one function: the checked way, with quick paths.
+
+    :meth:`bind` remembers the sizes it bound for each key of numpy arguments (their types,
+    shapes and strides, and the caller's sizes): a later call with the same key checks the
+    key alone, since binding reads nothing else.  A new key takes arrays of exactly the
+    declared element types and ranks, for a signature whose every size is a name, by
+    reading the sizes; anything else (and anything wrong) goes through
+    :func:`bind_arguments`, which names what is wrong, before any work.
     :meth:`sizes_of` reads the sizes of arrays the library built to the signature itself.
     """
 
@@ -145,9 +152,23 @@ class Binder:
         simple = not constraints and all(d.is_symbol for a in spec for d in a.type.shape)
         #: (element type, rank) per argument, when the quick path applies
         self.types = [(np.dtype(NUMPY_DTYPES[a.type.dtype]), a.type.rank) for a in spec] if simple else None
+        #: key of a call's arguments -> the sizes they bound
+        self.seen: dict[tuple, dict[str, int]] = {}
 
     def bind(self, args: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[list[Any], dict[str, int]]:
-        """``bind_arguments(func, args, constraints, sizes)``, quickly when the quick path applies."""
+        """``bind_arguments(func, args, constraints, sizes)``, quickly for a key seen before."""
+        key = None
+        if all(type(x) is np.ndarray for x in args):
+            key = (*((x.dtype, x.shape, x.strides) for x in args), *(sorted(sizes.items()) if sizes else ()))
+            env = self.seen.get(key)
+            if env is not None:
+                return list(args), dict(env)
+        arrays, env = self.bind_new(args, sizes)
+        if key is not None and len(self.seen) < REMEMBERED_KEYS:
+            self.seen[key] = dict(env)
+        return arrays, env
+
+    def bind_new(self, args: Sequence[Any], sizes: dict[str, int] | None) -> tuple[list[Any], dict[str, int]]:
         types = self.types
         if types is not None and len(args) == len(types):
             if all(type(x) is np.ndarray and x.dtype == t and x.ndim == n for x, (t, n) in zip(args, types)):

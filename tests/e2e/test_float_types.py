@@ -17,6 +17,7 @@ import attncomp as ac
 from attncomp.dsl import GENERIC, Spec, TensorSpec
 from attncomp.ir.core import Module
 from attncomp.testing import TOLERANCE, worst_error
+from tests.passes.specs import generic_alibi as alibi
 
 BF16 = ml_dtypes.bfloat16
 NUMPY = {"f16": np.float16, "bf16": BF16, "f32": np.float32, "f64": np.float64}
@@ -86,19 +87,6 @@ def test_bf16_prints_parses_and_verifies():
     text = str(retyped(load_example("causal").causal, "bf16"))
     assert "tensor<B x H x T x D x bf16>" in text
     assert str(ac.parse_ir(text)) == text
-
-
-@ac.spec
-def alibi(
-    q: ac.floating["B", "H", "T", "D"],
-    k: ac.floating["B", "H", "S", "D"],
-    v: ac.floating["B", "H", "S", "D"],
-    slopes: ac.floating["H"],
-):
-    s = (q @ k.mT) * q.shape[-1] ** -0.5
-    b, h, i, j = ac.index(s)
-    s = ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf)
-    return ac.softmax(s, axis=-1) @ v
 
 
 def alibi_inputs(dtype: str, T: int = 20) -> list[np.ndarray]:

@@ -86,3 +86,17 @@ def causal_2d(q: ac.f32["T", "D"], k: ac.f32["T", "D"], v: ac.f32["T", "D"]):
 def learned_temperature(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"], t: ac.f32[1]):
     s = (q @ k.mT) * t[0]
     return ac.softmax(s, axis=-1) @ v
+
+
+@ac.spec
+def generic_alibi(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
+    slopes: ac.floating["H"],
+):
+    """ALiBi for every float type (``ac.floating``): compiled per type the calls bring."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf)
+    return ac.softmax(s, axis=-1) @ v
