@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from attncomp.backends import BACKENDS
+from attncomp.backends import check_backend
 from attncomp.blockmap import block_map
 from attncomp.chunked.graph import is_dask
 from attncomp.chunked.plan import ChunkPlan
@@ -86,13 +86,6 @@ class CompiledFunction:
     def for_args(self, args: Sequence[Any]) -> CompiledFunction:
         """This function for the float type of a call's arguments (itself unless generic)."""
         return self if self.family is None else self.for_dtype(self.family.float_type_of(args))
-
-    @classmethod
-    def build(cls, module: Module, backend: str, pipeline: str | None, name: str) -> CompiledFunction:
-        """Run ``pipeline`` on ``module`` and build for ``backend``."""
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
-        return cls(Compilation.build(module, backend, pipeline, name))
 
     @property
     def name(self) -> str:
@@ -253,12 +246,13 @@ def compile(
     ``pipeline=None`` is the default optimising pipeline, ``""`` runs no pass,
     and a string such as ``"cse,dce"`` runs exactly the passes it names.
     """
+    check_backend(backend)  # before any pass runs
     module = _module_of(target, constants)
     name = target.name if isinstance(target, Spec) else module.main.name
-    if isinstance(target, Spec) and target.generic:  # one compilation per float type, float32's now
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
-        family = FloatFamily(target, constants, lambda m, _: Compilation.build(m, backend, pipeline, name))
-        family.members[DEFAULT_FLOAT] = Compilation.build(module, backend, pipeline, name)
-        return CompiledFunction(family.members[DEFAULT_FLOAT], family)
-    return CompiledFunction.build(module, backend, pipeline, name)
+    compilation = Compilation.build(module, backend, pipeline, name)
+    if not (isinstance(target, Spec) and target.generic):
+        return CompiledFunction(compilation)
+    # one compilation per float type: float32's now (``module`` is its trace), the others on first use
+    family = FloatFamily(target, constants, lambda m, _: Compilation.build(m, backend, pipeline, name))
+    family.members[DEFAULT_FLOAT] = compilation
+    return CompiledFunction(compilation, family)

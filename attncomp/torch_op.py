@@ -106,9 +106,12 @@ class TorchFunction:
         torch = require_torch()
         self.fn = fn
         self.name = name
-        forward, backward = self.member(())
+        #: id of a compilation -> its saving forward and backward (one per float type of a generic spec;
+        #: the function's family keeps the compilations alive)
+        self._members: dict[int, tuple[Compilation, Compilation]] = {}
         #: the shapes of the forward op's outputs: every float type's member must have them
-        self._layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
+        self._layout = [str(v.type.shape) for v in dict.fromkeys(saving_forward_of(fn.compilation).func.results)]
+        forward, backward = self.member(())
         self._arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
         self._floating = [is_float(a.type.dtype) for a in fn.func.args]
         # Each distinct IR value the saving forward returns is one output of the op; a result that is
@@ -141,15 +144,17 @@ class TorchFunction:
         """The saving forward and the backward for the float type of ``tensors`` (a generic spec's
         member for it; a spec of declared types has one)."""
         c = self.fn.for_args(tensors).compilation if tensors else self.fn.compilation
-        forward = saving_forward_of(c)
-        layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
-        if tensors and layout != self._layout:
-            raise TypeError(
-                f"@{c.name} does not fuse in {c.func.args[0].type.dtype} as in float32, so one op cannot serve "
-                f"both: {'; '.join(forward.remarks) or 'its residuals differ'} (make the tensors that enter "
-                "the scores ac.floating too)"
-            )
-        return forward, backward_of(c)
+        if id(c) not in self._members:  # checked once per float type
+            forward = saving_forward_of(c)
+            layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
+            if self._members and layout != self._layout:
+                raise TypeError(
+                    f"@{c.name} does not fuse in {c.func.args[0].type.dtype} as in float32, so one op cannot "
+                    f"serve both: {'; '.join(forward.remarks) or 'its residuals differ'} (make the tensors that "
+                    "enter the scores ac.floating too)"
+                )
+            self._members[id(c)] = (forward, backward_of(c))
+        return self._members[id(c)]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if len(tensors) != len(self._arg_names):

@@ -19,8 +19,13 @@ BUILDERS = {
 BACKENDS = tuple(BUILDERS)
 
 
-def build(backend: str, module: Module) -> Program:
-    """Build ``module``'s final IR for ``backend``."""
+def check_backend(backend: str) -> None:
+    """A ``ValueError`` listing the backends, unless ``backend`` is one."""
     if backend not in BUILDERS:
         raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
+
+
+def build(backend: str, module: Module) -> Program:
+    """Build ``module``'s final IR for ``backend``."""
+    check_backend(backend)
     return importlib.import_module(BUILDERS[backend]).build(module)

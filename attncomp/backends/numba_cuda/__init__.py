@@ -249,7 +249,9 @@ def build(
     from attncomp.backends.numba_cuda.driver import generate_driver
 
     declared = [r.type.dtype for r in module.main.results]
-    if "bf16>" in print_module(module):
+    if any(
+        v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
+    ):
         module = widened(module)
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
