@@ -335,10 +335,17 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
 
     device = inputs[0].device
     torch_stream = torch.cuda.current_stream(device)
-    # bf16 runs as float32 on the cuda backend (``numba_cuda.widened``): widened here, on the device
-    inputs = [t.float() if t.dtype == torch.bfloat16 else t for t in inputs]
+    # bf16 the kernels read in 16 bits (``Program.bf16_bits``: query, key and value of tensor-core
+    # attention) goes as its bit patterns; other bf16 runs as float32 (``numba_cuda.widened``)
+    bits = compiled.program.bf16_bits
+    args = [
+        (runtime.Bf16Bits(t.contiguous().view(torch.int16)) if k in bits else t.float())
+        if t.dtype == torch.bfloat16
+        else t
+        for k, t in enumerate(inputs)
+    ]
     with runtime.on_stream(cuda.external_stream(torch_stream.cuda_stream)):
-        outputs = compiled.run(list(inputs))
+        outputs = compiled.run(args)
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
     for out, value in zip(outputs, compiled.func.results):

@@ -3,7 +3,7 @@
     python -m benchmarks.gpu             # the full table
     python -m benchmarks.gpu --quick     # smaller sizes, for a smoke run
 
-Cases: dense and causal attention at T = S = 4096 and 16384 with D = 64 and
+Cases: float32 dense and causal attention at T = S = 4096 and 16384 with D = 64 and
 128, and one decoding step (T = 1) over a 32k-entry cache.  Then one step of
 a decoder (``fn.decoder``, its cache on the GPU) with grouped-query heads
 32/8, D = 128 and 4096 cached tokens, against torch SDPA (``enable_gqa``)
@@ -13,7 +13,9 @@ T = 2048, 8192 and 16384, H = 8, D = 64, and a causal window of 256 keys at T = 
 SDPA with a boolean mask).  Inputs are torch
 CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
 so no copy is timed.  Each time is the median of CUDA-event-timed calls after
-a warm-up call (which compiles).  Last, the serving rows of ``benchmarks.serving`` with
+a warm-up call (which compiles).  Then the f16/bf16 rows on tensor cores
+(``benchmarks.tensor_cores``: against SDPA's flash backend and its default choice).  Last, the
+serving rows of ``benchmarks.serving`` with
 the paged decoder's pool on the GPU (steps take host arrays: their times, paired wall
 clock, include the new tokens' copies).  Printed: milliseconds, achieved TFLOP/s
 (4 B H T S D for dense, half the pairs for causal), GB/s of q, k, v and the
@@ -225,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
-        "--only", choices=["forward", "decoder", "training", "serving"], help="run one part of the table (default: all)"
+        "--only",
+        choices=["forward", "tensor-cores", "decoder", "training", "serving"],
+        help="run one part of the table (default: all)",
     )
     args = parser.parse_args(argv)
     reason = gpu_or_reason()
@@ -246,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             gbps = case.bytes() / (ours * 1e-3) / 1e9
             print(f"{case.name:34s} {ours:12.3f} {theirs:10.3f} {tflops:8.2f} {gbps:8.1f} {ours / theirs:7.2f}")
             torch.cuda.empty_cache()
+    if args.only in (None, "tensor-cores"):
+        from benchmarks.tensor_cores import tensor_core_rows
+
+        for line in tensor_core_rows(torch, args.quick, args.repeats):
+            print(line)
     if args.only in (None, "decoder"):
         print(decoder_step_row(torch, args.quick, args.repeats))
     if args.only in (None, "training"):

@@ -53,3 +53,25 @@ def gqa_decode_any(
     n_rep = q.shape[1] // k.shape[1]
     s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5
     return ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep)
+
+
+@ac.spec
+def dense_any(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "D"]
+):
+    """``dense`` for every float type."""
+    return ac.softmax((q @ k.mT) * q.shape[-1] ** -0.5, axis=-1) @ v
+
+
+@ac.spec
+def causal_window_any(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
+    *,
+    window: int = 256,
+):
+    """``causal_window`` for every float type."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where((j <= i) & (i - j < window), s, -ac.inf), axis=-1) @ v

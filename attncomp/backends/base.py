@@ -45,6 +45,9 @@ class Program:
     #: whether ``run_bound`` takes host arrays as a caller built them to the signature and gives
     #: results of the declared types (then callers that build their arguments may skip the checks)
     runs_host_arrays: bool = False
+    #: argument positions whose bf16 values the device keeps in 16 bits: a caller with bf16 device
+    #: memory for one passes its 16-bit patterns (``numba_cuda.runtime.Bf16Bits``), not a widened copy
+    bf16_bits: frozenset[int] = frozenset()
 
     # running ---------------------------------------------------------------------------
     def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:

@@ -51,13 +51,15 @@ def _example_specs():
     return cases
 
 
-def _check(impl, head_dim: int, kernels=None) -> dict[str, dict]:
+def _check(impl, head_dim: int, kernels=None, texts: dict | None = None) -> dict[str, dict]:
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines, nvjitlink_available, ptxas_report
 
     reports = {}
     for kernel in impl.kernels(head_dim, head_dim) if kernels is None else kernels:
         name = kernel.name
         for cc, ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).items():
+            if texts is not None:
+                texts[name, cc] = ptx
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx, name
             local = local_memory_lines(ptx)
             if any(f"{f}(" in kernel.source for f in TRIGONOMETRY):
@@ -95,6 +97,24 @@ def test_attention_kernels_for_head_dim_128(example, name):
     for label, report in reports.items():
         if "attention" in label:
             assert report.registers <= 255, label
+
+
+@pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("f16", 64)])
+def test_tensor_core_attention_kernels(dtype, head_dim):
+    """f16/bf16 attention at the default blocks (64 x 64): four warps, S = Q K^T and O += P V on
+    mma.sync in the PTX, no local memory, no spills on sm_80 and sm_90."""
+    from tests.cuda_sim.helpers import retyped
+
+    impl = _build(retyped(load_example("alibi").causal_alibi, dtype))
+    plan = impl.attention[0].mma_plan(head_dim, head_dim)
+    assert plan.warps == 4
+    attention = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0[")]
+    texts: dict = {}
+    _check(impl, head_dim, attention, texts)
+    # per chunk of keys: (D / 16) (chunk / 8) products for S, (E / 8) (chunk / 16) for O
+    products = head_dim // 16 * plan.chunk // 8 + head_dim // 8 * plan.chunk // 16
+    for ptx in texts.values():
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
 
 
 @pytest.mark.parametrize("head_dim,rows", [(64, 1), (128, 1), (128, 4)])

@@ -30,3 +30,16 @@ def as_list(result) -> list:
 
 def host(x) -> np.ndarray:
     return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+
+def retyped(spec, dtype: str):
+    """``spec`` with its float32 arguments declared ``dtype`` (f16, bf16): the same function, traced
+    again from its source in its module."""
+    import inspect
+    import sys
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(spec.fn)).replace("ac.f32[", f"ac.{dtype}[")
+    namespace = dict(vars(sys.modules[spec.fn.__module__]))
+    exec(compile(source, f"<{spec.name} in {dtype}>", "exec"), namespace)
+    return namespace[spec.fn.__name__]

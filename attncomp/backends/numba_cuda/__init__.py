@@ -56,7 +56,8 @@ class CudaFunction(Program):
     """The built function (``base.Program``): the driver module's ``run`` gives the outputs.
 
     Numpy arguments are copied to the device and the results back; when any
-    argument is device memory, the results stay on the device.
+    argument is device memory, the results stay on the device.  bf16 arguments in
+    ``bf16_bits`` go over as their 16-bit patterns, other bf16 widened (``widened``).
     """
 
     backend = "cuda"
@@ -89,19 +90,38 @@ class CudaFunction(Program):
         """Bind the call's arguments (device arrays are checked, not copied) and run: every result,
         numpy arrays of the declared types, or device arrays when an argument was one.
 
-        bf16 values run as float32 (``widened``): arguments bind to the widened signature (a bf16
-        host array is widened before it is copied in), and host results declared bf16 are rounded
-        to it; device results stay float32."""
+        bf16 values compute as float32 (``widened``): arguments bind to the widened signature; a
+        bf16 argument in ``bf16_bits`` goes over as its patterns (:meth:`stored`), another is
+        widened before it is copied in; host results declared bf16 are rounded to it, device
+        results stay float32."""
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
         arrays, env = bind_device_arguments(self.func or func, args, constraints, sizes)
-        bf16 = np.dtype(NUMPY_DTYPES["bf16"])
-        arrays = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == bf16 else a for a in arrays]
+        arrays = [self.stored(k, a, func.args[k].name or f"arg{k}") for k, a in enumerate(arrays)]
         outputs = self.run_bound(arrays, env)
+        bf16 = np.dtype(NUMPY_DTYPES["bf16"])
         return [
             o.astype(bf16) if narrow and isinstance(o, np.ndarray) else o
             for o, narrow in zip(outputs, self.bf16_results or [False] * len(outputs))
         ]
+
+    def stored(self, k: int, array: Any, name: str) -> Any:
+        """Argument ``k`` as the device holds it: bf16 as 16-bit patterns where the kernels read them
+        so (``bf16_bits``: host arrays viewed, device memory given as ``runtime.Bf16Bits``), else
+        widened to float32 (host arrays; bf16 device memory arrives widened)."""
+        from attncomp.backends.numba_cuda import runtime
+
+        bf16 = np.dtype(NUMPY_DTYPES["bf16"])
+        if k in self.bf16_bits:
+            if isinstance(array, runtime.Bf16Bits) or runtime.is_device(array) and array.dtype.itemsize == 2:
+                return runtime.device_view(array)
+            if isinstance(array, np.ndarray) and array.dtype == bf16:
+                return array.view(np.uint16)
+            got = array.dtype.name if hasattr(array, "dtype") else type(array).__name__
+            raise TypeError(f"{name}: expected bf16 (bfloat16) elements, got {got}")
+        if isinstance(array, np.ndarray) and array.dtype == bf16:
+            return array.astype(np.float32)
+        return array
 
     # decoders keep their cache on the device --------------------------------------------
     #: a decoder over this backend allocates its cache with :meth:`zeros` and reads shapes with :meth:`shape_view`
@@ -220,7 +240,9 @@ def device_dtype(dtype: Any) -> np.dtype:
 def widened(module: Module) -> Module:
     """``module`` with every bf16 value computed as float32: what the kernels are generated from.
 
-    Numba-CUDA arrays have no bfloat16 element (and its simulator no bf16 type), so bf16 crosses
+    Numba-CUDA arrays have no bfloat16 element (and its simulator no bf16 type).  Query, key and
+    value that only tensor-core attention reads stay bf16 on the device, as their 16-bit patterns
+    (``tensor_core_types``; the kernels widen each element as they read it).  Other bf16 crosses
     the call's boundary: host arguments are widened before they are copied in, and results
     declared bf16 are rounded to it (round to nearest even) when they come back to the host.
     float32 holds every bf16 value, and the IR's promotions agree (bf16 with f32, and f16 with
@@ -229,6 +251,51 @@ def widened(module: Module) -> Module:
     copy_locations(module, wide)  # gathers still name the spec's line in their errors
     forget_numbers(wide)  # values unnamed in the module stay unnamed (the sources name them)
     return wide
+
+
+def tensor_core_types(module: Module) -> tuple[list[tuple[str | None, str]], frozenset[int]]:
+    """Per ``ac.tile_grid``: the 16-bit type its products run in on tensor cores (query, key and
+    value of one type, f16 or bf16; None: not on tensor cores) and the storage the kernel reads its
+    query, key and value from (``mma_plan.MmaPlan.storage``); and the positions of the bf16
+    arguments kept in 16 bits on the device.
+
+    A bf16 argument stays 16-bit (``"bits"``) when tensor-core tile loads are all that read it
+    (query, key and value passed straight to the attention); bf16 values anything else computes
+    with are widened to float32 (``widened``)."""
+    from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
+    from attncomp.backends.tiles import read_tiled_attention
+
+    func = module.main
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+    sources = []
+    for op in grids:
+        t = read_tiled_attention(op)
+        sources.append([load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load)])
+    tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
+
+    def loaded_only(value) -> bool:
+        return value in func.args and all(id(op) in tile_loads for op in readers.get(value, []))
+
+    elements = []
+    for values in sources:
+        types = {v.type.dtype for v in values}
+        elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
+    bits = {k for k, values in enumerate(sources) if elements[k] == "bf16" and all(map(loaded_only, values))}
+    while True:  # an argument kept 16-bit is so for every grid that reads it
+        shared = {k for k in bits for j in set(range(len(grids))) - bits if set(sources[k]) & set(sources[j])}
+        if not shared:
+            break
+        bits -= shared
+    found: list[tuple[str | None, str]] = []
+    for k, element in enumerate(elements):
+        storage = "bits" if k in bits else "f16" if element == "f16" else "f32"
+        found.append((element, storage))
+    kept = {func.args.index(v) for k in bits for v in sources[k]}
+    return found, frozenset(kept)
 
 
 def build(
@@ -249,18 +316,20 @@ def build(
     from attncomp.backends.numba_cuda.driver import generate_driver
 
     declared = [r.type.dtype for r in module.main.results]
+    products, bits = tensor_core_types(module)
     if any(
         v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
     ):
         module = widened(module)
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
-    attention = {op: AttentionKernels(k, op, func, lanes, split) for k, op in enumerate(grids)}
+    attention = {op: AttentionKernels(k, op, func, lanes, split, *products[k]) for k, op in enumerate(grids)}
     key_grids = [op for op in func.body.ops if op.name == "ac.key_grid"]
     backward = {op: BackwardKernels(k, op, func, backward_lanes) for k, op in enumerate(key_grids)}
     source, graph_kernels = generate_driver(func, attention, backward)
     module_ = load_source(source, "cuda")
     program = CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))
     program.bf16_results = [d == "bf16" for d in declared]
+    program.bf16_bits = bits
     program.func = func
     return program

@@ -19,11 +19,18 @@ from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Func
 
 
-def stand_in(device: Any) -> np.ndarray:
-    """A numpy array with ``device``'s shape and dtype that owns one element."""
+def stand_in(device: Any, dtype: Any = None) -> np.ndarray:
+    """A numpy array with ``device``'s shape and dtype (or ``dtype``) that owns one element."""
     return np.lib.stride_tricks.as_strided(
-        np.zeros(1, dtype=device.dtype), shape=tuple(device.shape), strides=(0,) * len(device.shape)
+        np.zeros(1, dtype=device.dtype if dtype is None else dtype),
+        shape=tuple(device.shape),
+        strides=(0,) * len(device.shape),
     )
+
+
+def declared(x: Any) -> np.dtype | None:
+    """The element type a device argument stands for, where its memory's type is not it (bf16 bits)."""
+    return x.dtype if isinstance(x, runtime.Bf16Bits) else None
 
 
 def bind_device_arguments(
@@ -31,7 +38,7 @@ def bind_device_arguments(
 ) -> tuple[list[Any], dict[str, int]]:
     """``bind_arguments`` for host or device arguments: the same checks and errors, no copies."""
     views = [runtime.device_view(a) if runtime.is_device(a) else a for a in args]
-    checked = [stand_in(v) if runtime.is_device(a) else v for a, v in zip(args, views)]
+    checked = [stand_in(v, declared(a)) if runtime.is_device(a) else v for a, v in zip(args, views)]
     extra = {} if sizes is None else {"sizes": sizes}
     arrays, env = bind_arguments(func, checked, constraints, **extra)
     bound = [v if runtime.is_device(a) else array for a, v, array in zip(args, views, arrays)]

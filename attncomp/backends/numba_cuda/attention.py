@@ -27,6 +27,8 @@ from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
+from attncomp.backends.numba_cuda.mma_kernel import write_mma_kernel
+from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_mma
 from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op
@@ -41,7 +43,16 @@ class AttentionKernels:
     """The kernels of one ``ac.tile_grid``.  ``lanes`` fixes the threads per query row and
     ``split`` the number of key splits (capped by the key blocks); by default both are chosen."""
 
-    def __init__(self, index: int, grid: Op, func: Func, lanes: int | None = None, split: int | None = None):
+    def __init__(
+        self,
+        index: int,
+        grid: Op,
+        func: Func,
+        lanes: int | None = None,
+        split: int | None = None,
+        element: str | None = None,
+        storage: str = "f32",
+    ):
         self.index = index
         self.grid = grid
         self.tiled = read_tiled_attention(grid)
@@ -55,6 +66,15 @@ class AttentionKernels:
         self.name = f"attention_kernel_{index}"
         self.lanes = lanes
         self.split = split
+        #: the type the products can run in on tensor cores (None: scalar kernels only), and the
+        #: type the query, key and value arrays hold it in on the device
+        self.element = element
+        self.storage = storage
+        t = self.tiled
+        #: the tile sources read as bf16 bit patterns (query, key and value kept 16-bit)
+        self.bits = frozenset(
+            load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load) if storage == "bits"
+        )
         #: the key splits of the last launch (1: none)
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
@@ -79,16 +99,34 @@ class AttentionKernels:
         t = self.tiled
         return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes, rows)
 
+    def mma_plan(self, head_dim: int, value_dim: int, rows: int | None = None) -> MmaPlan | None:
+        """The tensor-core plan of a launch with these head dims and rows per block, if it has one."""
+        t = self.tiled
+        rows = t.block_q if rows is None else rows
+        return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.element, self.storage, rows)
+
+    def threads(self, head_dim: int, value_dim: int, rows: int | None = None) -> int:
+        """Threads per block of the kernel for these head dims and rows."""
+        mma = self.mma_plan(head_dim, value_dim, rows)
+        return mma.threads if mma is not None else self.plan(head_dim, value_dim, rows).threads
+
     def source(self, head_dim: int, value_dim: int, rows: int | None = None) -> str:
-        plan = self.plan(head_dim, value_dim, rows)
-        return write_attention_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan)
+        """The kernel's source: on tensor cores where the plan allows, else the scalar kernel."""
+        args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
+        mma = self.mma_plan(head_dim, value_dim, rows)
+        if mma is not None:
+            return write_mma_kernel(*args, mma)
+        return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits)
 
     def signature(self) -> str:
         """The Numba signature the PTX is compiled for (arrays of any layout, results C-contiguous)."""
         types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
         for value in self.captured:
             rank = value.type.rank
-            types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
+            if value in self.bits:  # bf16 patterns (a host array's uint16 view)
+                types.append(f"uint16[{', '.join([':'] * rank)}]")
+            else:
+                types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
         types += ["int64"] * len(self.dims)
         acc = self.acc_dtype
         types += ["int64", array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
@@ -154,8 +192,8 @@ class AttentionKernels:
         if blocks <= 0:
             return
         rows = rows_for(self.tiled.block_q, n_rows)
-        plan = self.plan(head_dim, value_dim, rows)
-        n_split = self.split_for(blocks, n_keys, plan.threads, value_dim)
+        threads = self.threads(head_dim, value_dim, rows)
+        n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
@@ -165,7 +203,7 @@ class AttentionKernels:
                 n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
-            launch = self.kernel(head_dim, value_dim, rows)[(blocks, n_split), plan.threads, rt.stream()]
+            launch = self.kernel(head_dim, value_dim, rows)[(blocks, n_split), threads, rt.stream()]
             launch(*args, n_split, *parts)
             if n_split > 1:
                 merge = self.merge_kernel(head_dim, value_dim, rows)

@@ -60,6 +60,7 @@ import numpy as np
 from numba import cuda
 
 {device_math}
+from attncomp.backends.numba_cuda.warp import widen_bf16
 """
 
 
@@ -67,9 +68,16 @@ class AttentionKernelWriter(CudaKernelSource):
     """Writes the kernel of one tiled attention for one plan."""
 
     def __init__(
-        self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
+        self,
+        name: str,
+        tiled: TiledAttention,
+        captured: dict[Value, str],
+        dims: list[str],
+        plan: AttentionPlan,
+        bits: frozenset[Value] = frozenset(),
     ):
         self.name = name
+        self.bits = bits
         self.t = tiled
         self.plan = plan
         self.acc = NUMPY_SCALAR[accumulation_dtype(tiled.grid.results[0].type.dtype)]
@@ -109,7 +117,7 @@ class AttentionKernelWriter(CudaKernelSource):
         w.line(f"q_row = min({row0} + r, n_rows - 1)")
         for k in range(p.q_slice):
             feature = self.feature(k)
-            load_expr = f"ACC({src}[{prefix}q_row, {feature}])"
+            load_expr = self.read(load, f"{src}[{prefix}q_row, {feature}]")
             if not self.padded(k, p.head_dim):
                 w.line(f"q_{k} = {load_expr}")
             else:  # a padded feature of the last slice
@@ -307,6 +315,12 @@ class AttentionKernelWriter(CudaKernelSource):
 
 
 def write_attention_kernel(
-    name: str, func_name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: AttentionPlan
+    name: str,
+    func_name: str,
+    tiled: TiledAttention,
+    captured: dict[Value, str],
+    dims: list[str],
+    plan: AttentionPlan,
+    bits: frozenset[Value] = frozenset(),
 ) -> str:
-    return AttentionKernelWriter(name, tiled, captured, dims, plan).write(func_name)
+    return AttentionKernelWriter(name, tiled, captured, dims, plan, bits).write(func_name)

@@ -38,6 +38,12 @@ class CudaKernelSource(KernelSource):
     tile loops and what runs per element."""
 
     functions = FUNCTIONS
+    #: tile sources the device keeps as bf16 bit patterns (``numba_cuda.tensor_core_types``)
+    bits: frozenset[Value] = frozenset()
+
+    def read(self, load: Op, element: str) -> str:
+        """An element of a tile load's source as the accumulation type (bf16 patterns widened)."""
+        return f"widen_bf16({element})" if load.operands[0] in self.bits else f"ACC({element})"
 
     def ref(self, value: Value) -> str:
         return self.scalar().ref(value)
@@ -111,13 +117,14 @@ class CudaKernelSource(KernelSource):
             cond = f"cc < {count}" if width == pitch else f"cc < {count} and dd < {width}"
             if view is None:
                 prefix = "".join(f"{self.ref(v)}, " for v in load.operands[1:-1])
-                w.line(f"{tile}[cc, dd] = ACC({src}[{prefix}{first} + cc, dd]) if {cond} else ACC(0.0)")
+                element = self.read(load, f"{src}[{prefix}{first} + cc, dd]")
+                w.line(f"{tile}[cc, dd] = {element} if {cond} else ACC(0.0)")
                 return
             page, at = self.page_row(load, view, f"{first} + cc")
             w.line(f"if {cond}:")
             with w.indent():
                 w.line(f"page = {page}")
-                w.line(f"{tile}[cc, dd] = ACC({src}[page, {at}dd])")
+                w.line(f"{tile}[cc, dd] = {self.read(load, f'{src}[page, {at}dd]')}")
             w.line("else:")
             with w.indent():
                 w.line(f"{tile}[cc, dd] = ACC(0.0)")

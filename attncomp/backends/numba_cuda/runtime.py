@@ -71,15 +71,34 @@ def _simulated_array_type() -> type | None:
     return FakeCUDAArray
 
 
+class Bf16Bits:
+    """bf16 device memory given as its 16-bit patterns: a uint16 or int16 device array (a torch
+    bfloat16 CUDA tensor viewed as int16; the array interface has no bfloat16).  The argument
+    checks see a bf16 array of its shape; kernels that keep bf16 in 16 bits read the patterns."""
+
+    dtype = np.dtype(NUMPY_DTYPES["bf16"])
+
+    def __init__(self, bits: Any):
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.bits.shape)
+
+
 def is_device(x: Any) -> bool:
     """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
-    torch CUDA tensors), or a simulator device array."""
+    torch CUDA tensors), a simulator device array, or :class:`Bf16Bits` of one."""
+    if isinstance(x, Bf16Bits):
+        return True
     fake = _simulated_array_type()
     return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
 
 
 def device_view(x: Any) -> Any:
-    """A Numba device array over ``x``'s memory (no copy)."""
+    """A Numba device array over ``x``'s memory (no copy; :class:`Bf16Bits`: over its patterns)."""
+    if isinstance(x, Bf16Bits):
+        return device_view(x.bits)
     fake = _simulated_array_type()
     if fake is not None:
         return x

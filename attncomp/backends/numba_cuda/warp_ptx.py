@@ -1,0 +1,133 @@
+"""Warp-level instructions on the GPU: PTX through LLVM inline assembly (``llvmlite.ir.InlineAsm``).
+
+Numba-CUDA has no tensor-core API; each instruction here is a Numba
+intrinsic whose code is one PTX instruction, so the fragments stay in
+registers (a device function linked in through ``link=`` would pass them
+through local memory).  ``warp_sim.py`` runs the same instructions under
+Numba's CUDA simulator, with the same fragment layout (``warp.py``).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.cuda import types
+from numba.cuda.extending import intrinsic
+from numba.cuda.typing import signature
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_FRAGMENT = types.UniTuple(types.float32, 4)
+
+
+def _mma_m16n8k16(element: str):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{element}.{element}.f32``: D = A B + C for one warp.
+
+    A (16 x 16) is four 32-bit registers of two 16-bit elements each, B (16 x 8) two, C and D
+    four float32 (layout in ``warp.py``)."""
+    text = (
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{element}.{element}.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+    )
+    constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+
+    @intrinsic
+    def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = signature(_FRAGMENT, *([types.uint32] * 6 + [types.float32] * 4))
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+            result = builder.call(ir.InlineAsm(fnty, text, constraints), list(args))
+            parts = [builder.extract_value(result, k) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    return mma
+
+
+mma_f16 = _mma_m16n8k16("f16")
+mma_bf16 = _mma_m16n8k16("bf16")
+
+
+def _pack_x2(element: str):
+    """``cvt.rn.{element}x2.f32``: two float32 rounded (to nearest even) into one 32-bit register,
+    ``lo`` in its low half (the first of a fragment's element pair)."""
+
+    @intrinsic
+    def pack(typingctx, lo, hi):
+        sig = signature(types.uint32, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(_I32, [_F32, _F32])
+            asm = ir.InlineAsm(fnty, f"cvt.rn.{element}x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [args[1], args[0]])  # the first source goes to the high half
+
+        return sig, codegen
+
+    return pack
+
+
+pack_f16x2 = _pack_x2("f16")
+pack_bf16x2 = _pack_x2("bf16")
+
+
+@intrinsic
+def pack_halves(typingctx, lo, hi):
+    """Two float16 values as one 32-bit register (``lo`` in the low half): their bits, unconverted."""
+    sig = signature(types.uint32, types.float16, types.float16)
+
+    def codegen(context, builder, sig, args):
+        # Numba keeps a float16 as its 16 bits (an i16)
+        lo, hi = (builder.zext(builder.bitcast(a, ir.IntType(16)), _I32) for a in args)
+        return builder.or_(lo, builder.shl(hi, ir.Constant(_I32, 16)))
+
+    return sig, codegen
+
+
+@intrinsic
+def pack_bits(typingctx, lo, hi):
+    """Two 16-bit patterns (bf16 values kept as uint16 or int16) as one 32-bit register, ``lo`` low."""
+    sig = signature(types.uint32, types.uint16, types.uint16)
+
+    def codegen(context, builder, sig, args):
+        lo, hi = (builder.zext(a, _I32) for a in args)
+        return builder.or_(lo, builder.shl(hi, ir.Constant(_I32, 16)))
+
+    return sig, codegen
+
+
+@intrinsic
+def widen_bf16(typingctx, bits):
+    """The float32 a bf16 is, from its 16-bit pattern (uint16 or int16): the bits moved to the top."""
+    sig = signature(types.float32, types.uint16)
+
+    def codegen(context, builder, sig, args):
+        word = builder.shl(builder.zext(args[0], _I32), ir.Constant(_I32, 16))
+        return builder.bitcast(word, _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def quad_shuffle(typingctx, value, mask):
+    """``shfl.sync.bfly.b32`` within the four lanes of a quad: the float32 of lane ``lane ^ mask``."""
+    sig = signature(types.float32, types.float32, types.int32)
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_F32, [_F32, _I32])
+        asm = ir.InlineAsm(fnty, "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r")
+        return builder.call(asm, list(args))
+
+    return sig, codegen
+
+
+@intrinsic
+def exp2_approx(typingctx, x):
+    """``ex2.approx.ftz.f32``: 2 to the power ``x`` (relative error about 2^-22; -inf gives 0)."""
+    sig = signature(types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_F32, [_F32])
+        return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), list(args))
+
+    return sig, codegen

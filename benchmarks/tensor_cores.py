@@ -1,0 +1,185 @@
+"""GPU benchmark: the f16/bf16 forward on tensor cores against PyTorch SDPA, in one table.
+
+    python -m benchmarks.tensor_cores            # the rows of the tensor-core targets
+    python -m benchmarks.tensor_cores --quick    # smaller sizes, for a smoke run
+
+(also printed by ``python -m benchmarks.gpu``).  Each row calls attncomp's torch op
+(``fn.to_torch()`` of a generic spec, so the call's dtype picks the kernel) and the peer
+alternately, CUDA-event timed, and reports the median of the per-pair ratios (below 1.0
+attncomp is faster).  The peers: SDPA restricted to its flash backend (FlashAttention-2, on
+the same ``mma.sync`` instructions), and SDPA's own choice, named (cuDNN, flash, efficient,
+math); the window row's peer is SDPA with a boolean mask, as FlexAttention-less PyTorch has
+it.  TFLOP/s count 4 B H D per (query, key) pair computed: all pairs dense, the visible ones
+causal.  Without a GPU it says so and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+import attncomp as ac
+from benchmarks import specs
+
+#: a dense-FLOP peak of the card, for the "% of peak" column (H100 SXM: 989 TFLOP/s f16/bf16)
+PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+@dataclass
+class Row:
+    name: str
+    dtype: str  # "bfloat16" or "float16"
+    spec: ac.Spec
+    b: int
+    h: int
+    t: int
+    d: int
+    causal: bool
+    window: int | None = None
+    constants: dict = field(default_factory=dict)
+
+    def pairs(self) -> float:
+        t = self.t
+        if self.window is not None:
+            return sum(min(i + 1, self.window) for i in range(t))
+        return t * (t + 1) / 2 if self.causal else t * t
+
+    def flops(self) -> float:
+        return 4.0 * self.b * self.h * self.d * self.pairs()
+
+
+def rows(quick: bool) -> list[Row]:
+    if quick:
+        return [
+            Row("bf16 causal T=S=2048 D=128 B=1 H=16", "bfloat16", specs.causal_any, 1, 16, 2048, 128, True),
+            Row("f16 dense T=S=1024 D=64 B=2 H=8", "float16", specs.dense_any, 2, 8, 1024, 64, False),
+        ]
+    window = {"window": 256}
+    return [
+        Row("bf16 causal T=S=16384 D=128 B=1 H=16", "bfloat16", specs.causal_any, 1, 16, 16384, 128, True),
+        Row("bf16 causal T=S=4096 D=64 B=4 H=16", "bfloat16", specs.causal_any, 4, 16, 4096, 64, True),
+        Row("f16 dense T=S=4096 D=128 B=4 H=16", "float16", specs.dense_any, 4, 16, 4096, 128, False),
+        Row(
+            "bf16 window 256 T=S=8192 D=128 B=1 H=16",
+            "bfloat16",
+            specs.causal_window_any,
+            1,
+            16,
+            8192,
+            128,
+            True,
+            256,
+            window,
+        ),
+    ]
+
+
+def sdpa_choice(torch, q, k, v, causal: bool, mask) -> str:
+    """The SDPA backend PyTorch picks for these inputs (its dispatcher's answer), or "unknown"."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal and mask is None)
+        return SDPBackend(choice).name.lower()
+    except Exception:  # a private function: absent or changed in this torch
+        return "unknown"
+
+
+def paired_ms(torch, ours, theirs, repeats: int) -> tuple[float, float, float]:
+    """Median ms of each, called alternately, and the median of the per-pair ratios."""
+    ours(), theirs()
+    torch.cuda.synchronize()
+    mine, peer, ratios = [], [], []
+    for _ in range(repeats):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        marks[0].record()
+        ours()
+        marks[1].record()
+        theirs()
+        marks[2].record()
+        marks[2].synchronize()
+        a, b = marks[0].elapsed_time(marks[1]), marks[1].elapsed_time(marks[2])
+        mine.append(a)
+        peer.append(b)
+        ratios.append(a / b)
+    return statistics.median(mine), statistics.median(peer), statistics.median(ratios)
+
+
+def run_row(torch, row: Row, repeats: int) -> str:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = getattr(torch, row.dtype)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype, generator=generator) for _ in range(3)
+    )
+    attn = ac.compile(row.spec, backend="cuda", **row.constants).to_torch()
+    mask = None
+    if row.window is not None:
+        i = torch.arange(row.t, device="cuda")[:, None]
+        j = torch.arange(row.t, device="cuda")[None, :]
+        mask = (j <= i) & (i - j < row.window)
+
+    def ours():
+        return attn(q, k, v)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=row.causal and mask is None
+        )
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa()
+
+    want = sdpa()
+    error = float((ours().float() - want.float()).abs().max() / want.float().abs().max())
+    if error > 5e-2:
+        raise AssertionError(f"{row.name}: attncomp differs from torch by {error:.2e}")
+    peer, peer_name = (sdpa, "sdpa+mask") if mask is not None else (flash, "flash")
+    mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
+    _, default, default_ratio = paired_ms(torch, ours, sdpa, repeats)
+    choice = sdpa_choice(torch, q, k, v, row.causal, mask)
+    tflops = row.flops() / (mine * 1e-3) / 1e12
+    return (
+        f"{row.name:40s} {mine:9.3f} {tflops:7.1f} {peer_name:>9s} {theirs:9.3f} {ratio:6.2f} "
+        f"{choice:>9s} {default:9.3f} {default_ratio:6.2f}"
+    )
+
+
+def tensor_core_rows(torch, quick: bool, repeats: int) -> list[str]:
+    name = torch.cuda.get_device_name()
+    peak = next((p for card, p in PEAKS.items() if card in name), None)
+    lines = [
+        f"f16/bf16 forward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense f16/bf16)",
+        f"{'case':40s} {'ours ms':>9s} {'TFLOP/s':>7s} {'peer':>9s} {'peer ms':>9s} {'ratio':>6s} "
+        f"{'default':>9s} {'dflt ms':>9s} {'ratio':>6s}",
+    ]
+    for row in rows(quick):
+        lines.append(run_row(torch, row, repeats))
+        torch.cuda.empty_cache()
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu import gpu_or_reason
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    reason = gpu_or_reason()
+    if reason is not None:
+        print(f"benchmarks.tensor_cores: nothing to time: {reason}.")
+        return 0
+    import torch
+
+    for line in tensor_core_rows(torch, args.quick, args.repeats):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

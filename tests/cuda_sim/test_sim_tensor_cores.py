@@ -1,0 +1,187 @@
+"""The tensor-core kernels: warp instructions against their documented fragment layout, and the
+f16/bf16 attention kernels against the float64 interpreter.
+
+Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
+(``ATTNCOMP_TEST_GPU=1``) the same tests run the PTX, so the two are held to one layout
+(``attncomp/backends/numba_cuda/warp.py``).  The simulator runs a few example specs (every
+CUDA thread is a Python thread); a GPU runs every example in f16 and in bf16.
+"""
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import cuda
+
+from attncomp.backends.numba_cuda.warp import mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, quad_max, quad_sum
+from attncomp.testing import TOLERANCE, random_inputs, worst_error
+from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
+from tests.passes.test_translation_validation import _cases
+
+ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+#: two warps of query rows, one key tile = one P V product
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=16},mask-elimination,canonicalize,cse,dce"
+SIZES = {"B": 1, "H": 2, "KV": 1, "T": 33, "S": 35, "D": 16, "E": 16, "R": 33}
+ELEMENT = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def bits_of(x: np.ndarray, dtype: str) -> np.ndarray:
+    return x.astype(ELEMENT[dtype]).view(np.uint16)
+
+
+@cuda.jit(device=True)
+def word(lo, hi):
+    return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+
+
+def fragment_kernel(mma):
+    """A kernel of one warp: A (16 x 16) and B (16 x 8) bits -> fragments by the documented layout,
+    one product, the D fragments back to their places."""
+
+    @cuda.jit
+    def product(a, b, out):
+        lane = cuda.threadIdx.x
+        g = lane // 4
+        t2 = 2 * (lane % 4)
+        a0 = word(a[g, t2], a[g, t2 + 1])
+        a1 = word(a[g + 8, t2], a[g + 8, t2 + 1])
+        a2 = word(a[g, t2 + 8], a[g, t2 + 9])
+        a3 = word(a[g + 8, t2 + 8], a[g + 8, t2 + 9])
+        b0 = word(b[t2, g], b[t2 + 1, g])
+        b1 = word(b[t2 + 8, g], b[t2 + 9, g])
+        one = np.float32(1.0)
+        d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, one, one, one, one)
+        out[g, t2] = d0
+        out[g, t2 + 1] = d1
+        out[g + 8, t2] = d2
+        out[g + 8, t2 + 1] = d3
+
+    return product
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_mma_fragments_follow_the_documented_layout(dtype):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 16)), rng.standard_normal((16, 8))
+    a_bits, b_bits = bits_of(a, dtype), bits_of(b, dtype)
+    out = np.zeros((16, 8), np.float32)
+    fragment_kernel(mma_f16 if dtype == "f16" else mma_bf16)[1, 32](a_bits, b_bits, out)
+    exact = a_bits.view(ELEMENT[dtype]).astype(np.float64) @ b_bits.view(ELEMENT[dtype]).astype(np.float64) + 1.0
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
+
+
+@cuda.jit
+def quad_kernel(x, y, sums, maxima, f16_words, bf16_words):
+    lane = cuda.threadIdx.x
+    sums[lane] = quad_sum(x[lane])
+    maxima[lane] = quad_max(x[lane])
+    f16_words[lane] = pack_f16x2(x[lane], y[lane])
+    bf16_words[lane] = pack_bf16x2(x[lane], y[lane])
+
+
+def test_quad_reductions_and_packing():
+    rng = np.random.default_rng(1)
+    x, y = (rng.standard_normal(32).astype(np.float32) for _ in range(2))
+    sums, maxima = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    f16_words, bf16_words = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
+    quad_kernel[1, 32](x, y, sums, maxima, f16_words, bf16_words)
+    quads = x.reshape(8, 4)
+    np.testing.assert_allclose(sums, np.repeat(quads.astype(np.float64).sum(1), 4), rtol=1e-6)
+    np.testing.assert_array_equal(maxima, np.repeat(quads.max(1), 4))
+    for words, dtype in ((f16_words, "f16"), (bf16_words, "bf16")):
+        np.testing.assert_array_equal(words & 0xFFFF, bits_of(x, dtype))  # the first value in the low half
+        np.testing.assert_array_equal(words >> 16, bits_of(y, dtype))  # rounded to nearest even
+
+
+def attention_cases():
+    """(id, spec) of the example specs a tensor-core kernel can take, with sizes from ``SIZES``."""
+    found = []
+    for case in _cases():
+        spec = case.values[1]
+        names = {d.symbol for a in spec.ir.main.args for d in a.type.shape if d.is_symbol}
+        if not spec.generic and names <= set(SIZES) and "D" in names:
+            found.append((case.id, spec))
+    return found
+
+
+#: what the simulator runs: captured tensors, GQA, LSE, key padding, documents, sinks, soft-capping
+IN_SIMULATOR = {
+    ("alibi.causal_alibi", "bf16"),
+    ("alibi.causal_alibi", "f16"),
+    ("gqa.grouped_query_attention", "bf16"),
+    ("lse.key_padding_with_lse", "f16"),
+    ("document_mask.causal_document_mask", "bf16"),
+    ("sinks_window.sinks_window", "bf16"),
+    ("softcap.causal_softcap", "f16"),
+    ("relative_bias.relative_bias", "bf16"),
+}
+
+
+def run_16_bit(spec, dtype: str, split: int | None = None, sizes: dict | None = None, seed: int = 3):
+    typed = retyped(spec, dtype)
+    fn, impl = build_cuda(typed, PIPELINE, split=split)
+    sizes = {**SIZES, **(sizes or {})}
+    inputs = random_inputs(typed.ir.main, sizes, seed=seed)
+    rng = np.random.default_rng(seed)
+    # lengths, prefixes, document ids: inside the keys, so that tiles are partly masked
+    inputs = [rng.integers(1, sizes["S"], x.shape).astype(x.dtype) if x.dtype.kind == "i" else x for x in inputs]
+    got = [host(g) for g in as_list(impl.call(fn.func, inputs, fn.constraints))]
+    want = fn.compilation.run(inputs, exact=True)
+    return impl, got, want
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("name,spec", attention_cases(), ids=[c[0] for c in attention_cases()])
+def test_example_on_tensor_cores(name, spec, dtype):
+    if not ON_GPU and (name, dtype) not in IN_SIMULATOR:
+        pytest.skip("the simulator runs a few of the examples; a GPU runs them all")
+    impl, got, want = run_16_bit(spec, dtype)
+    # on tensor cores: every attention whose query, key and value are 16-bit (RoPE and QK-norm
+    # compute theirs in float32, as the spec's promotions say)
+    on_tensor_cores = [a.element is not None for a in impl.attention]
+    assert any(on_tensor_cores) or name == "rope_qknorm.rope_qknorm"
+    assert [a.mma_plan(16, 16) is not None for a in impl.attention] == on_tensor_cores
+    assert [f"mma_{dtype}(" in a.source(16, 16) for a in impl.attention] == on_tensor_cores
+    assert got[0].dtype == np.dtype(ELEMENT[dtype])
+    assert worst_error(got, want) < TOLERANCE[dtype]
+
+
+def test_split_keys_and_one_warp_on_tensor_cores():
+    """12 query rows: one warp per thread block; keys split in three parts, merged by their LSE."""
+    spec = dict(attention_cases())["lse.causal_with_lse"]
+    impl, got, want = run_16_bit(spec, "bf16", split=3, sizes={"T": 12, "S": 40})
+    assert impl.attention[0].last_split == 3
+    assert impl.attention[0].mma_plan(16, 16, rows=16).warps == 1
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+
+
+def test_bf16_query_key_value_stay_16_bit_on_the_device():
+    """Query, key and value read only by tensor-core tile loads are kept as bf16 patterns: host arrays
+    go over as their uint16 view, device memory as ``Bf16Bits``; kernels that cannot take them on
+    tensor cores (fewer than 16 rows, D = 8) read the same patterns."""
+    from attncomp.backends.numba_cuda import runtime
+
+    spec = retyped(dict(attention_cases())["alibi.causal_alibi"], "bf16")
+    fn, impl = build_cuda(spec, PIPELINE)
+    assert impl.bf16_bits == {0, 1, 2}  # q, k, v; the slopes are widened
+    assert impl.attention[0].storage == "bits"
+    for sizes in ({"T": 5}, {"D": 8}):  # the scalar kernels, on the same patterns
+        inputs = random_inputs(spec.ir.main, {**SIZES, **sizes}, seed=4)
+        got = impl.call(fn.func, inputs, fn.constraints)
+        assert impl.attention[0].mma_plan(inputs[0].shape[-1], 16, rows=8 if "T" in sizes else 32) is None
+        assert worst_error([host(got)], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
+    inputs = random_inputs(spec.ir.main, SIZES, seed=5)
+    on_device = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
+    got = host(impl.call(fn.func, [*on_device, inputs[3]], fn.constraints))
+    assert worst_error([got], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
+    with pytest.raises(TypeError, match="k: expected bf16"):
+        impl.call(fn.func, [inputs[0], cuda.to_device(inputs[1].astype(np.float32)), *inputs[2:]], fn.constraints)
+    with pytest.raises(TypeError, match="v: expected bf16"):
+        impl.call(fn.func, [*inputs[:2], inputs[2].astype(np.float16), inputs[3]], fn.constraints)
+
+
+def test_bf16_arguments_other_ops_read_are_widened():
+    spec = retyped(dict(attention_cases())["rope_qknorm.rope_qknorm"], "bf16")
+    _, impl = build_cuda(spec, PIPELINE)
+    assert impl.bf16_bits == frozenset() and impl.attention[0].storage == "f32"
