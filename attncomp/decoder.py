@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attncomp.compilation import Compilation
-from attncomp.ir.binding import bind_shapes
+from attncomp.ir.binding import REMEMBERED_KEYS, bind_shapes
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.passes.pipeline import edit_pipeline, make_pass, pass_names
 
@@ -65,6 +65,11 @@ class Decoder:
         self._n_outputs = len(func.results) - func.attrs["cache_results"]
         self._axis = self._cache_args[0].type.rank - 2
         self._new_keys = func.results[self._n_outputs]  # the spec's k: its sequence size is the new count
+        #: (shape, dtype) of each input -> the sizes they bind (steps whose shapes repeat bind once);
+        #: kept only where the inputs' shapes do not name the cached length
+        inputs = func.args[: self._n_inputs]
+        names = {s for a in inputs for d in a.type.shape for s in d.symbols()}
+        self._shapes: dict[tuple, dict[str, int]] | None = {} if self._cached.symbol not in names else None
 
     @property
     def cache(self) -> dict[str, Any]:
@@ -99,7 +104,7 @@ class Decoder:
         checked = [program.shape_view(x, a.name) for x, a in zip(inputs, self.fn.func.args)]
         arrays = list(inputs) if on_device else checked
         sizes = {self._cached.symbol: self.length}
-        env = bind_shapes(self.fn.func.args[: self._n_inputs], checked, sizes)
+        env = self._input_sizes(checked, sizes)
         new = self._new_keys.type.shape[self._axis].evaluate(env)
         if self.length + new > self.max_len:
             raise ValueError(
@@ -120,6 +125,20 @@ class Decoder:
                 buf[tuple(index)] = value
         self.length += new
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _input_sizes(self, checked: list[Any], sizes: dict[str, int]) -> dict[str, int]:
+        """The sizes the inputs bind, with the cached length: checked the full way for shapes not
+        seen before (errors name the argument), remembered by the inputs' shapes and dtypes."""
+        args = self.fn.func.args[: self._n_inputs]
+        if self._shapes is None:
+            return bind_shapes(args, checked, sizes)
+        key = tuple((x.shape, x.dtype) for x in checked)
+        bound = self._shapes.get(key)
+        if bound is None:
+            bound = bind_shapes(args, checked, {})
+            if len(self._shapes) < REMEMBERED_KEYS:
+                self._shapes[key] = bound
+        return {**bound, **sizes}
 
     def _allocate(self, new_entries, env: dict[str, int]) -> Any:
         """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""

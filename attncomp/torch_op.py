@@ -26,6 +26,7 @@ torch is imported only when ``to_torch`` is called: ``import attncomp`` never lo
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,8 @@ class TorchFunction:
         self.op.register_autograd(self._backward_rule, setup_context=self._setup_context)
         #: the arguments a generic spec's call takes in its float type (``ac.floating``)
         self._generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
+        #: (compilation, dtype and device per tensor) combinations already checked
+        self._checked: set[tuple] = set()
 
     def member(self, tensors: Sequence[Any]) -> tuple[Compilation, Compilation]:
         """The saving forward and the backward for the float type of ``tensors`` (a generic spec's
@@ -162,10 +165,21 @@ class TorchFunction:
                 f"@{self.fn.func.name} takes {len(self._arg_names)} arguments ({', '.join(self._arg_names)}), "
                 f"got {len(tensors)}"
             )
-        outputs = self.op(*self._autocast(tensors))
+        tensors = self._autocast(tensors)
+        eager = eager_call(require_torch(), tensors, BACKEND_DEVICES[self.fn.backend])
+        outputs = self._eager(tensors) if eager else self.op(*tensors)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         results = tuple(outputs[slot] for slot in self._result_slots)
         return results[0] if len(results) == 1 else results
+
+    def _eager(self, tensors: tuple[torch.Tensor, ...]) -> Any:
+        """The op's forward and autograd without the dispatcher's round trip (``eager_call``): the
+        forward's implementation, and, when a gradient is wanted, an ``autograd.Function`` that saves
+        what the registered autograd saves and runs the same backward."""
+        torch = require_torch()
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return _EagerAutograd.apply(self, *tensors)
+        return self._forward_plain(tensors)
 
     def _autocast(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under ``torch.autocast`` a generic spec runs in the autocast type: its ``ac.floating``
@@ -190,13 +204,18 @@ class TorchFunction:
     ) -> list[torch.Tensor]:
         """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results."""
         torch = require_torch()
-        names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
-        for t, name, arg in zip(tensors, names, compiled.func.args):
-            check_device(name, t.device, self.fn.backend)
-            # the binding's TypeError before any conversion (.numpy() refuses some dtypes itself)
-            check_dtype(np.empty(0, numpy_dtype(t, arg.type.dtype, name)), arg.type.dtype, name)
+        key = (id(compiled), *[(t.dtype, t.is_cpu, t.is_cuda) for t in tensors])
+        if key not in self._checked:  # devices and dtypes checked once per combination
+            names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
+            for t, name, arg in zip(tensors, names, compiled.func.args):
+                check_device(name, t.device, self.fn.backend)
+                # the binding's TypeError before any conversion (.numpy() refuses some dtypes itself)
+                check_dtype(np.empty(0, numpy_dtype(t, arg.type.dtype, name)), arg.type.dtype, name)
+            if len(self._checked) > 256:
+                self._checked.clear()
+            self._checked.add(key)
         # detach: .numpy() and __cuda_array_interface__ refuse tensors that require grad
-        inputs = [t.detach().contiguous() for t in tensors]
+        inputs = [t.detach().contiguous() if t.requires_grad or not t.is_contiguous() else t for t in tensors]
         if self.fn.backend == "cuda":
             outputs = _run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
@@ -204,6 +223,11 @@ class TorchFunction:
         outputs = compiled.run(arrays)
         outputs = outputs if picked is None else [outputs[k] for k in picked]
         return [from_numpy(torch, a) for a in _owned(outputs, arrays)]
+
+    def _forward_plain(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """The spec's results alone (no residuals): an eager call that wants no gradient."""
+        compiled = self.fn.for_args(tensors).compilation if self._generic_args else self.fn.compilation
+        return _tuple_or_one(self._run(compiled, tensors))
 
     def _forward_impl(self, *tensors: torch.Tensor) -> Any:
         first = [self._slots.index(k) for k in range(len(self._outputs))]  # each distinct value once
@@ -265,7 +289,9 @@ class TorchFunction:
         outputs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*inputs, *(outputs[slot] for slot in self._saved_slots))
 
-    def _backward_rule(self, ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    def _backward_rule(
+        self, ctx: Any, *grads: torch.Tensor | None, eager: bool = False
+    ) -> tuple[torch.Tensor | None, ...]:
         """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns."""
         torch = require_torch()
         saved = ctx.saved_tensors
@@ -277,25 +303,102 @@ class TorchFunction:
             if grad is None:  # an unused result: a zero cotangent, as pullback(None) gives
                 grad = torch.zeros_like(self._empty(value, self._sizes(inputs), inputs[0]))
             cotangents.append(grad)
-        out = self.backward_op(*inputs, *residuals, *cotangents)
+        backward = self._backward_impl if eager else self.backward_op
+        out = backward(*inputs, *residuals, *cotangents)
         floating = iter(out if isinstance(out, tuple) else (out,))
         return tuple(
             next(floating).to(t.dtype) if is_floating else None for t, is_floating in zip(inputs, self._floating)
         )
 
 
+def eager_call(torch: Any, tensors: Sequence[Any], device: str) -> bool:
+    """Whether a call may skip the dispatcher: plain tensors on the backend's ``device``, outside
+    ``torch.compile``, with no torch function or dispatch mode and no functorch transform active.
+    Anything else (meta or fake tensors, tracing, ``vmap``, a mode that watches ops, a tensor on
+    another device, which the op's checks name) goes through the registered custom op."""
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
+        return False
+    if not all(t.is_cpu for t in tensors) if device == "cpu" else not all(t.is_cuda for t in tensors):
+        return False
+    modes = _mode_checks()
+    return modes is not None and not any(active() for active in modes)
+
+
+_MODE_CHECKS: list[Any] = []
+
+
+def _mode_checks() -> tuple[Any, ...] | None:
+    """The functions that tell whether a torch function mode, a functorch transform or a dispatch
+    mode is active (None: this torch lacks one of them, and calls always dispatch).
+
+    They are torch's internal checks, looked up by name so that a torch without them only loses
+    the eager path."""
+    if not _MODE_CHECKS:
+        try:
+            found = [
+                getattr(importlib.import_module(module), name)
+                for module, name in (
+                    ("torch._C", "_is_torch_function_mode_enabled"),
+                    ("torch._C", "_are_functorch_transforms_active"),
+                    ("torch.utils._python_dispatch", "_get_current_dispatch_mode"),
+                )
+            ]
+            function_mode, functorch, dispatch_mode = found
+            _MODE_CHECKS.append((function_mode, functorch, lambda: dispatch_mode() is not None))
+        except (AttributeError, ImportError):
+            _MODE_CHECKS.append(None)
+    return _MODE_CHECKS[0]
+
+
+def _eager_autograd(torch: Any) -> type:
+    """The ``autograd.Function`` of eager calls that want gradients (made once torch is imported)."""
+
+    class EagerAutograd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, op: TorchFunction, *tensors: torch.Tensor) -> Any:
+            outputs = op._forward_impl(*tensors)
+            ctx.op = op
+            op._setup_context(ctx, tensors, outputs)
+            return outputs
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            return (None, *ctx.op._backward_rule(ctx, *grads, eager=True))
+
+    return EagerAutograd
+
+
+class _LazyEagerAutograd:
+    """``apply`` of the eager ``autograd.Function``, defined on first use (torch is optional)."""
+
+    function: type | None = None
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        if cls.function is None:
+            cls.function = _eager_autograd(require_torch())
+        return cls.function.apply(*args)
+
+
+_EagerAutograd = _LazyEagerAutograd
+
+
 def as_numpy(torch: Any, t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's memory as a numpy array, without a copy (bfloat16 through a 16-bit view)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(NUMPY_DTYPES["bf16"])
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BF16)
     return t.numpy()
 
 
 def from_numpy(torch: Any, a: np.ndarray) -> torch.Tensor:
     """A numpy array as a CPU tensor sharing its memory (bfloat16 through a 16-bit view)."""
-    if a.dtype == np.dtype(NUMPY_DTYPES["bf16"]):
+    if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+BF16 = np.dtype(NUMPY_DTYPES["bf16"])
 
 
 def _returns(values: Sequence[Any]) -> str:
@@ -314,6 +417,10 @@ def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[
     """
     owned: list[np.ndarray] = []
     for out in outputs:
+        flags = out.flags
+        if flags.owndata and flags.c_contiguous and flags.writeable and all(out is not o for o in owned):
+            owned.append(out)  # a buffer the call allocated: no input or other output is in it
+            continue
         shared = any(np.may_share_memory(out, other) for other in (*inputs, *owned))
         if shared or not (out.flags.writeable and out.flags.c_contiguous):
             out = np.array(out, order="C", copy=True)

@@ -29,7 +29,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
-from benchmarks import peers, specs  # noqa: E402
+from benchmarks import call_overhead, peers, specs  # noqa: E402
 from benchmarks.float_types import float_type_rows  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
@@ -506,7 +506,13 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     for line in float_type_rows(args.quick, args.repeats):
         print(line)
+    for line in call_overhead.rows(200 if args.quick else 2000):
+        print(line)
     for line in serving_rows(args.quick, args.repeats):
+        print(line)
+    from benchmarks import hf_model  # a Hugging Face model's training step (the hf extra)
+
+    for line in hf_model.rows(args.quick, args.repeats):
         print(line)
     if not args.skip_processes:
         for line in memory_rows(args.quick) + compile_rows():

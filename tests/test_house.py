@@ -41,6 +41,7 @@ LAYERS = {
     "plot": 6,
     "attncomp": 7,
     "cli": 7,
+    "hf": 7,
     "fuzz": 7,
     "__main__": 7,
 }

@@ -154,19 +154,36 @@ class Binder:
         self.types = [(np.dtype(NUMPY_DTYPES[a.type.dtype]), a.type.rank) for a in spec] if simple else None
         #: key of a call's arguments -> the sizes they bound
         self.seen: dict[tuple, dict[str, int]] = {}
+        #: every size name the arguments' shapes mention: a caller's size outside them (a decoder's
+        #: cached length) binds nothing of theirs, so arguments seen before keep their key
+        self.shape_names = {s for a in spec for d in a.type.shape for s in d.symbols()}
 
     def bind(self, args: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[list[Any], dict[str, int]]:
         """``bind_arguments(func, args, constraints, sizes)``, quickly for a key seen before."""
         key = None
         if all(type(x) is np.ndarray for x in args):
-            key = (*((x.dtype, x.shape, x.strides) for x in args), *(sorted(sizes.items()) if sizes else ()))
+            own = sizes and not self.shape_names.isdisjoint(sizes)  # sizes that shapes must agree with
+            key = (*((x.dtype, x.shape, x.strides) for x in args), *(sorted(sizes.items()) if own else ()))
             env = self.seen.get(key)
             if env is not None:
-                return list(args), dict(env)
+                env = {**env, **sizes} if sizes and not own else dict(env)
+                if not sizes or own or self.fits(env):
+                    return list(args), env
         arrays, env = self.bind_new(args, sizes)
         if key is not None and len(self.seen) < REMEMBERED_KEYS:
             self.seen[key] = dict(env)
         return arrays, env
+
+    def fits(self, env: dict[str, int]) -> bool:
+        """Whether ``env`` meets every constraint (a miss goes the checked way, which names it)."""
+        try:
+            for c in self.constraints:
+                lhs, rhs = c.lhs.evaluate(env), c.rhs.evaluate(env)
+                if (c.relation == "le" and lhs > rhs) or (c.relation == "eq" and lhs != rhs):
+                    return False
+        except (KeyError, ZeroDivisionError):
+            return False
+        return True
 
     def bind_new(self, args: Sequence[Any], sizes: dict[str, int] | None) -> tuple[list[Any], dict[str, int]]:
         types = self.types

@@ -33,6 +33,7 @@ def test_repeated_shapes_bind_by_their_key(causal):
 def test_a_new_shape_dtype_or_stride_binds_again(causal):
     binder = causal.compilation.binding()
     causal(*inputs())
+    causal(*inputs())  # a first call binds the checked way; this key is now remembered
     before = len(binder.seen)
     q, k, v = inputs(T=7, S=3)  # new sizes
     np.testing.assert_allclose(causal(q, k, v), ac.interpret(specs.causal, q, k, v), rtol=1e-4, atol=1e-5)
@@ -56,3 +57,17 @@ def test_bad_input_after_a_good_call_gets_the_same_error(causal):
     with pytest.raises(TypeError, match=r"takes 3 arguments"):
         causal(q, k)
     np.testing.assert_array_equal(causal(q, k, v), causal(q, k, v))  # and the good key still runs
+
+
+def test_decoder_steps_bind_once_per_shape(causal):
+    """Each step has a new cached length; the arrays' key stays the same, so steps after the first
+    bind by the key (the length checked against the constraints), and give the full call's rows."""
+    q, k, v = inputs(T=12, S=12, seed=4)
+    dec = causal.decoder(max_len=12)
+    steps = [dec(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1]) for t in range(12)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=2), causal(q, k, v), rtol=1e-5, atol=1e-6)
+    assert len(dec.fn.binding().seen) <= 2  # not one key per cached length
+    with pytest.raises(ValueError, match="exceeds max_len = 12"):
+        dec(q[:, :, :1], k[:, :, :1], v[:, :, :1])
+    with pytest.raises(TypeError, match="q: expected f32"):
+        dec(q[:, :, :1].astype(np.float64), k[:, :, :1], v[:, :, :1])

@@ -23,7 +23,7 @@ from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
-from attncomp.backends.numba_cpu.kernel import FEW_ROWS, write_kernel
+from attncomp.backends.numba_cpu.kernel import FEW_ROWS, SERIAL_WORK, write_kernel
 from attncomp.backends.numba_cpu.signatures import Jit
 from attncomp.backends.numba_cpu.tile_math import FASTMATH
 from attncomp.backends.tiles import read_tiled_attention
@@ -58,6 +58,7 @@ FASTMATH = {fastmath!r}
 # without a transposed tile (OpenBLAS's small q @ kᵀ is slow), and the softmax runs down
 # the rows, vectorised over the queries.  A few query rows (decoding) use row-major scores.
 FEW_ROWS = {few_rows}
+SERIAL_WORK = {serial_work}
 """
 
 
@@ -97,7 +98,11 @@ def captured_values(op: Op) -> list[Value]:
 
 def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
     fastmath = FASTMATH if fastmath is None else fastmath
-    chunks = [HEADER.format(name=func.name, fastmath=sorted(fastmath), shared=SHARED_CODE, few_rows=FEW_ROWS)]
+    chunks = [
+        HEADER.format(
+            name=func.name, fastmath=sorted(fastmath), shared=SHARED_CODE, few_rows=FEW_ROWS, serial_work=SERIAL_WORK
+        )
+    ]
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
     dims = size_names(func)
     jit = Jit()

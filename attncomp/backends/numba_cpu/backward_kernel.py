@@ -185,9 +185,18 @@ class BackwardKernelWriter(KernelSource):
         w.line(str(jit.typed(driver_signature, parallel=True)))
         w.line(f"def {self.name}(slot_at, {params}):")
         with w.indent():
-            w.line("for slot in prange(n_slots):")
+            # a small call runs its slots in order on the calling thread (the same sums: each slot
+            # adds its units in the same order), without starting the parallel workers
+            w.line(f"if n_slots == 1 or out_dq.size * out_dk.shape[{nb}] * 3 < SERIAL_WORK:")
             with w.indent():
-                w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+                w.line("for slot in range(n_slots):")
+                with w.indent():
+                    w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+            w.line("else:")
+            with w.indent():
+                w.line("for slot in prange(n_slots):")
+                with w.indent():
+                    w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
         sig.declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
         return w.text()
 

@@ -111,6 +111,15 @@ GRAPH_OPS = {
 }
 
 
+#: 0-d ops the driver computes once per sizes when sizes and constants are all they read
+SIZED_OPS = {"ac.dim", "ac.constant", "ac.cast", "ac.cmp", "ac.where", *NUMPY_UNARY, *NUMPY_BINARY}
+#: the size tuples whose values a driver keeps
+SIZED_KEPT = 64
+#: ops whose numpy arithmetic may warn (the driver silences that: the IR's results are inf or nan)
+NUMPY_OPS = {*NUMPY_UNARY, *NUMPY_BINARY, "ac.cmp", "ac.where", "ac.rsqrt", "ac.matmul", "ac.reduce"}
+NUMPY_OPS |= {"ac.softmax", "ac.logsumexp", "ac.block_reduce", "ac.scatter_add", "ac.gather", "ac.constant"}
+
+
 class DriverWriter:
     def __init__(self, func: Func, kernels: dict[Op, tuple[str, dict[Value, str]]]):
         self.func = func
@@ -174,7 +183,7 @@ class DriverWriter:
         self.w.line("with rt.blas_one_thread:")
         with self.w.indent():
             tasks = [f"*{kernel.upper()}_TASKS"]  # the task functions, called through pointers
-            self.w.line(f"{kernel}({', '.join(tasks + outs + args + dims + ['get_num_threads()'])})")
+            self.w.line(f"{kernel}({', '.join(tasks + outs + args + dims + ['rt.num_threads()'])})")
         for result in op.results:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 
@@ -201,7 +210,7 @@ class DriverWriter:
         dk = op.results[1]
         units = " * ".join(dim_expr(d) for d in dk.type.shape[:-2]) or "1"
         slots = f"slots_{self.counter}"
-        self.w.line(f"{slots} = max(1, min({units}, get_num_threads()))")
+        self.w.line(f"{slots} = max(1, min({units}, rt.num_threads()))")
         parts = []
         for result in op.results[3:]:
             parts.append(self.fresh(result))
@@ -219,15 +228,62 @@ class DriverWriter:
     def dim_names(self) -> list[str]:
         return size_names(self.func)
 
+    def sized_ops(self) -> tuple[list[Op], list[str]]:
+        """The leading 0-d ops computed from sizes and constants alone (a scale ``D ** -0.5``), and
+        the sizes they read: the same for every call with those sizes, so computed once per sizes."""
+        found: list[Op] = []
+        known: set[Value] = set()
+        symbols: set[str] = set()
+        for op in self.func.body.ops:
+            scalar = len(op.results) == 1 and op.results[0].type.rank == 0 and not op.regions
+            if not (scalar and op.name in SIZED_OPS and all(v in known for v in op.operands)):
+                continue
+            found.append(op)
+            known.add(op.results[0])
+            if op.name == "ac.dim":
+                symbols |= dim(op.attrs["value"]).symbols()
+        return found, sorted(symbols)
+
     def write(self) -> str:
         w = self.w
         params = [self.fresh(a) for a in self.func.args]
+        sized, symbols = self.sized_ops()
+        if sized:
+            # numpy's own arithmetic on 0-d values (its rounding, overflow to inf), memoised by the sizes
+            w.line(f"def sized_values({', '.join(dim_var(d) for d in symbols)}):")
+            with w.indent():
+                w.line("with np.errstate(all='ignore'):")
+                with w.indent():
+                    for op in sized:
+                        self.op(op)
+                    w.line(f"return ({''.join(self.ref(op.results[0]) + ', ' for op in sized)})")
+            w.line()
+            w.line()
+            w.line("SIZED_VALUES = {}")
+            w.line()
+            w.line()
         w.line(f"def run({', '.join(params + ['env'])}):")
         with w.indent():
             for d in self.dim_names():
                 w.line(f"{dim_var(d)} = env[{d!r}]")
-            w.line("with np.errstate(all='ignore'):")
-            with w.indent():
-                for op in self.func.body.ops:
+            rest = [op for op in self.func.body.ops if op not in sized]
+            if sized:
+                key = "(" + "".join(f"{dim_var(d)}, " for d in symbols) + ")"
+                w.line(f"sized = SIZED_VALUES.get({key})")
+                w.line("if sized is None:")
+                with w.indent():
+                    w.line(f"if len(SIZED_VALUES) > {SIZED_KEPT}:")
+                    with w.indent():
+                        w.line("SIZED_VALUES.clear()")
+                    w.line(f"sized = SIZED_VALUES[{key}] = sized_values({', '.join(dim_var(d) for d in symbols)})")
+                w.line(f"{''.join(self.ref(op.results[0]) + ', ' for op in sized)}= sized")
+            narrowing = any(r.type.dtype in ("f16", "bf16") for op in rest for r in op.results)
+            if narrowing or any(op.name in NUMPY_OPS for op in rest):
+                w.line("with np.errstate(all='ignore'):")
+                with w.indent():
+                    for op in rest:
+                        self.op(op)
+            else:  # only kernels and copies: nothing numpy could warn about
+                for op in rest:
                     self.op(op)
         return w.text()

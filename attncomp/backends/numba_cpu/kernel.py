@@ -48,6 +48,9 @@ from attncomp.ir.types import accumulation_dtype
 #: query rows up to which a task computes a tile row-major with loops (decoding a few tokens)
 #: rather than by BLAS on the transposed tile; the generated module's ``FEW_ROWS``
 FEW_ROWS = 4
+#: multiply-adds (rows x keys x (D + E), summed over units) under which a call runs on the calling
+#: thread: starting the parallel workers costs more than a few microseconds of work
+SERIAL_WORK = 1 << 15
 
 
 class KernelWriter(KernelSource):
@@ -98,18 +101,19 @@ class KernelWriter(KernelSource):
             self.scalar().op(op)
 
     def load_query(self) -> None:
-        """Copy the query tile of head ``g``, by rows and transposed (rows past the end are zero)."""
+        """Copy the query tile of head ``g``, by rows and transposed: its ``nq`` rows, all that the
+        products and the softmax read (a decoding step copies one row, not a block)."""
         w = self.w
         load = self.t.q_load
         src = self.array_ref(load.operands[0])
         batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
         prefix = "".join(f"{b}, " for b in batch)
-        w.line("for rr in range(BQ):")
+        w.line("for rr in range(nq):")
         with w.indent():
             w.line("for dd in range(n_d):")
             with w.indent():
                 x = self.element(load, f"{src}[{prefix}i0 + rr, dd]")
-                w.line(f"x = ACC({x}) if rr < nq else ACC(0.0)")
+                w.line(f"x = ACC({x})")
                 w.line("qt[g, rr, dd] = x")
                 w.line("qt_t[g, dd, rr] = x")
 
@@ -313,6 +317,9 @@ class KernelWriter(KernelSource):
             # Too few units to fill the cores (decoding one token for few heads): split each
             # unit's keys into chunks done in parallel, merged by their log-sum-exp (flash-decoding).
             w.line("n_split = 1")
+            w.line("if n_units * min(n_rows, BQ) * n_keys * (n_d + n_e) < SERIAL_WORK:")
+            with w.indent():
+                w.line("n_threads = 1  # a small call: no parallel launch")
             w.line("if 0 < n_units < n_threads:")
             with w.indent():
                 w.line("n_split = min(MAX_SPLIT, (2 * n_threads + n_units - 1) // n_units)")
@@ -323,9 +330,14 @@ class KernelWriter(KernelSource):
             # one worker per thread, each taking every n_workers-th task (balanced for causal masks);
             # np.int64: prange's index is unsigned in Numba's lowering, the task takes an int64
             w.line("n_workers = min(n_units * n_split, n_threads)")
-            w.line("for worker in prange(n_workers):")
+            w.line("if n_workers == 1:")
             with w.indent():
-                w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 0, {shared})")
+                w.line(f"CALL_{signature}(task_at, np.int64(0), np.int64(1), 0, {shared})")
+            w.line("else:")
+            with w.indent():
+                w.line("for worker in prange(n_workers):")
+                with w.indent():
+                    w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 0, {shared})")
             # fewer units than threads: their merges are a few rows each, done here (a second
             # parallel loop would cost a quarter of the driver's compile time)
             w.line("if n_split > 1:")
@@ -362,9 +374,9 @@ class KernelWriter(KernelSource):
             if self.staged(t.masked.k_load):  # no key block staged yet for this unit
                 w.line("k_staged_at = np.int64(-1)")
                 w.line("v_staged_at = np.int64(-1)")
-            w.line("m[:] = -np.inf")
-            w.line("l[:] = ACC(0.0)")
-            w.line("acc[:] = ACC(0.0)")
+            w.line("m[:, :nq] = -np.inf")
+            w.line("l[:, :nq] = ACC(0.0)")
+            w.line("acc[:, :nq] = ACC(0.0)")
             w.line("first = np.int64(1) << 62")
             w.line("end = np.int64(0)")
             w.line("for g in range(G):")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba.core.typing.templates import Signature
 
@@ -125,14 +127,29 @@ class _ScipyBlasThreads:
     def __enter__(self) -> None:
         if self.lib is not None:
             self.saved = self.lib.scipy_openblas_get_num_threads()
-            self.lib.scipy_openblas_set_num_threads(1)
+            if self.saved != 1:
+                self.lib.scipy_openblas_set_num_threads(1)
 
     def __exit__(self, *exc) -> None:
-        if self.lib is not None:
+        if self.lib is not None and self.saved != 1:
             self.lib.scipy_openblas_set_num_threads(self.saved)
 
 
 blas_one_thread = _ScipyBlasThreads()
+
+
+def _thread_count() -> Callable[[], int]:
+    """``numba.get_num_threads`` as the drivers call it on every kernel call: once Numba's thread
+    pool is started, its C function reads the calling thread's count in a fifth of the time."""
+    from numba import get_num_threads
+    from numba.np.ufunc import parallel
+
+    get_num_threads()  # starts the pool
+    fast = getattr(parallel, "_get_num_threads", None)
+    return fast if callable(fast) else get_num_threads
+
+
+num_threads = _thread_count()
 
 
 def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:

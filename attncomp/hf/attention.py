@@ -1,0 +1,164 @@
+"""The attention function registered with ``AttentionInterface``: a model's attention as a spec.
+
+transformers calls it as it calls ``sdpa_attention_forward``:
+``attention(module, query, key, value, attention_mask, dropout=, scaling=, sliding_window=,
+softcap=, s_aux=, ...)`` with ``query`` ``[B, H, T, D]`` and ``key``/``value`` ``[B, KV, S, D]``
+(after the cache update), and takes back ``([B, T, H, E] output, None)``. ``attention_mask``
+is what :func:`attncomp.hf.masks.attncomp_mask` returned (:class:`MaskFacts`), or None.
+
+The spec's arguments are filled by name (docs/api.md section 10): its first three are query,
+key and value; ``shift``, ``q_doc``, ``k_doc`` come from the mask's facts; ``sinks`` is the
+layer's ``s_aux``; any other name is ``inputs[name](module)`` or the attention module's
+attribute of that name. Its keyword constants ``scale``, ``window``, ``softcap`` and
+``causal``, where it declares them, are the layer's. Each (spec, backend, constants) is
+compiled once, on first use, and its torch op is shared by every layer that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import attncomp as ac
+from attncomp.hf.masks import MaskFacts
+from attncomp.hf.specs import DEFAULT_SPECS
+
+#: the arguments filled from the mask and the layer, by name
+FACTS = ("shift", "q_doc", "k_doc", "sinks")
+#: the constants filled from the layer, by name
+LAYER_CONSTANTS = ("scale", "window", "softcap", "causal")
+
+#: "spec key/backend/constants" -> its torch op (see :func:`op_key`)
+OPS: dict[str, Any] = {}
+#: spec key (its name and id) -> the spec, for :func:`op_key` (which takes only constants)
+SPECS: dict[str, ac.Spec] = {}
+
+
+def spec_key(spec: ac.Spec) -> str:
+    """A name for ``spec`` that no other spec object has (specs made by a function share names)."""
+    key = f"{spec.name}#{id(spec)}"
+    SPECS[key] = spec  # held, so the id is never reused
+    return key
+
+
+def op_key(spec: str, backend: str, constants: tuple[tuple[str, Any], ...]) -> str:
+    """Compile the spec of key ``spec`` with ``constants`` once; give the key of its torch op in ``OPS``.
+
+    Under ``torch.compile`` it runs at trace time, not in the graph
+    (``assume_constant_result``), so compiling a spec never breaks the graph.
+    """
+    key = f"{spec}/{backend}/{constants}"
+    if key not in OPS:
+        OPS[key] = ac.compile(SPECS[spec], backend=backend, **dict(constants)).to_torch()
+    return key
+
+
+#: ``op_key`` as torch.compile sees it: a constant of the trace
+constant_op_key = torch.compiler.assume_constant_result(op_key)
+
+
+class AttncompAttention:
+    """One registered attention: a spec (or the default specs) on a backend.
+
+    ``spec=None`` picks the default spec for each call: with segments when the batch is padded
+    or packed, with sinks when the layer has them (:mod:`attncomp.hf.specs`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: ac.Spec | None = None,
+        backend: str = "cpu",
+        inputs: dict[str, Callable[[Any], Any]] | None = None,
+    ):
+        self.name = name
+        self.spec = spec
+        self.backend = backend
+        self.inputs = dict(inputs or {})
+        self._keys = {s.name: spec_key(s) for s in (DEFAULT_SPECS.values() if spec is None else [spec])}
+        if spec is not None and len(spec.arg_names) < 3:
+            raise TypeError(f"attncomp.hf: @{spec.name} must take query, key and value as its first three arguments")
+
+    def __call__(
+        self,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        s_aux: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if dropout:
+            raise NotImplementedError(
+                f"attncomp.hf: attention dropout ({dropout}) is not supported; set the config's attention dropout to 0"
+            )
+        if kwargs.get("position_bias") is not None:
+            raise NotImplementedError("attncomp.hf: a model's position_bias tensor is not supported; register a spec")
+        facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
+        spec = self.spec if self.spec is not None else DEFAULT_SPECS[(facts.q_doc is not None, s_aux is not None)]
+        self._check(spec, facts, layer, s_aux, query, key)
+        constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants)
+        op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
+        values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux}
+        if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
+            values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])
+            values["k_doc"] = facts.shift.new_zeros(key.shape[0], key.shape[2])
+        args = [query, key, value] + [self._argument(n, values, module) for n in spec.arg_names[3:]]
+        out = op(*args)
+        return out.transpose(1, 2).contiguous(), None
+
+    def _facts(
+        self, module: Any, query: Any, key: Any, mask: Any, sliding_window: int | None, is_causal: bool | None
+    ) -> MaskFacts:
+        """The mask's facts; with no mask (none was built), the layer's own: causal aligned bottom-right."""
+        if isinstance(mask, MaskFacts):
+            return mask
+        if mask is not None:
+            raise NotImplementedError(
+                f"attncomp.hf: the attention got a {type(mask).__name__} mask of shape {tuple(mask.shape)}, made "
+                "outside attncomp's mask function (a 4D mask passed to the model?); pass the 2D attention_mask"
+            )
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        shift = torch.full((query.shape[0],), key.shape[2] - query.shape[2], dtype=torch.int32, device=query.device)
+        return MaskFacts(shift, None, None, sliding_window, bool(causal))
+
+    def _check(self, spec: ac.Spec, facts: MaskFacts, layer: dict, s_aux: Any, query: Any, key: Any) -> None:
+        """Refuse what the spec cannot compute rather than compute another attention."""
+        names, missing = set(spec.arg_names), []
+        if facts.q_doc is not None and not {"q_doc", "k_doc"} <= names:
+            missing.append("q_doc and k_doc (the batch is padded or packed)")
+        if s_aux is not None and "sinks" not in names:
+            missing.append("sinks (the layer has attention sinks)")
+        if layer["window"] and "window" not in spec.constants:
+            missing.append(f"the constant window (the layer's sliding window is {layer['window']})")
+        if layer["softcap"] and "softcap" not in spec.constants:
+            missing.append(f"the constant softcap (the layer soft-caps its scores at {layer['softcap']})")
+        if "shift" not in names and query.shape[2] != key.shape[2]:
+            missing.append("shift (the keys include earlier tokens from a cache)")
+        if missing:
+            raise TypeError(f"attncomp.hf: @{spec.name} takes no {'; no '.join(missing)}")
+
+    def _argument(self, name: str, values: dict[str, Any], module: Any) -> Any:
+        if name in FACTS and values[name] is not None:
+            return values[name]
+        if name in self.inputs:
+            return self.inputs[name](module)
+        if hasattr(module, name):
+            return getattr(module, name)
+        raise TypeError(
+            f"attncomp.hf: @{self.spec.name if self.spec else name} takes {name!r}, which is not a fact of the mask "
+            f"({', '.join(FACTS)}), an entry of inputs=, or an attribute of {type(module).__name__}"
+        )
+
+    def __repr__(self) -> str:
+        spec = self.spec.name if self.spec else "the default specs"
+        return f"<attncomp.hf attention {self.name!r}: {spec}, {self.backend}>"

@@ -1,0 +1,131 @@
+"""The mask function registered with ``AttentionMaskInterface``: compact facts, never a mask.
+
+transformers builds a model's masks once per forward (``create_causal_mask``,
+``create_sliding_window_causal_mask``, ``create_bidirectional_mask``) and calls the mask
+function registered under the model's ``attn_implementation`` with the sizes, the offsets a
+cache gives, the 2D ``attention_mask`` and a ``mask_function(b, h, q, kv)`` that describes the
+pattern. ``sdpa`` expands that into a ``[B, 1, T, S]`` boolean tensor; :func:`attncomp_mask`
+returns :class:`MaskFacts` instead, whose tensors hold O(B * (T + S)) integers, and the
+attention turns them into the default spec's captured tensors.
+
+How each pattern is read, without ever evaluating the mask on T x S pairs:
+
+- causal or not: ``mask_function`` is ``causal_mask_function`` or a composition of it, or
+  ``bidirectional_mask_function`` (``config.is_causal = False`` models, encoders).
+- the sliding window: the ``local_size`` the sliding-window mask passes, which is
+  ``config.sliding_window``; a chunked mask (``local_size`` that is not the sliding window) is
+  refused.
+- a cache: ``q_offset`` and ``kv_offset`` give ``shift = q_offset - kv_offset``.
+- padding: the 2D ``attention_mask`` (left or right), sliced to the keys the layer holds;
+  padded keys get segment id -1.
+- packed sequences: transformers finds them only with no ``attention_mask`` and no cache, where
+  queries and keys are the same tokens. Then the mask function is evaluated once per token on
+  the diagonal below the main one (may token ``t`` see token ``t - 1``?): a ``False`` starts a
+  new sequence. That is O(B * T) evaluations of an index-based function, which also works
+  under ``torch.compile``.
+- anything else (``or_mask_function`` / ``and_mask_function`` overlays such as image-token
+  blocks, block-sequence ids, chunked attention, 4D masks made by the caller) raises
+  ``NotImplementedError`` naming it, rather than computing a different attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from transformers import masking_utils
+
+
+class MaskFacts(NamedTuple):
+    """What one mask of a forward pass says, in O(B * (T + S)) integers.
+
+    ``shift[b]``: query ``i`` sits at key position ``i + shift[b]`` (int32, ``[B]``).
+    ``q_doc`` (``[B, T]``) and ``k_doc`` (``[B, S]``): segment ids, or None where every query
+    sees every key its causality and window allow (no padding, one sequence per row).
+    ``window``: the sliding window (None: full attention). ``causal``: False for
+    bidirectional masks.
+    """
+
+    shift: torch.Tensor
+    q_doc: torch.Tensor | None
+    k_doc: torch.Tensor | None
+    window: int | None
+    causal: bool
+
+
+def attncomp_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    local_size: int | None = None,
+    use_vmap: bool = False,
+    device: Any = "cpu",
+    config: Any = None,
+    block_sequence_ids: Any = None,
+    **kwargs: Any,
+) -> MaskFacts:
+    """The mask function for ``AttentionMaskInterface``: the facts of the mask, not the mask."""
+    if use_vmap:
+        raise NotImplementedError(
+            "attncomp.hf: this model overlays a custom mask function on its causal mask (or_mask_function / "
+            "and_mask_function, e.g. bidirectional image-token blocks); the default spec does not express it. "
+            "Register a spec that does (attncomp.hf.register(name, spec=...)) or use attn_implementation='sdpa'."
+        )
+    causal = mask_function is not masking_utils.bidirectional_mask_function
+    window = None
+    if local_size is not None:
+        if config is not None and local_size != getattr(config, "sliding_window", None):
+            raise NotImplementedError(
+                f"attncomp.hf: a mask with local_size={local_size} that is not the config's sliding_window "
+                "(chunked attention) is not supported by the default spec"
+            )
+        window = int(local_size)
+    shift = _shift(q_offset, kv_offset, batch_size, device)
+    q_doc = k_doc = None
+    if attention_mask is not None:
+        keys = attention_mask[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
+        if keys.shape[-1] < kv_length:  # a mask shorter than the keys (a static cache): the rest is not visible
+            keys = torch.nn.functional.pad(keys, (0, kv_length - keys.shape[-1]))
+        k_doc = torch.where(keys, 0, -1).to(torch.int32)
+        q_doc = torch.zeros(batch_size, q_length, dtype=torch.int32, device=device)
+    elif _may_be_packed(mask_function, q_length, kv_length, q_offset, kv_offset):
+        q_doc = _documents(mask_function, batch_size, q_length, device)
+        if q_doc is not None:
+            k_doc = q_doc
+    return MaskFacts(shift, q_doc, k_doc, window, causal)
+
+
+def _shift(q_offset: Any, kv_offset: int, batch_size: int, device: Any) -> torch.Tensor:
+    """``q_offset - kv_offset`` for every batch row (``q_offset`` is a tensor under a static cache)."""
+    if isinstance(q_offset, torch.Tensor):
+        return (q_offset.reshape(-1)[:1] - kv_offset).to(device=device, dtype=torch.int32).expand(batch_size)
+    return torch.full((batch_size,), int(q_offset) - int(kv_offset), dtype=torch.int32, device=device)
+
+
+def _may_be_packed(mask_function: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: int) -> bool:
+    """Whether transformers may have wrapped ``mask_function`` for packed sequences: it does so only
+    for self-attention with no cache and no 2D mask; a plain causal or bidirectional mask it
+    passes as the function itself."""
+    plain = (masking_utils.causal_mask_function, masking_utils.bidirectional_mask_function)
+    if mask_function is None or any(mask_function is f for f in plain):
+        return False
+    return q_length == kv_length and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
+
+
+def _documents(mask_function: Any, batch_size: int, length: int, device: Any) -> torch.Tensor | None:
+    """Sequence ids from the mask itself: token ``t`` starts a sequence when it cannot see ``t - 1``.
+
+    None when every row holds one sequence (outside ``torch.compile``, which cannot branch on it).
+    """
+    rows = torch.arange(batch_size, device=device)[:, None]
+    t = torch.arange(1, length, device=device)[None, :]
+    sees_previous = torch.as_tensor(mask_function(rows, 0, t, t - 1), device=device).expand(batch_size, length - 1)
+    starts = torch.cat([torch.zeros(batch_size, 1, dtype=torch.int32, device=device), (~sees_previous).int()], -1)
+    documents = starts.cumsum(-1, dtype=torch.int32)
+    if not torch.compiler.is_compiling() and not bool(documents[:, -1].any()):
+        return None
+    return documents

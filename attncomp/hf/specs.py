@@ -1,0 +1,153 @@
+"""The default specs: what a Hugging Face model's ``sdpa`` or ``eager`` attention computes.
+
+Every spec takes query, key and value as the model hands them (``[B, H, T, D]`` queries,
+``[B, KV, S, D]`` keys and values: grouped-query and multi-query attention read the shared
+heads through ``ac.repeat_kv``, never copied), and the mask's facts as small captured tensors
+(see :mod:`attncomp.hf.masks`):
+
+- ``shift[b]``: query ``i`` sits at key position ``i + shift[b]``. Causal attention shows key
+  ``j`` when ``j <= i + shift[b]``: with a cache of ``P`` earlier tokens ``shift = P``, the
+  bottom-right aligned causal mask.
+- ``q_doc[b, i]``, ``k_doc[b, j]``: segment ids. A query sees a key of its own segment only:
+  padded keys have ``k_doc = -1``, and packed sequences one id per sequence.
+
+The compile-time constants are the layer's: ``scale`` (the model's ``scaling``), ``window``
+(its sliding window, 0 for none: a query sees ``window`` keys, itself included, as HF's
+``sliding_window_overlay``), ``softcap`` (Gemma 2's ``cap * tanh(s / cap)``, 0.0 for none) and
+``causal`` (False for bidirectional layers).
+
+The ``*_sinks`` specs add gpt-oss's attention sinks: one learned logit per head that joins
+each row's softmax denominator and gives no value,
+``out * exp(lse) / (exp(lse) + exp(sinks[h]))``, written from the row's log-sum-exp so that
+the sinks get their gradient too.
+"""
+
+# Dimension names such as ac.f32["B", "T"] are sizes, not forward references.
+# ruff: noqa: F821
+
+from typing import Any
+
+import attncomp as ac
+
+
+def masked_scores(q: Any, k: Any, shift: Any, q_doc: Any, k_doc: Any, constants: dict[str, Any]) -> Any:
+    """The scores of the layer: scaled, soft-capped, and ``-inf`` where the mask hides a key."""
+    n_rep = q.shape[1] // k.shape[1]
+    scores = (q @ ac.repeat_kv(k, n_rep).mT) * constants["scale"]
+    cap = constants["softcap"]
+    if cap:
+        scores = cap * ac.tanh(scores / cap)
+    b, h, i, j = ac.index(scores)
+    position = i + shift[b]  # the query's position among the keys
+    visible = None
+    if constants["causal"]:
+        visible = j <= position
+    if constants["window"]:
+        near = position - j < constants["window"]
+        visible = near if visible is None else visible & near
+    if q_doc is not None:
+        same = q_doc[b, i] == k_doc[b, j]
+        visible = same if visible is None else visible & same
+    return scores if visible is None else ac.where(visible, scores, -ac.inf)
+
+
+def attend(q: Any, k: Any, v: Any, scores: Any) -> Any:
+    """``softmax(scores) @ v`` with ``v`` shared by each group of query heads."""
+    return ac.softmax(scores, axis=-1) @ ac.repeat_kv(v, q.shape[1] // k.shape[1])
+
+
+def with_sinks(out: Any, scores: Any, sinks: Any) -> Any:
+    """``out`` renormalised as if each row's softmax had one more logit, ``sinks[h]``."""
+    lse = ac.logsumexp(scores, axis=-1)
+    b, h, i = ac.index(lse)
+    # exp(lse) / (exp(lse) + exp(sink)), shifted by the larger so that a row with no visible key
+    # (lse = -inf) gives 0 and a zero gradient, never inf / inf
+    top = ac.maximum(lse, sinks[h])
+    own = ac.exp(lse - top)
+    kept = own / (own + ac.exp(sinks[h] - top))
+    return out * kept[..., None]
+
+
+@ac.spec
+def hf_attention(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """Causal (or bidirectional) attention with no padding and one sequence per row."""
+    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
+    return attend(q, k, v, masked_scores(q, k, shift, None, None, constants))
+
+
+@ac.spec
+def hf_attention_segments(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention`` where a query sees only keys of its own segment: padding, packed sequences."""
+    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
+    return attend(q, k, v, masked_scores(q, k, shift, q_doc, k_doc, constants))
+
+
+@ac.spec
+def hf_attention_sinks(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    sinks: ac.floating["H"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention`` with a learned sink logit per head (gpt-oss's ``s_aux``)."""
+    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
+    scores = masked_scores(q, k, shift, None, None, constants)
+    return with_sinks(attend(q, k, v, scores), scores, sinks)
+
+
+@ac.spec
+def hf_attention_segments_sinks(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
+    sinks: ac.floating["H"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention_segments`` with a learned sink logit per head (gpt-oss's ``s_aux``)."""
+    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
+    scores = masked_scores(q, k, shift, q_doc, k_doc, constants)
+    return with_sinks(attend(q, k, v, scores), scores, sinks)
+
+
+#: (segments, sinks) -> the default spec for them
+DEFAULT_SPECS = {
+    (False, False): hf_attention,
+    (True, False): hf_attention_segments,
+    (False, True): hf_attention_sinks,
+    (True, True): hf_attention_segments_sinks,
+}

@@ -1,0 +1,116 @@
+"""A Hugging Face Llama training step with attncomp's attention against the same model on ``sdpa``.
+
+    python -m benchmarks.hf_model            # T = 4096; --quick: T = 1024, fewer repeats
+
+The model: 4 layers of width 512, 8 query heads over 2 key/value heads (head size 64), MLP
+width 1408, a vocabulary of 4096, random weights from the config (nothing downloaded),
+float32, batch 1. A step is the forward with the language-model loss and its backward.
+The two models have the same weights and are called alternately; the ratio is the median
+of the per-pair ratios (``benchmarks/timing.py``). The attention's share of a step is the
+time of the attention alone (forward and backward of one layer's attention on the step's
+shapes, times the layers) over the step's time, for each implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import time
+
+LAYERS, WIDTH, HEADS, KV_HEADS, MLP, VOCAB = 4, 512, 8, 2, 1408, 4096
+
+
+def build(torch, transformers, implementation: str, seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=MLP,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=16384,
+    )
+    return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=implementation)
+
+
+def step(model, ids) -> float:
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.item()
+
+
+def attention_alone(torch, attention, T: int):
+    """One layer's attention, forward and backward, on the step's shapes (a closure to time)."""
+    generator = torch.Generator().manual_seed(1)
+    head = WIDTH // HEADS
+    q = torch.randn(1, HEADS, T, head, generator=generator, requires_grad=True)
+    k = torch.randn(1, KV_HEADS, T, head, generator=generator, requires_grad=True)
+    v = torch.randn(1, KV_HEADS, T, head, generator=generator, requires_grad=True)
+
+    def run() -> None:
+        out = attention(q, k, v)
+        out.backward(torch.ones_like(out))
+
+    return run
+
+
+def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
+    """The table's two lines (one saying why, without torch or transformers)."""
+    try:
+        import torch
+        import transformers
+    except ImportError as error:
+        return [f"HF Llama step: skipped ({error.name} is not installed; the torch and hf extras)"]
+
+    import attncomp.hf
+    from attncomp.hf.specs import hf_attention
+    from benchmarks.timing import paired
+
+    T = 1024 if quick else 4096
+    repeats = repeats or (3 if quick else 7)
+    attncomp.hf.register()
+    ours, theirs = build(torch, transformers, "attncomp"), build(torch, transformers, "sdpa")
+    theirs.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    losses = step(ours, ids), step(theirs, ids)
+    if abs(losses[0] - losses[1]) > 1e-4 * abs(losses[1]):
+        raise AssertionError(f"the two models' losses differ: {losses}")
+    mine, peer, ratio = paired(lambda: step(ours, ids), lambda: step(theirs, ids), repeats)
+
+    import attncomp as ac
+
+    op = ac.compile(hf_attention, backend="cpu", scale=(WIDTH // HEADS) ** -0.5).to_torch()
+    shift = torch.zeros(1, dtype=torch.int32)
+    our_attention = attention_alone(torch, lambda q, k, v: op(q, k, v, shift), T)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    their_attention = attention_alone(torch, lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True), T)
+    attn_mine, attn_peer, _ = paired(our_attention, their_attention, repeats)
+    return [
+        f"HF Llama step (forward + backward, {LAYERS} layers, width {WIDTH}, GQA {HEADS}/{KV_HEADS}, T={T}, "
+        f"batch 1, float32): attncomp {mine * 1e3:.0f} ms, sdpa {peer * 1e3:.0f} ms, ratio {ratio:.2f} "
+        f"(median of {repeats} pairs)",
+        f"  the attention's share of the step: attncomp {LAYERS * attn_mine / mine:.0%} "
+        f"({LAYERS} x {attn_mine * 1e3:.0f} ms), sdpa {LAYERS * attn_peer / peer:.0%} "
+        f"({LAYERS} x {attn_peer * 1e3:.0f} ms)",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T = 1024 and 3 pairs")
+    parser.add_argument("--repeats", type=int, default=None, help="pairs timed")
+    args = parser.parse_args()
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
+    start = time.perf_counter()
+    for line in rows(args.quick, args.repeats):
+        print(line)
+    print(f"({time.perf_counter() - start:.0f} s in all, the first step compiling)")
+
+
+if __name__ == "__main__":
+    main()

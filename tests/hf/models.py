@@ -1,0 +1,116 @@
+"""Tiny random Hugging Face models, each beside a copy with the same weights on ``sdpa`` or ``eager``.
+
+Every model here has head size 16 (so ``scaling`` is 0.25 in all of them, and models share
+compiled kernels), 4 query heads over 2 key/value heads where the model groups them, 2 layers,
+width 64 and a vocabulary of 100; sliding windows are 4 tokens, so sequences of 12 cross them.
+Nothing is downloaded: models come from configs with random weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attncomp.hf  # noqa: E402
+
+VOCAB, T, WINDOW = 100, 12, 4
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def llama_config():
+    return transformers.LlamaConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def mistral_config():
+    return transformers.MistralConfig(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW)
+
+
+def gemma2_config():
+    # layer 0 slides, layer 1 sees everything; query_pre_attn_scalar = head size gives scaling 0.25
+    return transformers.Gemma2Config(
+        **SMALL, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW
+    )
+
+
+def gpt2_config():
+    # learned absolute positions, no rotary embeddings; no dropout, as attncomp's attention has none
+    return transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        attn_pdrop=0.0,
+        embd_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
+
+
+def gpt_oss_config():
+    return transformers.GptOssConfig(
+        **SMALL, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=1
+    )
+
+
+def model_pair(make_config: Callable, reference: str = "sdpa", seed: int = 0, **overrides):
+    """(the model on attncomp, the same weights on ``reference``), in eval mode, float32."""
+    attncomp.hf.register()  # attn_implementation="attncomp": the default specs on the cpu backend
+    torch.manual_seed(seed)
+    config = make_config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="attncomp")
+    theirs = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=reference)
+    theirs.load_state_dict(ours.state_dict())
+    assert ours.config._attn_implementation == "attncomp", ours.config._attn_implementation
+    assert theirs.config._attn_implementation == reference
+    return ours.eval(), theirs.eval()
+
+
+def padded_batch(side: str, seed: int = 0, lengths=(T, 7, 3)):
+    """Token ids and a 2D attention mask: rows of ``lengths`` real tokens padded on ``side``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (len(lengths), T), generator=generator)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, T - n :] = 1
+        else:
+            mask[row, :n] = 1
+    return ids, mask
+
+
+def logits_and_grads(model, ids, mask):
+    """The logits and the loss's gradient of every parameter.
+
+    The loss counts real tokens predicted from real tokens: with left padding the first real
+    token's prediction comes from a padding position, whose query sees no key at all (attncomp
+    and ``sdpa`` give zeros there, ``eager`` an average of padding), so it is left out.
+    """
+    model.zero_grad(set_to_none=True)
+    labels = ids
+    if mask is not None:
+        counted = mask.bool()
+        counted[:, 1:] &= mask[:, :-1].bool()
+        labels = ids.masked_fill(~counted, -100)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def assert_same_model_outputs(ours, theirs, ids, mask, rtol: float = 1e-4, atol: float = 1e-5):
+    """Logits at real tokens, the loss and every gradient agree at float32 tolerances."""
+    logits, loss, grads = logits_and_grads(ours, ids, mask)
+    ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    torch.testing.assert_close(logits[real], ref_logits[real], rtol=rtol, atol=atol)
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=atol)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=rtol, atol=atol, msg=name)

@@ -1,0 +1,136 @@
+# ruff: noqa: F821
+"""The mask function's facts (no T x S tensor), refusals, and a user's own spec (ALiBi on GPT-2)."""
+
+import pytest
+
+from tests.hf.models import VOCAB, WINDOW, T, assert_same_model_outputs, gpt2_config, mistral_config, padded_batch
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attncomp as ac  # noqa: E402
+import attncomp.hf  # noqa: E402
+from attncomp.hf import MaskFacts  # noqa: E402
+from examples.hf_alibi import alibi_slopes, build_model, generate_copies, train  # noqa: E402
+
+
+def facts_of(make_config, ids, mask, **kwargs) -> dict:
+    """Every mask the model's forward builds, by the layer type it serves."""
+    seen = {}
+    original = attncomp.hf.attncomp_mask
+
+    def spy(**arguments):
+        facts = original(**arguments)
+        seen["sliding" if arguments.get("local_size") else "full"] = facts
+        return facts
+
+    attncomp.hf.register()
+    transformers.AttentionMaskInterface.register("attncomp", spy)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(make_config(), attn_implementation="attncomp")
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, **kwargs)
+    finally:
+        attncomp.hf.register()
+    return seen
+
+
+def test_masks_are_facts_of_size_b_times_t_never_b_t_s():
+    ids, mask = padded_batch("left")
+    facts = facts_of(mistral_config, ids, mask)["sliding"]
+    assert isinstance(facts, MaskFacts) and facts.window == WINDOW and facts.causal
+    assert facts.shift.tolist() == [0, 0, 0]
+    assert facts.q_doc.shape == facts.k_doc.shape == (3, T)
+    assert facts.k_doc.tolist()[2] == [-1] * (T - 3) + [0] * 3  # the padded keys
+    for tensor in (facts.shift, facts.q_doc, facts.k_doc):
+        assert tensor.dtype == torch.int32 and tensor.numel() <= 3 * T
+
+
+def test_packed_position_ids_become_document_ids():
+    ids = torch.randint(1, VOCAB, (1, T))
+    positions = torch.cat([torch.arange(5), torch.arange(4), torch.arange(3)])[None]
+    facts = facts_of(mistral_config, ids, None, position_ids=positions, use_cache=False)["sliding"]
+    assert facts.q_doc.tolist() == [[0] * 5 + [1] * 4 + [2] * 3]
+    assert facts.k_doc is facts.q_doc
+    plain = facts_of(mistral_config, ids, None, use_cache=False)["sliding"]
+    assert plain.q_doc is None  # one sequence per row: the spec without segments
+
+
+def test_a_four_dimensional_mask_is_refused_not_misread():
+    attncomp.hf.register()
+    model = transformers.AutoModelForCausalLM.from_config(gpt2_config(), attn_implementation="attncomp")
+    dense = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
+    with pytest.raises(NotImplementedError, match="4D mask"):
+        model(input_ids=torch.randint(1, VOCAB, (1, T)), attention_mask=dense)
+
+
+def test_a_spec_that_cannot_apply_the_padding_is_refused():
+    @ac.spec
+    def causal_only(
+        q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "D"]
+    ):
+        s = q @ k.mT
+        b, h, i, j = ac.index(s)
+        return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+    attncomp.hf.register("causal_only", spec=causal_only)
+    model = transformers.AutoModelForCausalLM.from_config(gpt2_config(), attn_implementation="causal_only")
+    ids, mask = padded_batch("right")
+    with pytest.raises(TypeError, match="takes no q_doc and k_doc"):
+        model(input_ids=ids, attention_mask=mask)
+
+
+def test_unknown_backend_and_non_spec_are_refused():
+    with pytest.raises(ValueError, match="backend"):
+        attncomp.hf.register("x", backend="tpu")
+    with pytest.raises(TypeError, match="ac.spec"):
+        attncomp.hf.register("x", spec=lambda q, k, v: q)
+
+
+def reference_alibi(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """The same ALiBi in torch ops, on the 4D boolean mask ``sdpa_mask`` builds."""
+    scores = (query @ key.transpose(-1, -2)) * scaling
+    t, s = query.shape[2], key.shape[2]
+    distance = torch.arange(s)[None, :] - (torch.arange(t)[:, None] + s - t)
+    scores = scores + module.slopes[None, :, None, None] * distance
+    visible = distance <= 0 if attention_mask is None else attention_mask
+    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+    return (weights @ value).transpose(1, 2).contiguous(), None
+
+
+@pytest.fixture(scope="module")
+def alibi_pair():
+    transformers.AttentionInterface.register("alibi_reference", reference_alibi)
+    transformers.AttentionMaskInterface.register("alibi_reference", transformers.masking_utils.sdpa_mask)
+    ours = build_model(vocab=VOCAB, seed=11)
+    theirs = build_model(vocab=VOCAB, seed=11)
+    theirs.set_attn_implementation("alibi_reference")
+    theirs.load_state_dict(ours.state_dict())
+    assert ours.config._attn_implementation == "alibi" and theirs.config._attn_implementation == "alibi_reference"
+    for model in (ours, theirs):
+        for h, block in enumerate(model.transformer.h):
+            block.attn.slopes.data = torch.tensor(alibi_slopes(4)) * (h + 1)
+    return ours.eval(), theirs.eval()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_users_alibi_spec_matches_the_torch_formula_slopes_gradients_included(alibi_pair, side):
+    ids, mask = padded_batch(side, seed=12)
+    assert_same_model_outputs(*alibi_pair, ids, mask)
+    assert all(block.attn.slopes.grad is not None for block in alibi_pair[0].transformer.h)
+
+
+def test_users_alibi_spec_generates_as_the_torch_formula(alibi_pair):
+    ours, theirs = alibi_pair
+    ids, mask = padded_batch("left", seed=13)
+    settings = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
+
+
+def test_the_example_learns_to_copy_and_generates_the_copy():
+    model = build_model(seed=0)
+    losses = train(model, 60)
+    assert losses[-1] < 0.5 * losses[0]
+    right, total = generate_copies(model)  # generate runs through the spec with a cache and padding
+    assert total == 12 and 0 <= right <= total

@@ -1,0 +1,79 @@
+"""Sliding windows (Mistral), soft-capping with alternating windows (Gemma 2), learned positions
+without rotary embeddings (GPT-2) and attention sinks (gpt-oss), each against its own model on
+``sdpa`` or, where ``sdpa`` cannot express the layer (soft-capping, sinks), on ``eager``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.hf.models import (
+    WINDOW,
+    T,
+    assert_same_model_outputs,
+    gemma2_config,
+    gpt2_config,
+    gpt_oss_config,
+    mistral_config,
+    model_pair,
+    padded_batch,
+)
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def mistral():
+    return model_pair(mistral_config)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_mistral_sliding_window_matches_sdpa_on_padded_batches(mistral, side):
+    ids, mask = padded_batch(side)
+    assert_same_model_outputs(*mistral, ids, mask)
+
+
+def test_mistral_generates_past_its_window_as_sdpa_does(mistral):
+    """Eight new tokens after a 12-token prompt: the cache slides past the 4-token window."""
+    ours, theirs = mistral
+    ids, mask = padded_batch("left", seed=6)
+    settings = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        tokens = ours.generate(ids, **settings)
+        expected = theirs.generate(ids, **settings)
+    assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_gemma2_softcap_and_alternating_windows_match_eager(side):
+    ours, theirs = model_pair(gemma2_config, reference="eager")
+    assert [layer.self_attn.sliding_window for layer in ours.model.layers] == [WINDOW, None]
+    assert ours.config.attn_logit_softcapping == 50.0
+    # the cap changes the attention only where scores come near it: make them large
+    with torch.no_grad():
+        for layer in (*ours.model.layers, *theirs.model.layers):
+            layer.self_attn.q_proj.weight.mul_(40.0)
+    ids, mask = padded_batch(side, seed=7)
+    assert_same_model_outputs(ours, theirs, ids, mask, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_gpt2_without_rotary_embeddings_matches_sdpa(side):
+    ids, mask = padded_batch(side, seed=8)
+    assert_same_model_outputs(*model_pair(gpt2_config), ids, mask)
+
+
+def test_gpt_oss_attention_sinks_match_eager():
+    ours, theirs = model_pair(gpt_oss_config, reference="eager")
+    with torch.no_grad():  # sinks large enough to take a visible share of each row
+        for model in (ours, theirs):
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, 4))
+    ids, mask = padded_batch("left", seed=9)
+    assert_same_model_outputs(ours, theirs, ids, mask)
+    sinks = [p for n, p in ours.named_parameters() if n.endswith("sinks")]
+    assert sinks and all(p.grad is not None and p.grad.abs().sum() > 0 for p in sinks)
+
+
+def test_unpadded_batch_without_a_mask_matches_sdpa(mistral):
+    ids = padded_batch("right", seed=10, lengths=(T, T))[0]
+    assert_same_model_outputs(*mistral, ids, None)
