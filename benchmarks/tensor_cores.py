@@ -1,4 +1,5 @@
-"""GPU benchmark: the f16/bf16 forward on tensor cores against PyTorch SDPA, in one table.
+"""GPU benchmark: the forward on tensor cores (f16/bf16, and float32 as 3xTF32 or TF32) against
+PyTorch SDPA, in one table.
 
     python -m benchmarks.tensor_cores            # the rows of the tensor-core targets
     python -m benchmarks.tensor_cores --quick    # smaller sizes, for a smoke run
@@ -9,7 +10,10 @@ alternately, CUDA-event timed, and reports the median of the per-pair ratios (be
 attncomp is faster).  The peers: SDPA restricted to its flash backend (FlashAttention-2, on
 the same ``mma.sync`` instructions), and SDPA's own choice, named (cuDNN, flash, efficient,
 math); the window row's peer is SDPA with a boolean mask, as FlexAttention-less PyTorch has
-it.  TFLOP/s count 4 B H D per (query, key) pair computed: all pairs dense, the visible ones
+it; float32 rows' peer is SDPA's efficient backend (its float32 kernel), and they run three
+ways: ``precision=exact`` (3xTF32, the default), ``precision=tf32`` (opt-in) and
+``precision=ieee`` (float32 FMAs), so the two exact paths are measured side by side.
+TFLOP/s count 4 B H D per (query, key) pair computed: all pairs dense, the visible ones
 causal.  Without a GPU it says so and exits with status 0.
 """
 
@@ -30,7 +34,7 @@ PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 @dataclass
 class Row:
     name: str
-    dtype: str  # "bfloat16" or "float16"
+    dtype: str  # "bfloat16", "float16" or "float32"
     spec: ac.Spec
     b: int
     h: int
@@ -39,6 +43,14 @@ class Row:
     causal: bool
     window: int | None = None
     constants: dict = field(default_factory=dict)
+    precision: str | None = None  # flash-tiling's option (None: the default pipeline)
+    peer: str = "flash"  # the SDPA backend compared with: "flash" or "efficient"
+    tolerance: float = 5e-2  # largest error relative to SDPA's largest output
+
+    def pipeline(self) -> str | None:
+        if self.precision is None:
+            return None
+        return f"cse,softmax-fusion,flash-tiling{{precision={self.precision}}},mask-elimination,canonicalize,cse,dce"
 
     def pairs(self) -> float:
         t = self.t
@@ -51,13 +63,33 @@ class Row:
 
 
 def rows(quick: bool) -> list[Row]:
+    def float32(t: int, b: int) -> list[Row]:
+        return [
+            Row(
+                f"f32 {p} causal T=S={t} D=64 B={b} H=16",
+                "float32",
+                specs.causal_any,
+                b,
+                16,
+                t,
+                64,
+                True,
+                precision=p,
+                peer="efficient",
+                tolerance=5e-3 if p == "tf32" else 1e-4,
+            )
+            for p in ("exact", "tf32", "ieee")
+        ]
+
     if quick:
         return [
             Row("bf16 causal T=S=2048 D=128 B=1 H=16", "bfloat16", specs.causal_any, 1, 16, 2048, 128, True),
             Row("f16 dense T=S=1024 D=64 B=2 H=8", "float16", specs.dense_any, 2, 8, 1024, 64, False),
+            *float32(1024, 1),
         ]
     window = {"window": 256}
     return [
+        *float32(16384, 1),
         Row("bf16 causal T=S=16384 D=128 B=1 H=16", "bfloat16", specs.causal_any, 1, 16, 16384, 128, True),
         Row("bf16 causal T=S=4096 D=64 B=4 H=16", "bfloat16", specs.causal_any, 4, 16, 4096, 64, True),
         Row("f16 dense T=S=4096 D=128 B=4 H=16", "float16", specs.dense_any, 4, 16, 4096, 128, False),
@@ -115,7 +147,7 @@ def run_row(torch, row: Row, repeats: int) -> str:
     q, k, v = (
         torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype, generator=generator) for _ in range(3)
     )
-    attn = ac.compile(row.spec, backend="cuda", **row.constants).to_torch()
+    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
     mask = None
     if row.window is not None:
         i = torch.arange(row.t, device="cuda")[:, None]
@@ -134,11 +166,18 @@ def run_row(torch, row: Row, repeats: int) -> str:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return sdpa()
 
+    def efficient():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return sdpa()
+
     want = sdpa()
     error = float((ours().float() - want.float()).abs().max() / want.float().abs().max())
-    if error > 5e-2:
+    if error > row.tolerance:
         raise AssertionError(f"{row.name}: attncomp differs from torch by {error:.2e}")
-    peer, peer_name = (sdpa, "sdpa+mask") if mask is not None else (flash, "flash")
+    if mask is not None:
+        peer, peer_name = sdpa, "sdpa+mask"
+    else:
+        peer, peer_name = (flash, "flash") if row.peer == "flash" else (efficient, "efficient")
     mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
     _, default, default_ratio = paired_ms(torch, ours, sdpa, repeats)
     choice = sdpa_choice(torch, q, k, v, row.causal, mask)
@@ -153,7 +192,7 @@ def tensor_core_rows(torch, quick: bool, repeats: int) -> list[str]:
     name = torch.cuda.get_device_name()
     peak = next((p for card, p in PEAKS.items() if card in name), None)
     lines = [
-        f"f16/bf16 forward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense f16/bf16)",
+        f"forward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense f16/bf16, half that TF32)",
         f"{'case':40s} {'ours ms':>9s} {'TFLOP/s':>7s} {'peer':>9s} {'peer ms':>9s} {'ratio':>6s} "
         f"{'default':>9s} {'dflt ms':>9s} {'ratio':>6s}",
     ]

@@ -123,12 +123,15 @@ class ScalarEmitter:
         fresh: Callable[[str], str],
         array_ref: Callable[[Value], str],
         functions: dict[str, str] | None = None,
+        reciprocals: dict[Value, str] | None = None,
     ):
         self.writer = writer
         self.names = names
         self.fresh = fresh
         self.array_ref = array_ref
         self.functions = {**UNARY_MATH, **(functions or {})}
+        #: divisors whose reciprocal a name holds: ``x / d`` is written ``x * (1 / d)``
+        self.reciprocals = reciprocals or {}
 
     def ref(self, value: Value) -> str:
         if value in self.names:
@@ -153,6 +156,8 @@ class ScalarEmitter:
             expr = dim_expr(op.attrs["value"])
         elif name in BINARY:
             expr = self.typed(f"{a[0]} {BINARY[name]} {a[1]}", dtype)
+        elif name == "ac.div" and op.operands[1] in self.reciprocals:
+            expr = self.typed(f"{a[0]} * {self.reciprocals[op.operands[1]]}", dtype)
         elif name == "ac.div":
             expr = self.typed(f"{a[0]} / {a[1]}", dtype)
         elif name == "ac.neg":

@@ -23,6 +23,7 @@ from attncomp.ir.core import Block, Module, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops.elementwise import promote
+from attncomp.ir.ops.tile import PRECISIONS
 from attncomp.ir.types import TensorType, accumulation_dtype
 from attncomp.passes.backward_tiling import tile_attention_grad
 from attncomp.passes.base import Pass, register_pass
@@ -88,7 +89,7 @@ def _key_loop(
     return body
 
 
-def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
+def tile_attention(block: Block, attn: Op, block_q: int, block_k: int, precision: str = "exact") -> Op:
     q, k, v = attn.operands
     out_type = attn.results[0].type
     acc = accumulation_dtype(promote([q.type, k.type, v.type]))
@@ -124,7 +125,9 @@ def tile_attention(block: Block, attn: Op, block_q: int, block_k: int) -> Op:
         tiles.append(named(b.cast(lse, attn.results[1].type.dtype), "lse_tile"))
     b.yield_(*tiles)
     at = block.ops.index(attn)
-    grid_attrs = {"block_q": block_q}
+    grid_attrs: dict = {"block_q": block_q}
+    if precision != "exact":
+        grid_attrs["precision"] = precision
     if kv_repeat != dim(1):
         grid_attrs["kv_repeat"] = attn.attrs["kv_repeat"]
     grid_op = Builder(block, at).op(
@@ -146,12 +149,18 @@ class FlashTiling(Pass):
     summary = "turn ac.attention into query/key block loops with online softmax"
     block_q: int = 64
     block_k: int = 64
+    #: how float32 tile products may be computed (``ac.tile_grid``'s ``precision``): "exact"
+    #: (float32-accurate), "tf32" (opt-in: inputs rounded to tf32, relative errors near 1e-3, on
+    #: tensor cores where the backend has them), "ieee" (float32 FMAs, never tensor cores)
+    precision: str = "exact"
 
     def run(self, module: Module, remarks: list[str]) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"flash-tiling: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for func in module.funcs:
             for op in [o for o in func.body.ops if o.name == "ac.attention"]:
                 guard_gathers(func.body, op)
-                tile_attention(func.body, op, self.block_q, self.block_k)
+                tile_attention(func.body, op, self.block_q, self.block_k, self.precision)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
                 if tile_attention_grad(func.body, op, self.block_q, self.block_k) is None:

@@ -117,6 +117,30 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
         assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
 
 
+@pytest.mark.parametrize("precision,head_dim", [("exact", 64), ("tf32", 128)])
+def test_float32_tensor_core_attention_kernels(precision, head_dim):
+    """float32 attention on tf32 mma.sync (m16n8k8): 3xTF32 by default (three products each), one
+    product with precision = "tf32"; no local memory, no spills on sm_80 and sm_90."""
+    option = "" if precision == "exact" else "{precision=tf32}"
+    pipeline = f"cse,softmax-fusion,flash-tiling{option},mask-elimination,canonicalize,cse,dce"
+    impl = _build(load_example("alibi").causal_alibi, pipeline)
+    plan = impl.attention[0].mma_plan(head_dim, head_dim)
+    assert plan.tf32 and plan.split == (precision == "exact") and plan.warps == 4
+    attention = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0[")]
+    texts: dict = {}
+    _check(impl, head_dim, attention, texts)
+    products = (3 if plan.split else 1) * 2 * (head_dim // 8) * (plan.chunk // 8)
+    for ptx in texts.values():
+        assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == products
+
+
+def test_exact_float32_past_head_dim_64_runs_the_fma_kernels():
+    impl = _build(load_example("alibi").causal_alibi)
+    assert impl.attention[0].mma_plan(64, 64).split
+    assert impl.attention[0].mma_plan(128, 128) is None
+    assert "mma_" not in impl.attention[0].source(128, 128)
+
+
 @pytest.mark.parametrize("head_dim,rows", [(64, 1), (128, 1), (128, 4)])
 def test_decode_step_kernels(head_dim, rows):
     """A decoding step's kernel: thread blocks of a few query rows with a warp of lanes, and key splits."""

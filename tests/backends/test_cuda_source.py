@@ -2,7 +2,8 @@
 
 Skipped tiles load nothing, the mask runs only in class-1 tiles, grouped-query
 attention reads key/value heads by index arithmetic, and the thread layout
-follows the head dims.
+follows the head dims.  float32 runs on tensor cores by default (3xTF32): the
+scalar kernels are examined with ``precision=ieee``, which keeps float32 FMAs.
 """
 
 import importlib.util
@@ -17,10 +18,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _kernel_source(example: str, name: str, head_dim: int = 64, value_dim: int = 64, rows: int | None = None) -> str:
+FMA = "cse,softmax-fusion,flash-tiling{precision=ieee},mask-elimination,canonicalize,cse,dce"
+
+
+def _kernel_source(
+    example: str, name: str, head_dim: int = 64, value_dim: int = 64, rows: int | None = None, pipeline: str = FMA
+) -> str:
     from attncomp.backends import numba_cuda
 
-    fn = ac.compile(getattr(load_example(example), name), backend="interp")
+    fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline=pipeline)
     impl = numba_cuda.build(fn.module)
     (kernels,) = impl.attention
     return kernels.source(head_dim, value_dim, rows)
@@ -40,6 +46,15 @@ def test_tiles_are_classified_before_any_load_and_the_mask_runs_only_in_class_1(
     assert loop.index("<= i_") > mask_guard  # the causal comparison j <= i sits under the class-1 guard
     prologue = source[: source.index("for kb in range(")]
     assert "arg_" in prologue and "[bi_1]" in prologue  # slopes[h] hoisted out of the key loop
+
+
+def test_tensor_core_tiles_are_classified_before_any_load_too():
+    source = _kernel_source("alibi", "causal_alibi", pipeline=None)
+    assert "mma_tf32(" in source
+    loop = _body_after(source, "for kb in range(")
+    classify = loop.index("if tile_class")
+    assert loop.index("k_sh[at] =") > classify and loop.index("v_sh[at] =") > classify
+    assert loop.index("<= i_") > loop.index("== 1:")
 
 
 def test_a_spec_without_mask_has_no_mask_code():

@@ -62,7 +62,7 @@ def test_the_pool_stays_on_the_device():
     a = srv.new()
     srv.step({a: (q[:, :, :6], k[:, :, :6], v[:, :, :6], SLOPES)})
     assert all(rt.is_device(x) for x in srv.pool.arrays)
-    assert "page = arg_" in srv.paged.fn.source  # key and value chunks staged through the table
+    assert "_table[" in srv.paged.fn.source  # key and value rows read through the page table
     b = srv.fork(a)
     srv.step({b: (q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], SLOPES)})  # b's last page is copied, then written
     assert srv.pages_free == 5

@@ -36,7 +36,9 @@ assert error < 1e-5
 
 
 def run_probe(cache: Path, window: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(cache)}
+    # Numba's compiled code goes beside the generated source (``NUMBA_CACHE_DIR`` would move it)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["ATTNCOMP_CACHE_DIR"] = str(cache)
     return subprocess.run(
         [sys.executable, "-c", PROBE, str(window)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
     )

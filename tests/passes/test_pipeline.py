@@ -68,3 +68,24 @@ def test_a_pass_that_breaks_the_ir_is_named(monkeypatch):
     monkeypatch.setattr(DeadCodeElimination, "run", broken)
     with pytest.raises(ac.VerifyError, match=r"after pass dce: line \d+: .*used before it is defined"):
         ac.compile(causal, backend="interp", pipeline="dce")
+
+
+def test_flash_tiling_precision_is_on_the_tile_grid():
+    """``precision`` rides on ``ac.tile_grid`` (the default is not printed), parses back, and is checked."""
+    default = ac.compile(causal, backend="interp").ir("final")
+    assert "precision" not in default
+    pipeline = "softmax-fusion,flash-tiling{block_q=32,precision=tf32},mask-elimination"
+    fn = ac.compile(causal, backend="interp", pipeline=pipeline)
+    text = fn.ir("final")
+    assert 'ac.tile_grid {block_q = 32, precision = "tf32"}' in text
+    assert str(ac.parse_ir(text)) == text
+    assert fn.pipeline == pipeline
+    with pytest.raises(ac.PipelineError, match="flash-tiling: precision must be one of exact, tf32, ieee"):
+        ac.compile(causal, backend="interp", pipeline="softmax-fusion,flash-tiling{precision=fast}")
+    with pytest.raises(ac.VerifyError, match="ac.tile_grid: precision must be one of"):
+        ac.parse_ir(text.replace('"tf32"', '"fp8"'))
+
+
+def test_cpu_computes_float32_whatever_the_precision():
+    pipeline = "cse,softmax-fusion,flash-tiling{precision=tf32},mask-elimination,canonicalize,cse,dce"
+    assert ac.compile(causal, backend="cpu", pipeline=pipeline).source == ac.compile(causal, backend="cpu").source

@@ -253,11 +253,13 @@ def widened(module: Module) -> Module:
     return wide
 
 
-def tensor_core_types(module: Module) -> tuple[list[tuple[str | None, str]], frozenset[int]]:
-    """Per ``ac.tile_grid``: the 16-bit type its products run in on tensor cores (query, key and
-    value of one type, f16 or bf16; None: not on tensor cores) and the storage the kernel reads its
-    query, key and value from (``mma_plan.MmaPlan.storage``); and the positions of the bf16
-    arguments kept in 16 bits on the device.
+def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[tuple[str | None, str]], frozenset[int]]:
+    """Per ``ac.tile_grid``: the type its products run in on tensor cores (query, key and value of
+    one type: f16 or bf16; float32 as "3xtf32", or "tf32" where the grid's ``precision`` opts in;
+    None: not on tensor cores, as float32 with ``precision = "ieee"`` or ``fixed_lanes``, a layout of
+    the scalar kernels asked for) and the storage the kernel reads its query, key and value from
+    (``mma_plan.MmaPlan.storage``); and the positions of the bf16 arguments kept in 16 bits on the
+    device.
 
     A bf16 argument stays 16-bit (``"bits"``) when tensor-core tile loads are all that read it
     (query, key and value passed straight to the attention); bf16 values anything else computes
@@ -280,10 +282,15 @@ def tensor_core_types(module: Module) -> tuple[list[tuple[str | None, str]], fro
     def loaded_only(value) -> bool:
         return value in func.args and all(id(op) in tile_loads for op in readers.get(value, []))
 
-    elements = []
-    for values in sources:
+    elements: list[str | None] = []
+    for op, values in zip(grids, sources):
         types = {v.type.dtype for v in values}
-        elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
+        if types == {"f32"} and not fixed_lanes:
+            # float32 on tf32 tensor cores: three products of split operands unless opted into one
+            precision = op.attrs.get("precision", "exact")
+            elements.append({"exact": "3xtf32", "tf32": "tf32"}.get(precision))
+        else:
+            elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
     bits = {k for k, values in enumerate(sources) if elements[k] == "bf16" and all(map(loaded_only, values))}
     while True:  # an argument kept 16-bit is so for every grid that reads it
         shared = {k for k in bits for j in set(range(len(grids))) - bits if set(sources[k]) & set(sources[j])}
@@ -316,7 +323,7 @@ def build(
     from attncomp.backends.numba_cuda.driver import generate_driver
 
     declared = [r.type.dtype for r in module.main.results]
-    products, bits = tensor_core_types(module)
+    products, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
     if any(
         v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
     ):

@@ -27,7 +27,8 @@ from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
-from attncomp.backends.numba_cuda.mma_kernel import write_mma_kernel
+from attncomp.backends.numba_cuda.mma_f32_kernel import Tf32KernelWriter
+from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_mma
 from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
@@ -115,7 +116,8 @@ class AttentionKernels:
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
         mma = self.mma_plan(head_dim, value_dim, rows)
         if mma is not None:
-            return write_mma_kernel(*args, mma)
+            writer = Tf32KernelWriter if mma.tf32 else MmaKernelWriter
+            return writer(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
         return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits)
 
     def signature(self) -> str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attncomp.backends.codegen import KernelSource
+from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, ScalarEmitter
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
 from attncomp.ir.core import Block, Op, Value
+from attncomp.ir.types import is_float
 
 
 def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[Op], list[Op]]:
@@ -48,6 +49,10 @@ class CudaKernelSource(KernelSource):
     def ref(self, value: Value) -> str:
         return self.scalar().ref(value)
 
+    def scalar(self) -> ScalarEmitter:
+        reciprocals = getattr(self, "reciprocals", None)
+        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, reciprocals)
+
     def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
         """Bind the region's batch arguments, emit its position-independent ops; return the others."""
         region = map_op.regions[0]
@@ -58,6 +63,21 @@ class CudaKernelSource(KernelSource):
         hoisted, rest = split_invariant(region, lambda v: v in self.names or v in self.captured)
         for op in hoisted:
             self.scalar().op(op)
+        # A float division by a value known before the tile loop becomes a product with its
+        # reciprocal (within 1.5 ulp of the quotient): a correctly rounded float32 division is a
+        # call on the GPU, whose spilled registers would cost more than the division.
+        self.reciprocals = getattr(self, "reciprocals", {})
+        variant = set(region.args[n_batch:]) | {r for op in rest for r in op.results}
+        for op in rest:
+            divisor = op.operands[1] if op.name == "ac.div" else None
+            dtype = op.results[0].type.dtype
+            if divisor is None or not is_float(dtype) or divisor in variant or divisor not in self.names:
+                continue
+            if divisor not in self.reciprocals:
+                name = self.fresh("inv")
+                one = NUMPY_SCALAR[dtype]
+                self.w.line(f"{name} = {one}(1.0) / {one}({self.ref(divisor)})")
+                self.reciprocals[divisor] = name
         return rest
 
     def apply_all(self, map_op: Op, rest: list[Op], variant: list[str]) -> list[str]:

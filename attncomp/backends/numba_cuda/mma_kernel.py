@@ -229,9 +229,21 @@ class MmaKernelWriter(AttentionKernelWriter):
                     w.line(f"l_{row} += s_{n}_{e}")
 
     # the kernel -------------------------------------------------------------------
+    def shared_arrays(self) -> None:
+        """The shared key and value chunks, and where this lane's fragment words start in them."""
+        p, w = self.mp, self.w
+        w.line(f"k_sh = cuda.shared.array({p.k_words}, np.uint32)")
+        w.line(f"v_sh = cuda.shared.array({p.v_words}, np.uint32)")
+        w.line("# where this lane's fragment words start (unsigned: no negative-index fix-ups)")
+        w.line(f"k_at = U(g * {p.k_pitch} + tq)")
+        w.line(f"v_at = U(g * {p.v_pitch} + tq)")
+
+    def header(self, func_name: str) -> str:
+        return HEADER.format(func=func_name, p=self.mp, device_math=IMPORT, warp=WARP_IMPORT)
+
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
-        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT, warp=WARP_IMPORT).splitlines())
+        w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()
         nb = len(t.batch_args)
@@ -267,11 +279,7 @@ class MmaKernelWriter(AttentionKernelWriter):
             hoisted = {compute.score: self.hoist(compute.score, 3)}
             if compute.mask is not None:
                 hoisted[compute.mask] = self.hoist(compute.mask, 2)
-            w.line(f"k_sh = cuda.shared.array({p.chunk * p.k_pitch}, np.uint32)")
-            w.line(f"v_sh = cuda.shared.array({p.value_dim * p.v_pitch}, np.uint32)")
-            w.line("# where this lane's fragment words start (unsigned: no negative-index fix-ups)")
-            w.line(f"k_at = U(g * {p.k_pitch} + tq)")
-            w.line(f"v_at = U(g * {p.v_pitch} + tq)")
+            self.shared_arrays()
             self.load_query()
             for row in "ab":
                 w.line(f"m_{row} = NEG_INF")
@@ -324,9 +332,3 @@ class MmaKernelWriter(AttentionKernelWriter):
 
                 lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
-
-
-def write_mma_kernel(
-    name: str, func_name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: MmaPlan
-) -> str:
-    return MmaKernelWriter(name, tiled, captured, dims, plan).write(func_name)

@@ -14,6 +14,14 @@ A spec gets these kernels where its products can run on tensor cores: query, key
 of one 16-bit type (f16 or bf16), ``D`` a multiple of 16 (the ``k`` of a product), ``E`` a
 multiple of 8 (its ``n``), ``block_k`` a multiple of 16, at least 16 rows per thread block,
 and the tiles within the shared-memory budget.  Others run the scalar kernels (``plan.py``).
+
+float32 query, key and value run on ``mma.sync.m16n8k8`` in tf32 (``mma_f32_kernel.py``):
+``"3xtf32"`` (flash-tiling's ``precision = "exact"``, the default) splits each operand into two
+tf32 parts and makes three products of them, float32-accurate; ``"tf32"`` (``precision =
+"tf32"``, opt-in) makes one.  Their words are whole float32: keys row by row (``k_sh[key, d]``),
+values row by row too (``v_sh[key, e]``), each row padded by four words (every pitch then puts
+the eight rows and four columns a fragment load touches in different banks); ``3xtf32`` keeps a
+second copy of each with the parts ``big`` missed.  They need ``D`` and ``E`` multiples of 8.
 """
 
 from __future__ import annotations
@@ -26,13 +34,19 @@ from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
 WARP_ROWS = 16
 #: words a shared-memory row is padded by
 PAD_WORDS = 4
-#: the element types tensor cores multiply (with float32 accumulation)
+#: the 16-bit element types tensor cores multiply (with float32 accumulation)
 ELEMENTS = ("f16", "bf16")
+#: float32 products on tensor cores: three tf32 products of split operands, or one
+TF32_PRODUCTS = ("3xtf32", "tf32")
 #: keys per chunk by the largest head dim they serve: a lane holds D / 4 query and E / 4 output
 #: registers, and chunk / 4 scores (``ptxas`` reports no spills at these, see the PTX tests).
 #: Head dims past 128 would spill (64 query and 128 output registers at 256): the scalar kernels
 #: run them.
 CHUNKS = ((64, 64), (128, 32))
+#: the same for float32 operands (a lane holds D / 2 query and E / 2 output registers), by
+#: product kind.  3xTF32 past D = 64 spills (272 bytes at D = 128, even with the query's rests
+#: made once per chunk instead of kept): those head dims run the float32 FMA kernels.
+F32_CHUNKS = {"tf32": ((64, 32), (128, 16)), "3xtf32": ((64, 16),)}
 
 
 @dataclass(frozen=True)
@@ -41,12 +55,22 @@ class MmaPlan:
     block_k: int  # keys of the IR's tile
     head_dim: int  # D
     value_dim: int  # E
-    element: str  # the products' type: "f16" or "bf16"
+    element: str  # the products' type: "f16", "bf16", "tf32" or "3xtf32" (``TF32_PRODUCTS``)
     #: how the query, key and value arrays hold it on the device: "f16"; "bits" (bf16 as its 16-bit
     #: patterns, uint16 or int16); "f32" (bf16 widened, ``numba_cuda.widened``)
     storage: str
     rows: int  # query rows per thread block
     chunk: int  # keys computed at a time (divides block_k)
+
+    @property
+    def tf32(self) -> bool:
+        """float32 operands on ``m16n8k8`` tf32 products (``mma_f32_kernel.py``)."""
+        return self.element in TF32_PRODUCTS
+
+    @property
+    def split(self) -> bool:
+        """Each operand as two tf32 parts, three products (3xTF32)."""
+        return self.element == "3xtf32"
 
     @property
     def warps(self) -> int:
@@ -59,31 +83,57 @@ class MmaPlan:
     @property
     def k_pitch(self) -> int:
         """Words per row of the shared key tile."""
-        return self.head_dim // 2 + PAD_WORDS
+        return (self.head_dim if self.tf32 else self.head_dim // 2) + PAD_WORDS
 
     @property
     def v_pitch(self) -> int:
-        """Words per row of the shared (transposed) value tile."""
-        return self.chunk // 2 + PAD_WORDS
+        """Words per row of the shared value tile (transposed for 16-bit elements)."""
+        return self.value_dim + PAD_WORDS if self.tf32 else self.chunk // 2 + PAD_WORDS
+
+    @property
+    def k_words(self) -> int:
+        return self.chunk * self.k_pitch
+
+    @property
+    def v_words(self) -> int:
+        return self.chunk * self.v_pitch if self.tf32 else self.value_dim * self.v_pitch
+
+    @property
+    def query_rest_words(self) -> int:
+        """3xTF32: the query fragments' rests, kept in shared memory (``D / 2`` registers a lane
+        would spill where the score or mask computes much), each lane's in its own words."""
+        return self.warps * self.head_dim // 8 * 4 * WARP if self.split else 0
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * (self.chunk * self.k_pitch + self.value_dim * self.v_pitch)
+        return 4 * ((self.k_words + self.v_words) * (2 if self.split else 1) + self.query_rest_words)
 
 
 def plan_mma(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, element: str | None, storage: str, rows: int
+    block_q: int,
+    block_k: int,
+    head_dim: int,
+    value_dim: int,
+    element: str | None,
+    storage: str,
+    rows: int,
 ) -> MmaPlan | None:
     """The tensor-core plan for these sizes, or None where the scalar kernels must run them."""
-    if element not in ELEMENTS or rows % WARP_ROWS or block_k % 16:
+    if element in TF32_PRODUCTS:
+        k_step, chunks = 8, F32_CHUNKS[element]
+    elif element in ELEMENTS:
+        k_step, chunks = 16, CHUNKS
+    else:
         return None
-    if head_dim <= 0 or head_dim % 16 or value_dim <= 0 or value_dim % 8:
+    if rows % WARP_ROWS or block_k % 16:
+        return None
+    if head_dim <= 0 or head_dim % k_step or value_dim <= 0 or value_dim % 8:
         return None
     widest = max(head_dim, value_dim)
-    chunk = next((c for most, c in CHUNKS if widest <= most), 0)
+    chunk = next((c for most, c in chunks if widest <= most), 0)
     while chunk and block_k % chunk:
         chunk //= 2
-    if chunk < 16:
+    if chunk < (8 if element in TF32_PRODUCTS else 16):  # the keys of one product: 8 in tf32, 16 else
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, element, storage, rows, chunk)
     if plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:

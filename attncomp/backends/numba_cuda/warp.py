@@ -14,7 +14,18 @@ spread over the four lanes of a quad: ``quad_max`` and ``quad_sum`` reduce a val
 8-column tiles are, element for element, the A fragment of their 16 columns: the scores of
 ``Q K^T`` become the operand of ``P V`` without leaving registers.
 
-- ``mma_f16``, ``mma_bf16``: ``D = A B + C`` with float32 accumulation.
+The fragments of ``mma.sync.aligned.m16n8k8`` with tf32 elements (one element a register):
+``a0 = A[g, t]``, ``a1 = A[g+8, t]``, ``a2 = A[g, t+4]``, ``a3 = A[g+8, t+4]``; ``b0 = B[t, g]``,
+``b1 = B[t+4, g]``; C and D as above.  The C fragment's columns (``2t``, ``2t+1``) are not the
+A fragment's (``t``, ``t+4``), but a product sums over its ``k``: the scores' columns ``2t`` and
+``2t+1`` are fed as ``k = t`` and ``t + 4``, and the value rows are read in the same order.
+
+- ``mma_f16``, ``mma_bf16``, ``mma_tf32``: ``D = A B + C`` with float32 accumulation.
+- ``tf32_round(x)``: a float32 rounded to tf32 (10 fraction bits, to nearest, ties away from
+  zero, as ``cvt.rna.tf32.f32``), as float32 bits; ``tf32_rest(x, big)``: what ``big`` missed of
+  ``x``, rounded the same way.  ``big + rest`` carries 22 of float32's 24 bits: three products
+  (``big big + big rest + rest big``) give a float32-accurate product on tensor cores (3xTF32).
+- ``f32_bits(x)``, ``bits_f32(bits)``: a float32's bits and back (no conversion).
 - ``pack_f16x2(lo, hi)``, ``pack_bf16x2(lo, hi)``: two float32 rounded to nearest even into a register.
 - ``pack_halves(lo, hi)``: two float16 values' bits into a register.
 - ``pack_bits(lo, hi)``: two 16-bit patterns (bf16 kept as uint16 or int16) into a register.
@@ -27,13 +38,17 @@ On the GPU these are ``warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
 
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda
 
 if getattr(cuda.config, "ENABLE_CUDASIM", 0):
     from attncomp.backends.numba_cuda.warp_sim import (
+        bits_f32,
         exp2_approx,
+        f32_bits,
         mma_bf16,
         mma_f16,
+        mma_tf32,
         pack_bf16x2,
         pack_bits,
         pack_f16x2,
@@ -44,9 +59,12 @@ if getattr(cuda.config, "ENABLE_CUDASIM", 0):
     )
 else:
     from attncomp.backends.numba_cuda.warp_ptx import (
+        bits_f32,
         exp2_approx,
+        f32_bits,
         mma_bf16,
         mma_f16,
+        mma_tf32,
         pack_bf16x2,
         pack_bits,
         pack_f16x2,
@@ -66,16 +84,31 @@ else:
         return x + quad_shuffle(x, 2)
 
 
+@cuda.jit(device=True, inline="always")
+def tf32_round(x):
+    return np.uint32((f32_bits(np.float32(x)) + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
+
+
+@cuda.jit(device=True, inline="always")
+def tf32_rest(x, big):
+    return tf32_round(np.float32(x) - bits_f32(big))
+
+
 __all__ = [
+    "bits_f32",
     "exp2_approx",
+    "f32_bits",
     "mma_bf16",
     "mma_f16",
+    "mma_tf32",
     "pack_bf16x2",
     "pack_bits",
     "pack_f16x2",
     "pack_halves",
     "quad_max",
     "quad_sum",
+    "tf32_rest",
+    "tf32_round",
     "widen_bf16",
 ]
 

@@ -49,6 +49,49 @@ mma_f16 = _mma_m16n8k16("f16")
 mma_bf16 = _mma_m16n8k16("bf16")
 
 
+@intrinsic
+def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``: D = A B + C for one warp, A (16 x 8)
+    four and B (8 x 8) two 32-bit registers of one tf32 each (float32 bits whose low 13 are zero,
+    ``warp.tf32_round``), C and D four float32 (layout in ``warp.py``)."""
+    text = (
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+    )
+    constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+    sig = signature(_FRAGMENT, *([types.uint32] * 6 + [types.float32] * 4))
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+        result = builder.call(ir.InlineAsm(fnty, text, constraints), list(args))
+        parts = [builder.extract_value(result, k) for k in range(4)]
+        return context.make_tuple(builder, sig.return_type, parts)
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The 32 bits of a float32, as a uint32 (no conversion)."""
+    sig = signature(types.uint32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_f32(typingctx, bits):
+    """The float32 whose bits a uint32 holds."""
+    sig = signature(types.float32, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _F32)
+
+    return sig, codegen
+
+
 def _pack_x2(element: str):
     """``cvt.rn.{element}x2.f32``: two float32 rounded (to nearest even) into one 32-bit register,
     ``lo`` in its low half (the first of a fragment's element pair)."""

@@ -70,6 +70,38 @@ def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _mma(ml_dtypes.bfloat16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
 
+def _tf32(words: np.ndarray) -> np.ndarray:
+    """tf32 registers as float64: the float32 their bits are, the low 13 ignored as the hardware does."""
+    return (words & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+@cuda.jit(device=True)
+def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    words = _exchange((a0, a1, a2, a3, b0, b1))
+    a = np.zeros((16, 8))
+    b = np.zeros((8, 8))
+    x = _tf32(words)
+    for reg, (row, col) in enumerate(((_G, _T), (_G + 8, _T), (_G, _T + 4), (_G + 8, _T + 4))):
+        a[row, col] = x[:, reg]
+    b[_T, _G], b[_T + 4, _G] = x[:, 4], x[:, 5]
+    d = a @ b
+    lane = cuda.threadIdx.x % 32
+    g, t = lane >> 2, lane & 3
+    c = (c0, c1, c2, c3)
+    places = ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))
+    return tuple(np.float32(np.float64(c[k]) + d[row, col]) for k, (row, col) in enumerate(places))
+
+
+@cuda.jit(device=True)
+def f32_bits(x):
+    return np.uint32(np.array(np.float32(x)).view(np.uint32))
+
+
+@cuda.jit(device=True)
+def bits_f32(bits):
+    return np.float32(np.array(np.uint32(bits)).view(np.float32))
+
+
 def _bits(value, element: type) -> int:
     return int(np.array(np.float32(value)).astype(element).view(np.uint16))
 

@@ -29,6 +29,8 @@ from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.types import TensorType, is_int
 
 INDEX = TensorType((), "i64")
+#: ``ac.tile_grid``'s ``precision``: how its float32 tile products may be computed (absent: "exact")
+PRECISIONS = ("exact", "tf32", "ieee")
 
 
 def _yield_types(block) -> list[TensorType]:
@@ -61,12 +63,16 @@ class TileGrid(OpDef):
     attributes = {
         "block_q": "rows per block",
         "kv_repeat": "query heads per key/value head (GQA), for backends that group them",
+        "precision": 'float32 tile products: "exact" (the default, float32-accurate), "tf32" (inputs '
+        'rounded to tf32, where the backend has tensor cores) or "ieee" (float32 FMAs)',
     }
 
     def infer(self, operands, attrs, declared, checker):
         block_q = require_attr(attrs, "block_q", int, self.name)
         if block_q <= 0:
             raise TypeCheckError(f"{self.name}: block_q must be positive")
+        if attrs.get("precision", "exact") not in PRECISIONS:
+            raise TypeCheckError(f"{self.name}: precision must be one of {', '.join(PRECISIONS)}")
         if operands:
             raise TypeCheckError(f"{self.name}: takes no operands")
         if not declared:
