@@ -62,29 +62,30 @@ def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
 
 
 def test_nanochat_prefill_then_steps_equals_one_call():
-    """The seed model: prefill 100 tokens, then 64 single-token steps, on the device cache."""
+    """The seed model: prefill 40 tokens, then 8 single-token steps, on the device cache (the CPU
+    tests run the seed's 100 + 64; the simulator runs every CUDA thread as a Python thread)."""
     nanochat = load_example("nanochat_attention")
     rng = np.random.default_rng(0)
-    x, *weights = nanochat.make_inputs(rng, B=1, T=164, C=24, n_head=6, n_kv_head=2)
+    x, *weights = nanochat.make_inputs(rng, B=1, T=48, C=24, n_head=6, n_kv_head=2)
     fn = ac.compile(nanochat.nanochat_attention, backend="cuda", n_head=6, n_kv_head=2)
     whole = fn(x, *weights)
     want = ac.compile(nanochat.nanochat_attention, backend="interp", n_head=6, n_kv_head=2)(x, *weights)
     assert worst_error([whole], [want]) < 5 * TOLERANCE["f32"]
-    dec = fn.decoder(max_len=192)
-    steps = [dec(x[:, :100], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(100, 164)]
+    dec = fn.decoder(max_len=64)
+    steps = [dec(x[:, :40], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(40, 48)]
     assert all(isinstance(step, np.ndarray) for step in steps)  # host inputs, host outputs
     decoded = np.concatenate(steps, axis=1)
     assert np.max(np.abs(decoded - whole)) / np.max(np.abs(whole)) < 1e-5
-    assert dec.length == 164
+    assert dec.length == 48
     cache = {name: host(array) for name, array in dec.cache.items()}
-    assert cache["k_cache"].shape == (1, 2, 164, 4) and cache["v_cache"].shape == (1, 2, 164, 4)
+    assert cache["k_cache"].shape == (1, 2, 48, 4) and cache["v_cache"].shape == (1, 2, 48, 4)
     # the keys the steps appended are the keys the CPU decoder computes
-    cpu = ac.compile(nanochat.nanochat_attention, backend="cpu", n_head=6, n_kv_head=2).decoder(max_len=192)
+    cpu = ac.compile(nanochat.nanochat_attention, backend="cpu", n_head=6, n_kv_head=2).decoder(max_len=64)
     cpu(x, *weights)
     np.testing.assert_allclose(cache["k_cache"], cpu.cache["k_cache"], rtol=1e-5, atol=1e-5)
     dec.reset()  # a replay of the prefill and the first steps gives the same bits
-    replay = [dec(x[:, :100], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(100, 108)]
-    np.testing.assert_array_equal(np.concatenate(replay, axis=1), decoded[:, :108])
+    replay = [dec(x[:, :40], *weights)] + [dec(x[:, t : t + 1], *weights) for t in range(40, 44)]
+    np.testing.assert_array_equal(np.concatenate(replay, axis=1), decoded[:, :44])
 
 
 def test_the_device_cache_is_untouched_by_a_failing_step():
