@@ -112,6 +112,7 @@ class Decoder:
                 "the cache is unchanged"
             )
         if self._buffers is None:
+            self._buffer_count = 0  # the cache arguments follow the inputs, in the order of the new entries
             new_entries = self.fn.func.results[self._n_outputs :]
             self._buffers = [self._allocate(value, env) for value in new_entries]
         results = self.fn.run([*arrays, *self._buffers], sizes)
@@ -144,7 +145,9 @@ class Decoder:
         """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""
         shape = [d.evaluate(env) for d in new_entries.type.shape]
         shape[self._axis] = self.max_len
-        return self.fn.program.zeros(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype])
+        arg = self._n_inputs + self._buffer_count
+        self._buffer_count += 1
+        return self.fn.program.zeros(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype], arg)
 
     def __repr__(self) -> str:
         name = self.fn.name if self.fn is not None else "(float type of the first call)"

@@ -76,8 +76,9 @@ class Program:
         return False
 
     # storage ---------------------------------------------------------------------------
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A zeroed array where this backend's kernels read it (a decoder's cache)."""
+    def zeros(self, shape: tuple[int, ...], dtype: Any, arg: int | None = None) -> Any:
+        """A zeroed array where this backend's kernels read it (a decoder's cache, for argument
+        ``arg`` of the step's function)."""
         return np.zeros(shape, dtype=dtype)
 
     def shape_view(self, x: Any, name: str) -> Any:

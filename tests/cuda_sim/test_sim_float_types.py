@@ -3,6 +3,7 @@ widened at the call's boundary; kernels compute in float32."""
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import attncomp as ac
 from attncomp.testing import TOLERANCE, worst_error
@@ -44,6 +45,31 @@ def test_a_bf16_paged_decoder_on_the_device():
     server = fn.paged_decoder(page_size=4, num_pages=8, dtype="bf16")
     seq = server.new()
     outs = [server.step({seq: (*(x[:, :, a:b] for x in args[:3]), args[3])})[seq] for a, b in [(0, 6), (6, 10)]]
+    got = np.concatenate(outs, axis=2)
+    want = ac.compile(alibi, backend="interp").for_dtype("bf16").compilation.run(args, exact=True)
+    assert worst_error([got], want) < TOLERANCE["bf16"]
+
+
+def test_a_bf16_decoder_keeps_its_device_cache_in_16_bits():
+    """Keys and values appended as they came (bf16 patterns, never widened): the cache holds half the
+    bytes, reads back as the bf16 it was given, and a failed step leaves it as it was."""
+    from attncomp.backends.numba_cuda import runtime
+
+    fn = ac.compile(alibi, backend="cuda")
+    args = inputs(ml_dtypes.bfloat16, T=10)
+    dec = fn.decoder(16, dtype="bf16")
+    assert dec.fn.program.bf16_bits == {0, 1, 2, 4, 5}  # q, k, v, the caches; not the slopes
+    outs = [dec(*(x[:, :, a:b] for x in args[:3]), args[3]) for a, b in [(0, 7), (7, 8), (8, 10)]]
+    cache = dec.cache
+    assert all(isinstance(c, runtime.Bf16Bits) and c.bits.dtype == np.uint16 for c in cache.values())
+    np.testing.assert_array_equal(cache["k_cache"].copy_to_host(), args[1])
+    np.testing.assert_array_equal(cache["v_cache"].copy_to_host(), args[2])
+    before = dec.cache["k_cache"].copy_to_host()
+    with pytest.raises(ac.ShapeError, match="slopes"):
+        dec(*(x[:, :, 9:10] for x in args[:3]), args[3][:1])
+    assert dec.length == 10
+    np.testing.assert_array_equal(dec.cache["k_cache"].copy_to_host(), before)
+    assert "widen_bf16(" in dec.fn.source  # the attention reads the cache's patterns
     got = np.concatenate(outs, axis=2)
     want = ac.compile(alibi, backend="interp").for_dtype("bf16").compilation.run(args, exact=True)
     assert worst_error([got], want) < TOLERANCE["bf16"]

@@ -99,11 +99,17 @@ class CudaFunction(Program):
         arrays, env = bind_device_arguments(self.func or func, args, constraints, sizes)
         arrays = [self.stored(k, a, func.args[k].name or f"arg{k}") for k, a in enumerate(arrays)]
         outputs = self.run_bound(arrays, env)
+        from attncomp.backends.numba_cuda import runtime
+
         bf16 = np.dtype(NUMPY_DTYPES["bf16"])
-        return [
-            o.astype(bf16) if narrow and isinstance(o, np.ndarray) else o
-            for o, narrow in zip(outputs, self.bf16_results or [False] * len(outputs))
-        ]
+        results = []
+        for o, narrow in zip(outputs, self.bf16_results or [False] * len(outputs)):
+            if narrow and getattr(getattr(o, "dtype", None), "itemsize", 0) == 2:  # bf16 patterns, returned
+                o = o.view(bf16) if isinstance(o, np.ndarray) else runtime.Bf16Bits(o)
+            elif narrow and isinstance(o, np.ndarray):
+                o = o.astype(bf16)
+            results.append(o)
+        return results
 
     def stored(self, k: int, array: Any, name: str) -> Any:
         """Argument ``k`` as the device holds it: bf16 as 16-bit patterns where the kernels read them
@@ -133,10 +139,15 @@ class CudaFunction(Program):
 
         return DevicePages()
 
-    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A zeroed device array (a decoder's cache: steps append to it in place, never copying it)."""
+    def zeros(self, shape: tuple[int, ...], dtype: Any, arg: int | None = None) -> Any:
+        """A zeroed device array (a decoder's cache: steps append to it in place, never copying it);
+        for argument ``arg`` kept as bf16 patterns (``bf16_bits``), their 16 bits (``Bf16Bits``)."""
         from attncomp.backends.numba_cuda import runtime
 
+        if arg in self.bf16_bits:
+            array = runtime.scratch(shape, np.dtype(np.uint16))
+            runtime.fill_zero(array)
+            return runtime.Bf16Bits(array)
         array = runtime.scratch(shape, device_dtype(dtype))
         runtime.fill_zero(array)
         return array
@@ -261,9 +272,11 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     (``mma_plan.MmaPlan.storage``); and the positions of the bf16 arguments kept in 16 bits on the
     device.
 
-    A bf16 argument stays 16-bit (``"bits"``) when tensor-core tile loads are all that read it
-    (query, key and value passed straight to the attention); bf16 values anything else computes
-    with are widened to float32 (``widened``)."""
+    A bf16 argument stays 16-bit (``"bits"``) when tile loads are all that read it (query, key and
+    value passed straight to the attention; it may also be returned), or when it is a decoder's
+    cache or the new entries appended to it and the appended cache is read by tile loads alone: a
+    decoder's device cache then holds bf16, half the bytes a step reads.  bf16 values anything else
+    computes with are widened to float32 (``widened``)."""
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
     from attncomp.backends.tiles import read_tiled_attention
 
@@ -279,8 +292,27 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
         sources.append([load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load)])
     tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
 
+    def origins(value) -> list:
+        """The arguments a tile source is: itself, or a decoder's cache and the new entries appended
+        to it (``ac.cache_append``: the append copies 16-bit patterns as they are)."""
+        owner = value.owner
+        if getattr(owner, "name", None) == "ac.cache_append" and all(v in func.args for v in owner.operands):
+            return list(owner.operands)
+        return [value]
+
+    def kept_readers(value) -> set[int]:
+        """Ops that may read a 16-bit argument: tile loads, the return, and the append it takes part in."""
+        return (
+            tile_loads
+            | {id(func.body.ops[-1])}
+            | {id(op) for op in readers.get(value, []) if op.name == "ac.cache_append"}
+        )
+
     def loaded_only(value) -> bool:
-        return value in func.args and all(id(op) in tile_loads for op in readers.get(value, []))
+        owner = value.owner
+        if getattr(owner, "name", None) == "ac.cache_append":  # read by tile loads alone, as its arguments
+            return all(id(op) in tile_loads for op in readers.get(value, [])) and all(map(loaded_only, origins(value)))
+        return value in func.args and all(id(op) in kept_readers(value) for op in readers.get(value, []))
 
     elements: list[str | None] = []
     for op, values in zip(grids, sources):
@@ -292,8 +324,9 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
         else:
             elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
     bits = {k for k, values in enumerate(sources) if elements[k] == "bf16" and all(map(loaded_only, values))}
+    args_of = [{a for v in values for a in origins(v)} for values in sources]
     while True:  # an argument kept 16-bit is so for every grid that reads it
-        shared = {k for k in bits for j in set(range(len(grids))) - bits if set(sources[k]) & set(sources[j])}
+        shared = {k for k in bits for j in set(range(len(grids))) - bits if args_of[k] & args_of[j]}
         if not shared:
             break
         bits -= shared
@@ -301,7 +334,7 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     for k, element in enumerate(elements):
         storage = "bits" if k in bits else "f16" if element == "f16" else "f32"
         found.append((element, storage))
-    kept = {func.args.index(v) for k in bits for v in sources[k]}
+    kept = {func.args.index(a) for k in bits for a in args_of[k]}
     return found, frozenset(kept)
 
 

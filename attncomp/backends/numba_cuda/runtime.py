@@ -85,6 +85,21 @@ class Bf16Bits:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.bits.shape)
 
+    @property
+    def ndim(self) -> int:
+        return len(self.bits.shape)
+
+    def __getitem__(self, index: Any) -> Bf16Bits:
+        """A view of the patterns (a decoder's cache, up to its length)."""
+        return Bf16Bits(self.bits[index])
+
+    def copy_to_host(self) -> np.ndarray:
+        """The values on the host, as ``ml_dtypes.bfloat16``."""
+        return np.asarray(self.bits.copy_to_host()).view(np.uint16).view(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"<bf16 device array {self.shape}>"
+
 
 def is_device(x: Any) -> bool:
     """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
