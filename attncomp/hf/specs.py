@@ -30,20 +30,21 @@ from typing import Any
 import attncomp as ac
 
 
-def masked_scores(q: Any, k: Any, shift: Any, q_doc: Any, k_doc: Any, constants: dict[str, Any]) -> Any:
+def masked_scores(
+    q: Any, k: Any, shift: Any, q_doc: Any, k_doc: Any, *, scale: float, window: int, softcap: float, causal: bool
+) -> Any:
     """The scores of the layer: scaled, soft-capped, and ``-inf`` where the mask hides a key."""
     n_rep = q.shape[1] // k.shape[1]
-    scores = (q @ ac.repeat_kv(k, n_rep).mT) * constants["scale"]
-    cap = constants["softcap"]
-    if cap:
-        scores = cap * ac.tanh(scores / cap)
+    scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
+    if softcap:
+        scores = softcap * ac.tanh(scores / softcap)
     b, h, i, j = ac.index(scores)
     position = i + shift[b]  # the query's position among the keys
     visible = None
-    if constants["causal"]:
+    if causal:
         visible = j <= position
-    if constants["window"]:
-        near = position - j < constants["window"]
+    if window:
+        near = position - j < window
         visible = near if visible is None else visible & near
     if q_doc is not None:
         same = q_doc[b, i] == k_doc[b, j]
@@ -81,8 +82,8 @@ def hf_attention(
     causal: bool = True,
 ):
     """Causal (or bidirectional) attention with no padding and one sequence per row."""
-    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
-    return attend(q, k, v, masked_scores(q, k, shift, None, None, constants))
+    scores = masked_scores(q, k, shift, None, None, scale=scale, window=window, softcap=softcap, causal=causal)
+    return attend(q, k, v, scores)
 
 
 @ac.spec
@@ -100,8 +101,8 @@ def hf_attention_segments(
     causal: bool = True,
 ):
     """``hf_attention`` where a query sees only keys of its own segment: padding, packed sequences."""
-    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
-    return attend(q, k, v, masked_scores(q, k, shift, q_doc, k_doc, constants))
+    scores = masked_scores(q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal)
+    return attend(q, k, v, scores)
 
 
 @ac.spec
@@ -118,8 +119,7 @@ def hf_attention_sinks(
     causal: bool = True,
 ):
     """``hf_attention`` with a learned sink logit per head (gpt-oss's ``s_aux``)."""
-    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
-    scores = masked_scores(q, k, shift, None, None, constants)
+    scores = masked_scores(q, k, shift, None, None, scale=scale, window=window, softcap=softcap, causal=causal)
     return with_sinks(attend(q, k, v, scores), scores, sinks)
 
 
@@ -139,8 +139,7 @@ def hf_attention_segments_sinks(
     causal: bool = True,
 ):
     """``hf_attention_segments`` with a learned sink logit per head (gpt-oss's ``s_aux``)."""
-    constants = {"scale": scale, "window": window, "softcap": softcap, "causal": causal}
-    scores = masked_scores(q, k, shift, q_doc, k_doc, constants)
+    scores = masked_scores(q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal)
     return with_sinks(attend(q, k, v, scores), scores, sinks)
 
 

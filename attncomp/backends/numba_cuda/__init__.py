@@ -24,7 +24,7 @@ import numpy as np
 
 from attncomp.backends.base import Program
 from attncomp.errors import AttncompError
-from attncomp.ir.core import Func, Module
+from attncomp.ir.core import Func, Module, Op
 from attncomp.ir.parser import parse_ir
 from attncomp.ir.printer import print_module
 from attncomp.ir.types import NUMPY_DTYPES
@@ -292,27 +292,28 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
         sources.append([load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load)])
     tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
 
-    def origins(value) -> list:
-        """The arguments a tile source is: itself, or a decoder's cache and the new entries appended
-        to it (``ac.cache_append``: the append copies 16-bit patterns as they are)."""
+    def appended(value) -> Op | None:
+        """The ``ac.cache_append`` of an argument to an argument (a decoder's cache) that ``value`` is."""
         owner = value.owner
         if getattr(owner, "name", None) == "ac.cache_append" and all(v in func.args for v in owner.operands):
-            return list(owner.operands)
-        return [value]
+            return owner
+        return None
 
-    def kept_readers(value) -> set[int]:
-        """Ops that may read a 16-bit argument: tile loads, the return, and the append it takes part in."""
-        return (
-            tile_loads
-            | {id(func.body.ops[-1])}
-            | {id(op) for op in readers.get(value, []) if op.name == "ac.cache_append"}
-        )
+    def origins(value) -> list:
+        """The arguments a tile source is: itself, or the cache and the new entries appended to it
+        (the append copies 16-bit patterns as they are)."""
+        append = appended(value)
+        return list(append.operands) if append is not None else [value]
+
+    def read_as_patterns(value) -> bool:
+        """Every op reading ``value`` can take 16-bit patterns: tile loads, such an append, and (for an
+        argument, handed back as it came) the return."""
+        allowed = tile_loads | {id(func.body.ops[-1])} if value in func.args else tile_loads
+        return all(id(op) in allowed or appended(op.results[0]) is not None for op in readers.get(value, []))
 
     def loaded_only(value) -> bool:
-        owner = value.owner
-        if getattr(owner, "name", None) == "ac.cache_append":  # read by tile loads alone, as its arguments
-            return all(id(op) in tile_loads for op in readers.get(value, [])) and all(map(loaded_only, origins(value)))
-        return value in func.args and all(id(op) in kept_readers(value) for op in readers.get(value, []))
+        args = origins(value)
+        return read_as_patterns(value) and all(a in func.args and read_as_patterns(a) for a in args)
 
     elements: list[str | None] = []
     for op, values in zip(grids, sources):

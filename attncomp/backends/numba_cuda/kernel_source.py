@@ -42,6 +42,11 @@ class CudaKernelSource(KernelSource):
     #: tile sources the device keeps as bf16 bit patterns (``numba_cuda.tensor_core_types``)
     bits: frozenset[Value] = frozenset()
 
+    def __init__(self, captured: dict[Value, str], dims: list[str]):
+        super().__init__(captured, dims)
+        #: divisors known before the tile loop -> the name of their reciprocal (see :meth:`hoist`)
+        self.reciprocals: dict[Value, str] = {}
+
     def read(self, load: Op, element: str) -> str:
         """An element of a tile load's source as the accumulation type (bf16 patterns widened)."""
         return f"widen_bf16({element})" if load.operands[0] in self.bits else f"ACC({element})"
@@ -50,8 +55,7 @@ class CudaKernelSource(KernelSource):
         return self.scalar().ref(value)
 
     def scalar(self) -> ScalarEmitter:
-        reciprocals = getattr(self, "reciprocals", None)
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, reciprocals)
+        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals)
 
     def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
         """Bind the region's batch arguments, emit its position-independent ops; return the others."""
@@ -66,7 +70,6 @@ class CudaKernelSource(KernelSource):
         # A float division by a value known before the tile loop becomes a product with its
         # reciprocal (within 1.5 ulp of the quotient): a correctly rounded float32 division is a
         # call on the GPU, whose spilled registers would cost more than the division.
-        self.reciprocals = getattr(self, "reciprocals", {})
         variant = set(region.args[n_batch:]) | {r for op in rest for r in op.results}
         for op in rest:
             divisor = op.operands[1] if op.name == "ac.div" else None

@@ -24,7 +24,6 @@ from __future__ import annotations
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
-from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op
 
 HEADER = """\
@@ -75,17 +74,13 @@ class Tf32KernelWriter(MmaKernelWriter):
         if self.mp.split:
             w.line(f"{rest} = tf32_rest(x_f, {target})")
 
-    def load_query(self) -> None:
-        """This lane's A fragments of its warp's 16 query rows, rounded (rows past the end read the last)."""
-        p, w, load = self.mp, self.w, self.t.q_load
-        row0 = self.ref(load.operands[-1])
-        w.line(f"q_row_a = min({row0} + ra, n_rows - 1)")
-        w.line(f"q_row_b = min({row0} + rb, n_rows - 1)")
-        for kc in range(p.head_dim // 8):
-            for reg, (row, col) in enumerate((("q_row_a", 0), ("q_row_b", 0), ("q_row_a", 4), ("q_row_b", 4))):
-                self.rounded(f"q_{kc}_{reg}", "x_rest", self.element(load, row, f"{kc * 8 + col} + tq"))
-                if p.split:  # this lane's own words: read back by it alone, no barrier
-                    w.line(f"q_rest_sh[qr_at + U({(kc * 4 + reg) * 32})] = x_rest")
+    K_STEP, K_HALF = 8, 4
+
+    def query_register(self, load: Op, kc: int, reg: int, row: str, col: int) -> None:
+        """``q_{kc}_{reg}``: feature ``col + t`` of ``row``, rounded; split, its rest to shared memory."""
+        self.rounded(f"q_{kc}_{reg}", "x_rest", self.element(load, row, f"{col} + tq"))
+        if self.mp.split:  # this lane's own words: read back by it alone, no barrier
+            self.w.line(f"q_rest_sh[qr_at + U({(kc * 4 + reg) * 32})] = x_rest")
 
     def stage(self, load: Op, j0: str, array: str, pitch: int, width: int) -> None:
         """Rows ``j0 ...`` of a key or value tile into ``array[key, col]``, rounded; zero past the keys."""
@@ -117,13 +112,9 @@ class Tf32KernelWriter(MmaKernelWriter):
             w.line(f"{out} = mma_tf32({', '.join(a_regs)}, {', '.join(b_regs)}, {acc})")
             acc = out
 
-    def chunk(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        p, w = self.mp, self.w
-        w.line("cuda.syncthreads()  # every warp is done with the previous chunk")
-        self.stage_keys(compute.k_load, "jc")
-        self.stage_values(compute.v_load, "jc")
-        w.line("cuda.syncthreads()")
-        w.line("# S = Q K^T")
+    def score_products(self) -> None:
+        """``s_{n}_{e}``: chunk / 8 fragments of D / 8 products (three each, split)."""
+        p = self.mp
         for n in range(p.chunk // 8):
             s = ", ".join(f"s_{n}_{e}" for e in range(4))
             for kc in range(p.head_dim // 8):
@@ -134,9 +125,11 @@ class Tf32KernelWriter(MmaKernelWriter):
                 b = [f"k_sh[k_at + U({at})]" for at in ats]
                 b_rest = [f"k_sh_rest[k_at + U({at})]" for at in ats]
                 self.products(s, q, q_rest, b, b_rest, acc)
-        self.scores(compute, masked, hoisted)
-        self.softmax_update()
-        w.line("# O += P V")
+
+    def value_products(self) -> None:
+        """``o_{en}_{e} += P V``: P rounded from the scores in ``P_ORDER``, E / 8 fragments of chunk / 8
+        products (three each, split)."""
+        p = self.mp
         for n in range(p.chunk // 8):
             for reg, e in enumerate(P_ORDER):
                 self.rounded(f"p_{n}_{reg}", f"pl_{n}_{reg}", f"s_{n}_{e}")

@@ -82,17 +82,25 @@ class MmaKernelWriter(AttentionKernelWriter):
         page, at = self.page_row(load, view, row)
         return f"{src}[{page}, {at}{col}]"
 
+    #: features of one product (its k), and how far the second column half of an A fragment is
+    K_STEP, K_HALF = 16, 8
+
     def load_query(self) -> None:
         """This lane's A fragments of its warp's 16 query rows (rows past the end read the last)."""
         p, w, load = self.mp, self.w, self.t.q_load
         row0 = self.ref(load.operands[-1])
         w.line(f"q_row_a = min({row0} + ra, n_rows - 1)")
         w.line(f"q_row_b = min({row0} + rb, n_rows - 1)")
-        for kc in range(p.head_dim // 16):
-            for reg, (row, col) in enumerate((("q_row_a", 0), ("q_row_b", 0), ("q_row_a", 8), ("q_row_b", 8))):
-                at = f"{kc * 16 + col} + t2"
-                pair = f"{self.element(load, row, at)}, {self.element(load, row, at + ' + 1')}"
-                w.line(f"q_{kc}_{reg} = {self.pack_loaded}({pair})")
+        half = self.K_HALF
+        for kc in range(p.head_dim // self.K_STEP):
+            for reg, (row, col) in enumerate((("q_row_a", 0), ("q_row_b", 0), ("q_row_a", half), ("q_row_b", half))):
+                self.query_register(load, kc, reg, row, kc * self.K_STEP + col)
+
+    def query_register(self, load: Op, kc: int, reg: int, row: str, col: int) -> None:
+        """A register ``q_{kc}_{reg}``: the pair of features from ``col + 2t`` of ``row``."""
+        at = f"{col} + t2"
+        pair = f"{self.element(load, row, at)}, {self.element(load, row, at + ' + 1')}"
+        self.w.line(f"q_{kc}_{reg} = {self.pack_loaded}({pair})")
 
     def stage_keys(self, load: Op, j0: str) -> None:
         """The key tile into ``k_sh[key, d // 2]``, two features a word; zero past the keys."""
@@ -140,12 +148,21 @@ class MmaKernelWriter(AttentionKernelWriter):
 
     def chunk(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """Keys ``jc ...``: staged, scored, masked, and folded into the row states."""
-        p, w = self.mp, self.w
+        w = self.w
         w.line("cuda.syncthreads()  # every warp is done with the previous chunk")
         self.stage_keys(compute.k_load, "jc")
         self.stage_values(compute.v_load, "jc")
         w.line("cuda.syncthreads()")
         w.line("# S = Q K^T")
+        self.score_products()
+        self.scores(compute, masked, hoisted)
+        self.softmax_update()
+        w.line("# O += P V")
+        self.value_products()
+
+    def score_products(self) -> None:
+        """``s_{n}_{e}``: the scores of this lane's places, chunk / 8 fragments of D / 16 products."""
+        p, w = self.mp, self.w
         for n in range(p.chunk // 8):
             for kc in range(p.head_dim // 16):
                 acc = ", ".join(f"s_{n}_{e}" for e in range(4)) if kc else "ZERO, ZERO, ZERO, ZERO"
@@ -153,9 +170,10 @@ class MmaKernelWriter(AttentionKernelWriter):
                 at = n * 8 * p.k_pitch + kc * 8
                 b = f"k_sh[k_at + U({at})], k_sh[k_at + U({at + 4})]"
                 w.line(f"{', '.join(f's_{n}_{e}' for e in range(4))} = {self.mma()}({a}, {b}, {acc})")
-        self.scores(compute, masked, hoisted)
-        self.softmax_update()
-        w.line("# O += P V")
+
+    def value_products(self) -> None:
+        """``o_{en}_{e} += P V``: P packed from the scores' fragments, E / 8 fragments of chunk / 16 products."""
+        p, w = self.mp, self.w
         for kk in range(p.chunk // 16):
             a, c = f"s_{2 * kk}", f"s_{2 * kk + 1}"
             pairs = (f"{a}_0, {a}_1", f"{a}_2, {a}_3", f"{c}_0, {c}_1", f"{c}_2, {c}_3")

@@ -19,13 +19,14 @@ _I32 = ir.IntType(32)
 _FRAGMENT = types.UniTuple(types.float32, 4)
 
 
-def _mma_m16n8k16(element: str):
-    """``mma.sync.aligned.m16n8k16.row.col.f32.{element}.{element}.f32``: D = A B + C for one warp.
+def _mma(shape: str, element: str):
+    """``mma.sync.aligned.{shape}.row.col.f32.{element}.{element}.f32``: D = A B + C for one warp.
 
-    A (16 x 16) is four 32-bit registers of two 16-bit elements each, B (16 x 8) two, C and D
-    four float32 (layout in ``warp.py``)."""
+    A is four 32-bit registers, B two, C and D four float32 (layouts in ``warp.py``): for
+    ``m16n8k16`` a register holds two 16-bit elements (A 16 x 16, B 16 x 8); for ``m16n8k8`` in
+    tf32 one element (A 16 x 8, B 8 x 8), float32 bits whose low 13 are zero (``warp.tf32_round``)."""
     text = (
-        f"mma.sync.aligned.m16n8k16.row.col.f32.{element}.{element}.f32 "
+        f"mma.sync.aligned.{shape}.row.col.f32.{element}.{element}.f32 "
         "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
     )
     constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
@@ -45,29 +46,9 @@ def _mma_m16n8k16(element: str):
     return mma
 
 
-mma_f16 = _mma_m16n8k16("f16")
-mma_bf16 = _mma_m16n8k16("bf16")
-
-
-@intrinsic
-def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``: D = A B + C for one warp, A (16 x 8)
-    four and B (8 x 8) two 32-bit registers of one tf32 each (float32 bits whose low 13 are zero,
-    ``warp.tf32_round``), C and D four float32 (layout in ``warp.py``)."""
-    text = (
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
-    )
-    constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
-    sig = signature(_FRAGMENT, *([types.uint32] * 6 + [types.float32] * 4))
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-        result = builder.call(ir.InlineAsm(fnty, text, constraints), list(args))
-        parts = [builder.extract_value(result, k) for k in range(4)]
-        return context.make_tuple(builder, sig.return_type, parts)
-
-    return sig, codegen
+mma_f16 = _mma("m16n8k16", "f16")
+mma_bf16 = _mma("m16n8k16", "bf16")
+mma_tf32 = _mma("m16n8k8", "tf32")
 
 
 @intrinsic

@@ -43,6 +43,14 @@ def _exchange(values: tuple) -> np.ndarray:
     return words
 
 
+def _accumulate(d: np.ndarray, c: tuple) -> tuple:
+    """This lane's C fragment plus its places of the warp's product ``d`` (16 x 8), as float32."""
+    lane = cuda.threadIdx.x % 32
+    g, t = lane >> 2, lane & 3
+    places = ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))
+    return tuple(np.float32(np.float64(c[k]) + d[row, col]) for k, (row, col) in enumerate(places))
+
+
 def _mma(element: type, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     words = _exchange((a0, a1, a2, a3, b0, b1))
     a = np.zeros((16, 16))
@@ -52,12 +60,7 @@ def _mma(element: type, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         a[row, col], a[row, col + 1] = lo[:, reg], hi[:, reg]
     for reg, row in ((4, 2 * _T), (5, 2 * _T + 8)):
         b[row, _G], b[row + 1, _G] = lo[:, reg], hi[:, reg]
-    d = a @ b
-    lane = cuda.threadIdx.x % 32
-    g, t = lane >> 2, lane & 3
-    c = (c0, c1, c2, c3)
-    places = ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))
-    return tuple(np.float32(np.float64(c[k]) + d[row, col]) for k, (row, col) in enumerate(places))
+    return _accumulate(a @ b, (c0, c1, c2, c3))
 
 
 @cuda.jit(device=True)
@@ -84,12 +87,7 @@ def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     for reg, (row, col) in enumerate(((_G, _T), (_G + 8, _T), (_G, _T + 4), (_G + 8, _T + 4))):
         a[row, col] = x[:, reg]
     b[_T, _G], b[_T + 4, _G] = x[:, 4], x[:, 5]
-    d = a @ b
-    lane = cuda.threadIdx.x % 32
-    g, t = lane >> 2, lane & 3
-    c = (c0, c1, c2, c3)
-    places = ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))
-    return tuple(np.float32(np.float64(c[k]) + d[row, col]) for k, (row, col) in enumerate(places))
+    return _accumulate(a @ b, (c0, c1, c2, c3))
 
 
 @cuda.jit(device=True)
