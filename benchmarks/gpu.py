@@ -10,7 +10,8 @@ a decoder (``fn.decoder``, its cache on the GPU) with grouped-query heads
 over the same cache and against a device-to-device copy's bandwidth.  Then training steps:
 forward+backward through ``fn.to_torch()`` against SDPA's forward+backward (causal at
 T = 2048, 8192 and 16384, H = 8, D = 64, and a causal window of 256 keys at T = 8192 against
-SDPA with a boolean mask).  Inputs are torch
+SDPA with a boolean mask), then the same steps in bf16 (and float32) on tensor cores
+(``benchmarks.tensor_core_training``: against SDPA's flash backend and its default choice).  Inputs are torch
 CUDA tensors, passed to attncomp as device arrays (``__cuda_array_interface__``),
 so no copy is timed.  Each time is the median of CUDA-event-timed calls after
 a warm-up call (which compiles).  Then the f16/bf16 rows on tensor cores
@@ -258,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "decoder"):
         print(decoder_step_row(torch, args.quick, args.repeats))
     if args.only in (None, "training"):
+        from benchmarks.tensor_core_training import training_rows as tensor_core_training_rows
+
         for line in training_rows(torch, args.quick, args.repeats):
+            print(line)
+        for line in tensor_core_training_rows(torch, args.quick, args.repeats):
             print(line)
     if args.only in (None, "serving"):
         for line in serving.serving_rows(args.quick, args.repeats, backend="cuda"):

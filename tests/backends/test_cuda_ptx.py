@@ -226,6 +226,39 @@ def test_backward_kernels_compile_without_local_memory(example, name):
             assert report.registers <= 255, label
 
 
+@pytest.mark.parametrize(
+    "example,name,dtype,head_dim",
+    [
+        ("causal", "causal", "bf16", 64),
+        ("softcap", "causal_softcap", "f16", 128),
+        ("alibi", "causal_alibi", "bf16", 128),
+    ],
+)
+def test_tensor_core_backward_kernels(example, name, dtype, head_dim):
+    """The f16/bf16 backward at the default 64 x 64 blocks: the five products per chunk on mma.sync,
+    no local memory, no spills on sm_80 and sm_90 (soft-capping's derivative and ALiBi's slope sums
+    in registers beside the fragments)."""
+    from attncomp.backends import numba_cuda
+    from tests.cuda_sim.helpers import retyped
+
+    fn = ac.compile(retyped(getattr(load_example(example), name), dtype), backend="interp")
+    impl = numba_cuda.build(fn.backward.module)
+    (kernels,) = impl.backward
+    plan = kernels.mma_plan(head_dim, head_dim)
+    assert (plan.keys, plan.rows) == ((64, 32) if head_dim == 64 else (32, 16))
+    backward = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_backward_kernel_0[")]
+    texts: dict = {}
+    reports = _check(impl, head_dim, backward, texts)
+    # per chunk: S^T and dP^T ((D / 16) (rows / 8) each), dV and dK over the block's share of the
+    # columns ((E / halves / 8) (rows / 16) each), and a loop over the warp's dQ fragments (keys / 16 each)
+    d, rows = head_dim, plan.rows
+    assert plan.halves == (1 if head_dim == 64 else 2)
+    products = 2 * (d // 16) * (rows // 8) + 2 * (d // plan.halves // 8) * (rows // 16) + plan.keys // 16
+    for ptx in texts.values():
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
+    assert all(report.registers <= 255 for report in reports.values())
+
+
 @pytest.mark.parametrize("example,name", [("alibi", "causal_alibi"), ("relative_bias", "relative_bias")])
 def test_unfused_backward_kernels_compile(example, name):
     """pipeline="": the backward's ac.scatter_add (into slopes [H], into a table [H, R]) as a graph kernel."""

@@ -339,6 +339,25 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     return found, frozenset(kept)
 
 
+def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
+    """Per ``ac.key_grid``: the 16-bit type its products run in on tensor cores (query, key, value
+    and output gradient of one type, f16 or bf16; None: the scalar kernel) and how the device holds
+    them ("f16", or "f32": bf16 widened, ``widened``)."""
+    from attncomp.backends.backward_tiles import read_tiled_backward
+    from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
+
+    found: list[tuple[str | None, str]] = []
+    for op in module.main.body.ops:
+        if op.name != "ac.key_grid":
+            continue
+        t = read_tiled_backward(op)
+        loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
+        types = {load.operands[0].type.dtype for load in loads}
+        element = types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None
+        found.append((element, "f16" if element == "f16" else "f32"))
+    return found
+
+
 def build(
     module: Module, lanes: int | None = None, split: int | None = None, backward_lanes: int | None = None
 ) -> CudaFunction:
@@ -358,6 +377,7 @@ def build(
 
     declared = [r.type.dtype for r in module.main.results]
     products, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
+    backward_types = backward_tensor_core_types(module)
     if any(
         v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
     ):
@@ -366,7 +386,10 @@ def build(
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
     attention = {op: AttentionKernels(k, op, func, lanes, split, *products[k]) for k, op in enumerate(grids)}
     key_grids = [op for op in func.body.ops if op.name == "ac.key_grid"]
-    backward = {op: BackwardKernels(k, op, func, backward_lanes) for k, op in enumerate(key_grids)}
+    backward = {
+        op: BackwardKernels(k, op, func, backward_lanes, *types)
+        for k, (op, types) in enumerate(zip(key_grids, backward_types))
+    }
     source, graph_kernels = generate_driver(func, attention, backward)
     module_ = load_source(source, "cuda")
     program = CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))

@@ -233,9 +233,11 @@ class BackwardKernelWriter(CudaKernelSource):
     def loop_body(self, hoisted: dict[Op, list[Op]]) -> None:
         self.by_tile_class(self.t, lambda tile, mask_when: self.query_tile(tile, mask_when, hoisted), one_copy=True)
 
-    def store(self) -> None:
-        """The dk, dv slices into the key/value head's rows; the sites' last runs."""
-        p, w, nb = self.plan, self.w, self.nb
+    def kv_prefix(self) -> str:
+        """Emit the key/value head's batch indices ``kv_a`` and ``kv_atomic`` (whether other thread
+        blocks add into the same rows: grouped query heads, a broadcast key batch axis); return the
+        index prefix of its rows."""
+        w, nb = self.w, self.nb
         kv = []
         for a in range(nb):
             index = f"bi_{a} // G" if a == 1 else f"bi_{a}"
@@ -244,7 +246,12 @@ class BackwardKernelWriter(CudaKernelSource):
         shared = ["G > 1"] if nb >= 2 else []
         shared += [f"(out_dk.shape[{a}] == 1 and out_dq.shape[{a}] > 1)" for a in range(nb)]
         w.line(f"kv_atomic = {' or '.join(shared) or 'False'}")
-        prefix = "".join(f"{x}, " for x in kv)
+        return "".join(f"{x}, " for x in kv)
+
+    def store(self) -> None:
+        """The dk, dv slices into the key/value head's rows; the sites' last runs."""
+        p, w = self.plan, self.w
+        prefix = self.kv_prefix()
         w.line("if c < nk:")
         with w.indent():
             for atomic in (True, False):
@@ -265,13 +272,39 @@ class BackwardKernelWriter(CudaKernelSource):
             self.site_flush(k)
 
     # the kernel ---------------------------------------------------------------
+    def key_block(self, keys: int, parts: int, halves: int = 1) -> None:
+        """This thread block's keys: ``nk`` (at most ``keys``) from ``j0 + koff``, part ``koff / keys``
+        of IR key block ``kb`` of batch position ``bi_...`` (and, of ``halves`` blocks sharing those
+        keys, ``half``); then the grid's prologue."""
+        t, w = self.t, self.w
+        q_src = t.masked.q_load.operands[0]
+        k_src = t.k_load.operands[0]
+        w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
+        w.line(f"n_keys = {dim_expr(k_src.type.shape[-2])}")
+        w.line(f"n_kb = (n_keys + {t.block_k - 1}) // {t.block_k}")
+        w.line("task = cuda.blockIdx.x")
+        if halves > 1:
+            w.line(f"half = task % {halves}")
+            w.line(f"task = task // {halves}")
+        w.line(f"koff = (task % {parts}) * {keys}")
+        w.line(f"kb = (task // {parts}) % n_kb")
+        self.batch = self.batch_indices(self.nb, f"task // {parts} // n_kb", "out_dq")
+        for arg, name in zip(t.batch_args, self.batch):
+            self.names[arg] = name
+        w.line(f"j0 = kb * {t.block_k}")
+        self.names[t.j0] = "j0"
+        w.line(f"nk = min(min({keys}, {t.block_k} - koff), n_keys - j0 - koff)")
+        w.line("if nk <= 0:  # a part past the last key: the whole block returns")
+        with w.indent():
+            w.line("return")
+        for op in t.prologue:
+            self.scalar().op(op)
+
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.plan, self.w
         w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT).splitlines())
         w.line()
         w.line()
-        q_src = t.masked.q_load.operands[0]
-        k_src = t.k_load.operands[0]
         w.line("@cuda.jit(cache=True)")
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
@@ -280,23 +313,7 @@ class BackwardKernelWriter(CudaKernelSource):
             w.line("tid = cuda.threadIdx.x")
             w.line(f"c = tid // {p.lanes}")
             w.line(f"g = tid - c * {p.lanes}")
-            w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
-            w.line(f"n_keys = {dim_expr(k_src.type.shape[-2])}")
-            w.line(f"n_kb = (n_keys + {p.block_k - 1}) // {p.block_k}")
-            w.line("task = cuda.blockIdx.x")
-            w.line(f"koff = (task % {p.parts}) * {p.keys}")
-            w.line(f"kb = (task // {p.parts}) % n_kb")
-            self.batch = self.batch_indices(self.nb, f"task // {p.parts} // n_kb", "out_dq")
-            for arg, name in zip(t.batch_args, self.batch):
-                self.names[arg] = name
-            w.line(f"j0 = kb * {p.block_k}")
-            self.names[t.j0] = "j0"
-            w.line(f"nk = min(min({p.keys}, {p.block_k} - koff), n_keys - j0 - koff)")
-            w.line("if nk <= 0:  # a part past the last key: the whole block returns")
-            with w.indent():
-                w.line("return")
-            for op in t.prologue:
-                self.scalar().op(op)
+            self.key_block(p.keys, p.parts)
             w.line(f"k_tile = cuda.shared.array(({p.keys}, {p.head_pitch}), {self.acc})")
             w.line(f"v_tile = cuda.shared.array(({p.keys}, {p.value_pitch}), {self.acc})")
             w.line(f"q_tile = cuda.shared.array(({p.rows}, {p.head_pitch}), {self.acc})")

@@ -52,6 +52,11 @@ class BackwardPlan:
         return ceil_div(self.block_k, self.keys)
 
     @property
+    def halves(self) -> int:
+        """Thread blocks sharing one part's keys (each keeps all of their columns)."""
+        return 1
+
+    @property
     def dk_slice(self) -> int:
         return ceil_div(self.head_dim, self.lanes)
 

@@ -10,9 +10,11 @@ for lane ``l`` of a warp, ``g = l // 4`` (its group) and ``t = l % 4`` (its plac
 
 A lane therefore holds two rows of the product (``g`` and ``g + 8``), and a row's elements are
 spread over the four lanes of a quad: ``quad_max`` and ``quad_sum`` reduce a value over them
-(butterfly shuffles, lanes ``l ^ 1`` then ``l ^ 2``).  The C fragments of two neighbouring
-8-column tiles are, element for element, the A fragment of their 16 columns: the scores of
-``Q K^T`` become the operand of ``P V`` without leaving registers.
+(butterfly shuffles, lanes ``l ^ 1`` then ``l ^ 2``); ``shuffle_xor(x, mask)`` is the float32 ``x``
+of lane ``l ^ mask`` (the backward trades with ``l ^ 4``, the lane of the neighbouring row
+``g ^ 1``).  The C fragments of two neighbouring 8-column tiles are, element for element, the A
+fragment of their 16 columns: the scores of ``Q K^T`` become the operand of ``P V`` without
+leaving registers.
 
 The fragments of ``mma.sync.aligned.m16n8k8`` with tf32 elements (one element a register):
 ``a0 = A[g, t]``, ``a1 = A[g+8, t]``, ``a2 = A[g, t+4]``, ``a3 = A[g+8, t+4]``; ``b0 = B[t, g]``,
@@ -55,6 +57,7 @@ if getattr(cuda.config, "ENABLE_CUDASIM", 0):
         pack_halves,
         quad_max,
         quad_sum,
+        shuffle_xor,
         widen_bf16,
     )
 else:
@@ -69,19 +72,19 @@ else:
         pack_bits,
         pack_f16x2,
         pack_halves,
-        quad_shuffle,
+        shuffle_xor,
         widen_bf16,
     )
 
     @cuda.jit(device=True, inline="always")
     def quad_max(x):
-        x = max(x, quad_shuffle(x, 1))
-        return max(x, quad_shuffle(x, 2))
+        x = max(x, shuffle_xor(x, 1))
+        return max(x, shuffle_xor(x, 2))
 
     @cuda.jit(device=True, inline="always")
     def quad_sum(x):
-        x = x + quad_shuffle(x, 1)
-        return x + quad_shuffle(x, 2)
+        x = x + shuffle_xor(x, 1)
+        return x + shuffle_xor(x, 2)
 
 
 @cuda.jit(device=True, inline="always")
@@ -107,6 +110,7 @@ __all__ = [
     "pack_halves",
     "quad_max",
     "quad_sum",
+    "shuffle_xor",
     "tf32_rest",
     "tf32_round",
     "widen_bf16",

@@ -133,8 +133,8 @@ def widen_bf16(typingctx, bits):
 
 
 @intrinsic
-def quad_shuffle(typingctx, value, mask):
-    """``shfl.sync.bfly.b32`` within the four lanes of a quad: the float32 of lane ``lane ^ mask``."""
+def shuffle_xor(typingctx, value, mask):
+    """``shfl.sync.bfly.b32``: the float32 of lane ``lane ^ mask`` (within a quad for masks 1 and 2)."""
     sig = signature(types.float32, types.float32, types.int32)
 
     def codegen(context, builder, sig, args):

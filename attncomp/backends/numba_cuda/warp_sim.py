@@ -146,6 +146,11 @@ def _partner(value, mask: int) -> np.float32:
 
 
 @cuda.jit(device=True)
+def shuffle_xor(x, mask):
+    return _partner(x, mask)
+
+
+@cuda.jit(device=True)
 def quad_max(x):
     x = max(np.float32(x), _partner(x, 1))
     return max(x, _partner(x, 2))

@@ -1,0 +1,161 @@
+"""How a tensor-core backward kernel (``mma_backward_kernel.py``) maps onto a thread block.
+
+A thread block owns ``keys`` consecutive keys of one IR key block, one warp per 16 of them (the
+``m16`` of ``mma.sync.m16n8k16``: the backward's products put keys on the rows of ``S^T``,
+``dP^T``, ``dK`` and ``dV``), and takes the query rows of each tile ``rows`` at a time.  Every
+operand of a product comes from shared memory as 32-bit words of two 16-bit elements, rows padded
+by four words (the eight rows a fragment load touches fall in different banks):
+
+    k_sh  [keys][D/2]    keys, features paired       A of S^T = K Q^T
+    v_sh  [keys][E/2]    values, features paired     A of dP^T = V dO^T
+    kt_sh [D][keys/2]    keys transposed             B of dQ = dS K
+    q_sh  [rows][D/2]    query rows                  B of S^T
+    o_sh  [rows][E/2]    output-gradient rows        B of dP^T
+    qt_sh [D][rows/2]    query rows transposed       B of dK += dS^T Q
+    ot_sh [E][rows/2]    output gradient transposed  B of dV += P^T dO
+    ds_sh [rows][keys/2] dS, keys paired             A of dQ (over q_sh: q_sh is read before it)
+
+Keys and values stay for the whole kernel; the others are staged per chunk of query rows.  The
+transposed tiles are made from the staged ones in shared memory (16-bit halves traded), so each
+element is read from global memory once.  A lane
+keeps its keys' ``dK`` and ``dV`` fragments in registers (``D / 2`` and ``E / 2`` float32) and the
+chunk's ``S^T`` and ``dP^T`` (``rows / 2`` each); ``dQ`` is summed over the block's keys by the
+products and added to the output with float32 atomics, as FlashAttention-2 does.
+
+``KEYS_ROWS`` gives (keys, rows, halves) by the widest head dim: 64 keys and 32 rows up to 64
+features; 32 keys and 16 rows up to 128, where two thread blocks share each set of keys, one for
+each half of the dK, dV and dQ columns.  Each then keeps D / 4 + E / 4 float32 accumulators
+instead of D / 2 + E / 2: whole columns at D = E = 128 sat at 255 registers and spilled on some
+specs.  Both blocks compute the whole ``S^T`` and ``dP^T`` (their products over D and E): seven
+products' work per tile instead of five, traded for no spills.  A spec gets
+these kernels where its query, key, value and output gradient are one 16-bit type, ``D`` and ``E``
+multiples of 16, and ``block_q`` and ``block_k`` multiples of 16; others run the scalar backward
+(``backward_plan.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
+from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS
+
+#: (keys, query rows, halves) per thread block by the widest head dim they serve
+KEYS_ROWS = ((64, 64, 32, 1), (128, 32, 16, 2))
+
+
+@dataclass(frozen=True)
+class MmaBackwardPlan:
+    block_q: int  # query rows of the IR's tile
+    block_k: int  # keys of the IR's tile
+    head_dim: int  # D
+    value_dim: int  # E
+    element: str  # "f16" or "bf16"
+    storage: str  # how query, key, value and output gradient are held: "f16", or "f32" (bf16 widened)
+    keys: int  # keys per thread block (a part of one IR key block)
+    rows: int  # query rows per chunk
+    halves: int = 1  # thread blocks sharing the keys, each the dK, dV and dQ columns of its share
+
+    @property
+    def d_share(self) -> int:
+        """The dK and dQ columns a thread block computes (of D)."""
+        return self.head_dim // self.halves
+
+    @property
+    def e_share(self) -> int:
+        """The dV columns a thread block computes (of E)."""
+        return self.value_dim // self.halves
+
+    @property
+    def warps(self) -> int:
+        return self.keys // 16
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP
+
+    @property
+    def parts(self) -> int:
+        """Thread blocks per IR key block."""
+        return self.block_k // self.keys
+
+    # words per row of each shared tile
+    @property
+    def k_pitch(self) -> int:
+        return self.head_dim // 2 + PAD_WORDS
+
+    @property
+    def v_pitch(self) -> int:
+        return self.value_dim // 2 + PAD_WORDS
+
+    @property
+    def kt_pitch(self) -> int:
+        return self.keys // 2 + PAD_WORDS
+
+    @property
+    def rt_pitch(self) -> int:
+        """Words per row of the transposed query and output-gradient tiles."""
+        return self.rows // 2 + PAD_WORDS
+
+    @property
+    def layout(self) -> dict[str, int]:
+        """Each tile's first word in the one shared array (``ds`` over ``q``), and ``"words"``, the total."""
+        sizes = {
+            "k": self.keys * self.k_pitch,
+            "v": self.keys * self.v_pitch,
+            "kt": self.d_share * self.kt_pitch,
+            "q": self.rows * self.k_pitch,
+            "o": self.rows * self.v_pitch,
+            "qt": self.d_share * self.rt_pitch,
+            "ot": self.e_share * self.rt_pitch,
+        }
+        at, offsets = 0, {}
+        for name, size in sizes.items():
+            offsets[name] = at
+            at += size
+        if self.rows * self.kt_pitch <= sizes["q"]:
+            offsets["ds"] = offsets["q"]
+        else:
+            offsets["ds"] = at
+            at += self.rows * self.kt_pitch
+        offsets["words"] = at
+        return offsets
+
+    @property
+    def shared_bytes(self) -> int:
+        """The word array, and the chunk's log-sum-exp and delta (float32)."""
+        return 4 * (self.layout["words"] + 2 * self.rows)
+
+    @property
+    def dq_fragments(self) -> int:
+        """The 16 x 8 fragments of a chunk's dQ each warp computes."""
+        return self.rows // 16 * (self.d_share // 8) // self.warps
+
+
+def plan_mma_backward(
+    block_q: int, block_k: int, head_dim: int, value_dim: int, element: str | None, storage: str
+) -> MmaBackwardPlan | None:
+    """The tensor-core backward plan for these sizes, or None where the scalar kernel must run them."""
+    if element not in ELEMENTS or block_q % 16 or block_k % 16:
+        return None
+    if head_dim <= 0 or head_dim % 16 or value_dim <= 0 or value_dim % 16:
+        return None
+    widest = max(head_dim, value_dim)
+    fit = next(((keys, rows, halves) for most, keys, rows, halves in KEYS_ROWS if widest <= most), None)
+    if fit is None:
+        return None
+    keys, rows, halves = fit
+    while block_k % keys:
+        keys //= 2
+    while block_q % rows:
+        rows //= 2
+    if keys < 16 or rows < 16:
+        return None
+    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, keys, rows, halves)
+    # every warp takes the same number of dQ fragments (the products need the whole block under
+    # the simulator's emulation, and a whole warp on the GPU)
+    while plan.keys > 16 and (plan.rows // 16 * (plan.d_share // 8)) % plan.warps:
+        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, plan.keys // 2, rows, halves)
+    if plan.shared_bytes > SHARED_BUDGET:
+        return None
+    return plan

@@ -1,0 +1,152 @@
+"""GPU benchmark: forward+backward on tensor cores (bf16, and float32) against PyTorch SDPA's.
+
+    python -m benchmarks.tensor_core_training            # the rows of the training targets
+    python -m benchmarks.tensor_core_training --quick    # smaller sizes, for a smoke run
+
+(also printed by ``python -m benchmarks.gpu --only training``).  Each row runs one training
+step of the attention alone, ``attn(q, k, v).backward(d_out)`` through ``fn.to_torch()`` of a
+generic spec (the call's dtype picks the kernels: bf16 products on ``mma.sync`` forward and
+backward), alternately with the same step through SDPA, CUDA-event timed, and reports the
+median of the per-pair ratios (below 1.0 attncomp is faster).  bf16 rows' peer is SDPA
+restricted to its flash backend (FlashAttention-2); the window row's is SDPA with a boolean
+mask; the float32 row's is SDPA's efficient backend.  SDPA's own choice is timed too, named.
+TFLOP/s count the step's seven products, 14 B H D per visible (query, key) pair.  Before
+timing, the query gradient is checked against SDPA's.  Without a GPU it says so and exits
+with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import attncomp as ac
+from benchmarks import specs
+from benchmarks.tensor_cores import PEAKS, Row, paired_ms, sdpa_choice
+
+
+def rows(quick: bool) -> list[Row]:
+    t8, t16 = (1024, 2048) if quick else (8192, 16384)
+    bf16 = "bfloat16"
+    return [
+        Row(f"bf16 causal T=S={t8} D=64 H=16", bf16, specs.causal_any, 1, 16, t8, 64, True),
+        Row(f"bf16 causal T=S={t16} D=128 H=16", bf16, specs.causal_any, 1, 16, t16, 128, True),
+        Row(
+            f"bf16 causal window 256 T=S={t8} D=64 H=16",
+            bf16,
+            specs.causal_window_any,
+            1,
+            16,
+            t8,
+            64,
+            True,
+            256,
+            {"window": 256},
+        ),
+        Row(
+            f"f32 causal T=S={t8} D=64 H=16",
+            "float32",
+            specs.causal_any,
+            1,
+            16,
+            t8,
+            64,
+            True,
+            peer="efficient",
+            tolerance=1e-3,
+        ),
+    ]
+
+
+def run_row(torch, row: Row, repeats: int) -> str:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = getattr(torch, row.dtype)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shape = (row.b, row.h, row.t, row.d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=generator).requires_grad_() for _ in range(3))
+    d_out = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
+    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    mask = None
+    if row.window is not None:
+        i = torch.arange(row.t, device="cuda")[:, None]
+        j = torch.arange(row.t, device="cuda")[None, :]
+        mask = (j <= i) & (i - j < row.window)
+
+    def step(forward):
+        def run():
+            q.grad = k.grad = v.grad = None
+            forward().backward(d_out)
+            return q.grad
+
+        return run
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=row.causal and mask is None
+        )
+
+    def restricted(backend):
+        def forward():
+            with sdpa_kernel(backend):
+                return sdpa()
+
+        return forward
+
+    ours = step(lambda: attn(q, k, v))
+    got = ours().float().clone()
+    want = step(sdpa)().float()
+    error = float((got - want).abs().max() / want.abs().max())
+    if error > row.tolerance:
+        raise AssertionError(f"{row.name}: attncomp's query gradient differs from torch's by {error:.2e}")
+    if mask is not None:
+        peer, peer_name = step(sdpa), "sdpa+mask"
+    elif row.peer == "flash":
+        peer, peer_name = step(restricted(SDPBackend.FLASH_ATTENTION)), "flash"
+    else:
+        peer, peer_name = step(restricted(SDPBackend.EFFICIENT_ATTENTION)), "efficient"
+    mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
+    _, default, default_ratio = paired_ms(torch, ours, step(sdpa), repeats)
+    with torch.no_grad():
+        choice = sdpa_choice(torch, q, k, v, row.causal, mask)
+    tflops = 3.5 * row.flops() / (mine * 1e-3) / 1e12
+    return (
+        f"{row.name:40s} {mine:9.3f} {tflops:7.1f} {peer_name:>9s} {theirs:9.3f} {ratio:6.2f} "
+        f"{choice:>9s} {default:9.3f} {default_ratio:6.2f}"
+    )
+
+
+def training_rows(torch, quick: bool, repeats: int) -> list[str]:
+    name = torch.cuda.get_device_name()
+    peak = next((p for card, p in PEAKS.items() if card in name), None)
+    lines = [
+        f"forward+backward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense bf16)",
+        f"{'case':40s} {'ours ms':>9s} {'TFLOP/s':>7s} {'peer':>9s} {'peer ms':>9s} {'ratio':>6s} "
+        f"{'default':>9s} {'dflt ms':>9s} {'ratio':>6s}",
+    ]
+    for row in rows(quick):
+        lines.append(run_row(torch, row, repeats))
+        torch.cuda.empty_cache()
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu import gpu_or_reason
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    reason = gpu_or_reason()
+    if reason is not None:
+        print(f"benchmarks.tensor_core_training: nothing to time: {reason}.")
+        return 0
+    import torch
+
+    for line in training_rows(torch, args.quick, args.repeats):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

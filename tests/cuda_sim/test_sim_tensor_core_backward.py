@@ -1,0 +1,105 @@
+"""The tensor-core backward (``mma_backward_kernel.py``): f16/bf16 gradients of the example specs
+against the float64 interpreter's, from the same arguments and saved residuals.
+
+Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
+(``ATTNCOMP_TEST_GPU=1``) every example runs, on the PTX.  Sizes are not multiples of the blocks, so
+skipped, masked and full tiles, padded query rows and padded keys all occur.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.testing import TOLERANCE, random_inputs, relative_error
+from tests.cuda_sim.helpers import retyped
+from tests.cuda_sim.test_sim_tensor_cores import ELEMENT, attention_cases
+
+ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+#: one warp of keys per thread block, query rows 32 at a time
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=16},mask-elimination,canonicalize,cse,dce"
+SIZES = {"B": 1, "H": 2, "KV": 1, "T": 37, "S": 35, "D": 16, "E": 16, "R": 33}
+
+#: what the simulator runs: a site's gradient (ALiBi slopes), GQA (atomics into shared key/value
+#: heads), soft-capping's derivative, an LSE cotangent with fully masked rows, sinks and a window
+IN_SIMULATOR = {
+    ("alibi.causal_alibi", "bf16"),
+    ("gqa.grouped_query_attention", "f16"),
+    ("softcap.causal_softcap", "bf16"),
+    ("lse.key_padding_with_lse", "f16"),
+    ("sinks_window.sinks_window", "f16"),
+}
+
+
+def backward_args(typed, fn, sizes: dict, seed: int) -> list:
+    """The backward's arguments: the inputs, the residuals the cuda forward saved, and cotangents."""
+    inputs = random_inputs(typed.ir.main, sizes, seed=seed)
+    rng = np.random.default_rng(seed)
+    # lengths, prefixes, document ids: inside the keys, so that tiles are partly masked
+    inputs = [rng.integers(1, sizes["S"], x.shape).astype(x.dtype) if x.dtype.kind == "i" else x for x in inputs]
+    saving = list(fn.forward_saving(*inputs))
+    outs, saved = saving[:-2], saving[-2:]
+    cotangents = [rng.standard_normal(o.shape).astype(o.dtype) for o in outs]
+    return [*inputs, *saved, *cotangents]
+
+
+def gradients(spec, dtype: str, pipeline: str = PIPELINE, sizes: dict | None = None, seed: int = 5):
+    """(cuda function, its 16-bit gradients, the float64 interpreter's gradients from the same
+    arguments and saved residuals): what the kernel adds, checked against exact arithmetic."""
+    typed = retyped(spec, dtype)
+    fn = ac.compile(typed, backend="cuda", pipeline=pipeline)
+    args = backward_args(typed, fn, {**SIZES, **(sizes or {})}, seed)
+    got = fn.backward(*args)
+    want = ac.compile(typed, backend="interp", pipeline=pipeline).backward.compilation.run(args, exact=True)
+    return fn, list(got), want
+
+
+def check(got, want, dtype: str) -> None:
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+            continue
+        assert np.abs(w).max() > 0
+        assert relative_error(np.asarray(g, np.float64), np.asarray(w, np.float64)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("name,spec", attention_cases(), ids=[c[0] for c in attention_cases()])
+def test_example_gradients_on_tensor_cores(name, spec, dtype):
+    if not ON_GPU and (name, dtype) not in IN_SIMULATOR:
+        pytest.skip("the simulator runs a few of the examples; a GPU runs them all")
+    fn, got, want = gradients(spec, dtype)
+    kernels = fn.backward.compilation.program.backward
+    on_tensor_cores = [k.mma_plan(16, 16) is not None for k in kernels]
+    # RoPE and QK-norm compute their query and key in float32: the scalar kernel takes them
+    assert all(on_tensor_cores) != (name == "rope_qknorm.rope_qknorm")
+    assert [f"mma_{dtype}(" in k.source(16, 16) for k in kernels] == on_tensor_cores
+    assert got[0].dtype == np.dtype(ELEMENT[dtype])
+    check(got, want, dtype)
+
+
+def test_several_warps_and_parts_of_a_key_block():
+    """D = 96, E = 80: 32 keys per thread block (two warps), so each IR key block of 64 is two
+    thread blocks' parts, and two thread blocks share each part's keys, one for each half of the
+    columns (dK and dQ 48, dV 40); query rows 16 at a time; each warp takes three of a half's six
+    dQ fragments."""
+    spec = dict(attention_cases())["causal.causal"]
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=64},mask-elimination,canonicalize,cse,dce"
+    fn, got, want = gradients(spec, "bf16", pipeline, sizes={"H": 1, "T": 21, "S": 70, "D": 96, "E": 80})
+    plan = fn.backward.compilation.program.backward[0].mma_plan(96, 80)
+    assert (plan.keys, plan.warps, plan.parts, plan.halves, plan.rows, plan.dq_fragments) == (32, 2, 2, 2, 16, 3)
+    check(got, want, "bf16")
+
+
+def test_gradients_through_vjp_follow_the_float32_spec():
+    """End to end: the f16 spec's gradients (forward, saved residuals, tensor-core backward) against
+    the float32 spec's at the same values."""
+    spec = dict(attention_cases())["causal.causal"]
+    typed = retyped(spec, "f16")
+    inputs = random_inputs(typed.ir.main, SIZES, seed=6)
+    d_out = np.random.default_rng(6).standard_normal((1, 2, 37, 16)).astype(np.float16)
+    got = ac.compile(typed, backend="cuda", pipeline=PIPELINE).vjp(*inputs)[1](d_out)
+    wide = [x.astype(np.float32) for x in inputs]
+    want = ac.compile(spec, backend="interp", pipeline=PIPELINE).vjp(*wide)[1](d_out.astype(np.float32))
+    check(got, want, "f16")
