@@ -17,12 +17,11 @@ with status 0.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import attncomp as ac
 from benchmarks import specs
-from benchmarks.tensor_cores import PEAKS, Row, paired_ms, sdpa_choice
+from benchmarks.tensor_cores import Row, main_of, paired_ms, sdpa_choice, table, window_mask
 
 
 def rows(quick: bool) -> list[Row]:
@@ -67,11 +66,7 @@ def run_row(torch, row: Row, repeats: int) -> str:
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=generator).requires_grad_() for _ in range(3))
     d_out = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
     attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
-    mask = None
-    if row.window is not None:
-        i = torch.arange(row.t, device="cuda")[:, None]
-        j = torch.arange(row.t, device="cuda")[None, :]
-        mask = (j <= i) & (i - j < row.window)
+    mask = window_mask(torch, row)
 
     def step(forward):
         def run():
@@ -117,35 +112,12 @@ def run_row(torch, row: Row, repeats: int) -> str:
 
 
 def training_rows(torch, quick: bool, repeats: int) -> list[str]:
-    name = torch.cuda.get_device_name()
-    peak = next((p for card, p in PEAKS.items() if card in name), None)
-    lines = [
-        f"forward+backward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense bf16)",
-        f"{'case':40s} {'ours ms':>9s} {'TFLOP/s':>7s} {'peer':>9s} {'peer ms':>9s} {'ratio':>6s} "
-        f"{'default':>9s} {'dflt ms':>9s} {'ratio':>6s}",
-    ]
-    for row in rows(quick):
-        lines.append(run_row(torch, row, repeats))
-        torch.cuda.empty_cache()
-    return lines
+    title = "forward+backward on tensor cores ({name}; peak {peak} TFLOP/s dense bf16)"
+    return table(torch, title, rows(quick), run_row, repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.gpu import gpu_or_reason
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args(argv)
-    reason = gpu_or_reason()
-    if reason is not None:
-        print(f"benchmarks.tensor_core_training: nothing to time: {reason}.")
-        return 0
-    import torch
-
-    for line in training_rows(torch, args.quick, args.repeats):
-        print(line)
-    return 0
+    return main_of("benchmarks.tensor_core_training", __doc__, training_rows, argv)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,15 @@ def paired_ms(torch, ours, theirs, repeats: int) -> tuple[float, float, float]:
     return statistics.median(mine), statistics.median(peer), statistics.median(ratios)
 
 
+def window_mask(torch, row: Row):
+    """The boolean mask SDPA takes for a window row (True: attended), or None."""
+    if row.window is None:
+        return None
+    i = torch.arange(row.t, device="cuda")[:, None]
+    j = torch.arange(row.t, device="cuda")[None, :]
+    return (j <= i) & (i - j < row.window)
+
+
 def run_row(torch, row: Row, repeats: int) -> str:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -148,11 +157,7 @@ def run_row(torch, row: Row, repeats: int) -> str:
         torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype, generator=generator) for _ in range(3)
     )
     attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
-    mask = None
-    if row.window is not None:
-        i = torch.arange(row.t, device="cuda")[:, None]
-        j = torch.arange(row.t, device="cuda")[None, :]
-        mask = (j <= i) & (i - j < row.window)
+    mask = window_mask(torch, row)
 
     def ours():
         return attn(q, k, v)
@@ -188,36 +193,49 @@ def run_row(torch, row: Row, repeats: int) -> str:
     )
 
 
-def tensor_core_rows(torch, quick: bool, repeats: int) -> list[str]:
+def table(torch, title: str, rows: list[Row], run, repeats: int) -> list[str]:
+    """The lines of a table: ``title`` (``{name}``: the card, ``{peak}``: its dense peak), the
+    header, and ``run(torch, row, repeats)`` for each row."""
     name = torch.cuda.get_device_name()
     peak = next((p for card, p in PEAKS.items() if card in name), None)
     lines = [
-        f"forward on tensor cores ({name}; peak {peak or '?'} TFLOP/s dense f16/bf16, half that TF32)",
+        title.format(name=name, peak=peak or "?"),
         f"{'case':40s} {'ours ms':>9s} {'TFLOP/s':>7s} {'peer':>9s} {'peer ms':>9s} {'ratio':>6s} "
         f"{'default':>9s} {'dflt ms':>9s} {'ratio':>6s}",
     ]
-    for row in rows(quick):
-        lines.append(run_row(torch, row, repeats))
+    for row in rows:
+        lines.append(run(torch, row, repeats))
         torch.cuda.empty_cache()
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def tensor_core_rows(torch, quick: bool, repeats: int) -> list[str]:
+    title = "forward on tensor cores ({name}; peak {peak} TFLOP/s dense f16/bf16, half that TF32)"
+    return table(torch, title, rows(quick), run_row, repeats)
+
+
+def main_of(program: str, doc: str, table_rows, argv: list[str] | None) -> int:
+    """A table's command line: ``--quick`` and ``--repeats``; ``table_rows(torch, quick, repeats)``
+    printed, or why nothing could be timed."""
     from benchmarks.gpu import gpu_or_reason
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     reason = gpu_or_reason()
     if reason is not None:
-        print(f"benchmarks.tensor_cores: nothing to time: {reason}.")
+        print(f"{program}: nothing to time: {reason}.")
         return 0
     import torch
 
-    for line in tensor_core_rows(torch, args.quick, args.repeats):
+    for line in table_rows(torch, args.quick, args.repeats):
         print(line)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return main_of("benchmarks.tensor_cores", __doc__, tensor_core_rows, argv)
 
 
 if __name__ == "__main__":

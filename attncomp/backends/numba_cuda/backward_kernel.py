@@ -211,24 +211,34 @@ class BackwardKernelWriter(CudaKernelSource):
             w.line(f"cuda.atomic.add(out_dq, ({prefix}i0 + r0 + rr, f), total)")
 
     def query_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        """One (query block, key block) tile: its query rows a chunk at a time."""
-        p, w = self.plan, self.w
+        """One (query block, key block) tile: its query rows a chunk (``chunk``) at a time."""
+        block_q, rows = self.tile_rows()
+        w = self.w
         for op in tile.scalar_ops:
             self.scalar().op(op)
         w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = min({p.block_q}, n_rows - i0)")
-        w.line(f"for r0 in range(0, {p.block_q}, {p.rows}):")
+        w.line(f"nq = min({block_q}, n_rows - i0)")
+        w.line(f"for r0 in range(0, {block_q}, {rows}):")
         with w.indent():
-            w.line(f"nr = min({p.rows}, nq - r0)")
+            w.line(f"nr = min({rows}, nq - r0)")
             w.line("if nr > 0:")
             with w.indent():
-                self.stage("q_tile", tile.q_load, "nr", "i0 + r0", p.head_dim, p.head_pitch, p.rows)
-                self.stage("o_tile", tile.d_out_load, "nr", "i0 + r0", p.value_dim, p.value_pitch, p.rows)
-                w.line("cuda.syncthreads()")
-                self.elements(tile, masked, hoisted)
-                w.line("cuda.syncthreads()")
-                self.accumulate()
-                w.line("cuda.syncthreads()")
+                self.chunk(tile, masked, hoisted)
+
+    def tile_rows(self) -> tuple[int, int]:
+        """The query rows of a tile, and of a chunk."""
+        return self.plan.block_q, self.plan.rows
+
+    def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The ``nr`` query rows from ``i0 + r0``: staged, their elements, the sums."""
+        p, w = self.plan, self.w
+        self.stage("q_tile", tile.q_load, "nr", "i0 + r0", p.head_dim, p.head_pitch, p.rows)
+        self.stage("o_tile", tile.d_out_load, "nr", "i0 + r0", p.value_dim, p.value_pitch, p.rows)
+        w.line("cuda.syncthreads()")
+        self.elements(tile, masked, hoisted)
+        w.line("cuda.syncthreads()")
+        self.accumulate()
+        w.line("cuda.syncthreads()")
 
     def loop_body(self, hoisted: dict[Op, list[Op]]) -> None:
         self.by_tile_class(self.t, lambda tile, mask_when: self.query_tile(tile, mask_when, hoisted), one_copy=True)
@@ -332,18 +342,27 @@ class BackwardKernelWriter(CudaKernelSource):
                 w.line(f"dk_{k} = ACC(0.0)")
             for k in range(p.dv_slice):
                 w.line(f"dv_{k} = ACC(0.0)")
-            for _, acc, current in self.sites:
-                w.line(f"{acc} = ACC(0.0)")
-                for name in current:
-                    w.line(f"{name} = np.int64(-1)")
+            self.start_sites()
             w.line("cuda.syncthreads()")
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"for qb in range({lo}, {hi}):")
-            with w.indent():
-                self.names[t.loop.regions[0].args[0]] = "qb"
-                self.loop_body(hoisted)
-            self.store()
+            self.tile_loop(hoisted)
         return w.text()
+
+    def start_sites(self) -> None:
+        """Each site's running sum at zero, its index at none yet."""
+        for _, acc, current in self.sites:
+            self.w.line(f"{acc} = ACC(0.0)")
+            for name in current:
+                self.w.line(f"{name} = np.int64(-1)")
+
+    def tile_loop(self, hoisted: dict[Op, list[Op]]) -> None:
+        """The loop over the IR's query blocks, then the stores."""
+        t, w = self.t, self.w
+        lo, hi = (self.ref(v) for v in t.loop.operands[:2])
+        w.line(f"for qb in range({lo}, {hi}):")
+        with w.indent():
+            self.names[t.loop.regions[0].args[0]] = "qb"
+            self.loop_body(hoisted)
+        self.store()
 
 
 def write_backward_kernel(

@@ -312,39 +312,33 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             self.w.line(f"cuda.atomic.add(site_{k}, {at}, {acc})")
 
     # one tile ------------------------------------------------------------------------
-    def query_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        """One (query block, key block) tile, ``rows`` query rows at a time."""
+    def tile_rows(self) -> tuple[int, int]:
+        return self.mp.block_q, self.mp.rows
+
+    def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The ``nr`` query rows from ``i0 + r0``: staged, the five products, the elements between."""
         p, w = self.mp, self.w
-        for op in tile.scalar_ops:
-            self.scalar().op(op)
-        w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = min({p.block_q}, n_rows - i0)")
-        w.line(f"for r0 in range(0, {p.block_q}, {p.rows}):")
-        with w.indent():
-            w.line(f"nr = min({p.rows}, nq - r0)")
-            w.line("if nr > 0:")
-            with w.indent():
-                w.line("cuda.syncthreads()  # every warp is done with the previous chunk")
-                self.stage_rows(tile)
-                w.line("cuda.syncthreads()")
-                self.transpose_pairs("qt", "q", p.rows, p.d_share, p.k_pitch, p.rt_pitch, self.fd)
-                self.transpose_pairs("ot", "o", p.rows, p.e_share, p.v_pitch, p.rt_pitch, self.fe)
-                w.line("cuda.syncthreads()")
-                w.line("# S^T = K Q^T, dP^T = V dO^T")
-                self.transposed_products("s", "k", p.k_pitch, "q", p.head_dim)
-                self.transposed_products("ds", "v", p.v_pitch, "o", p.value_dim)
-                self.elements(tile, masked, hoisted)
-                w.line("# dV += P^T dO")
-                self.pack_rows("s")
-                self.key_products("dv", "ot", p.e_share)
-                w.line("# dS -> shared (over the query rows: every warp has read them), dK += dS^T Q")
-                self.pack_rows("ds")
-                w.line("cuda.syncthreads()")
-                self.store_ds()
-                self.key_products("dk", "qt", p.d_share)
-                w.line("cuda.syncthreads()")
-                w.line("# dQ += dS K")
-                self.dq_products()
+        w.line("cuda.syncthreads()  # every warp is done with the previous chunk")
+        self.stage_rows(tile)
+        w.line("cuda.syncthreads()")
+        self.transpose_pairs("qt", "q", p.rows, p.d_share, p.k_pitch, p.rt_pitch, self.fd)
+        self.transpose_pairs("ot", "o", p.rows, p.e_share, p.v_pitch, p.rt_pitch, self.fe)
+        w.line("cuda.syncthreads()")
+        w.line("# S^T = K Q^T, dP^T = V dO^T")
+        self.transposed_products("s", "k", p.k_pitch, "q", p.head_dim)
+        self.transposed_products("ds", "v", p.v_pitch, "o", p.value_dim)
+        self.elements(tile, masked, hoisted)
+        w.line("# dV += P^T dO")
+        self.pack_rows("s")
+        self.key_products("dv", "ot", p.e_share)
+        w.line("# dS -> shared (over the query rows: every warp has read them), dK += dS^T Q")
+        self.pack_rows("ds")
+        w.line("cuda.syncthreads()")
+        self.store_ds()
+        self.key_products("dk", "qt", p.d_share)
+        w.line("cuda.syncthreads()")
+        w.line("# dQ += dS K")
+        self.dq_products()
 
     def store(self) -> None:
         """The dK, dV fragments into the key/value head's rows; the sites' last runs."""
@@ -415,15 +409,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
                 for en in range(width // 8):
                     for e in range(4):
                         w.line(f"{out}_{en}_{e} = ZERO")
-            for _, acc, current in self.sites:
-                w.line(f"{acc} = ZERO")
-                for name in current:
-                    w.line(f"{name} = np.int64(-1)")
+            self.start_sites()
             self.find_uniform_sites(compute.gradient, hoisted[compute.gradient])
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"for qb in range({lo}, {hi}):")
-            with w.indent():
-                self.names[t.loop.regions[0].args[0]] = "qb"
-                self.loop_body(hoisted)
-            self.store()
+            self.tile_loop(hoisted)
         return w.text()
