@@ -1,6 +1,8 @@
 """Training a tiny causal language model whose attention is an attncomp spec (needs the torch extra).
 
     python examples/train_tiny_lm.py            # 300 steps of Adam on a copying task, both attentions
+    python examples/train_tiny_lm.py --device cuda --dtype bf16 --attention causal --half 1024 \
+        --width 512 --heads 8 --layers 4 --batch 8   # bf16 on a GPU, against SDPA, T = 2047
 
 The attention is ALiBi with soft-capped scores and learnable per-head slopes,
 written once in the DSL; ``fn.to_torch()`` makes it a differentiable torch op,
@@ -12,11 +14,18 @@ prints both curves' start and end and the tokens per second of each.
 The task: a sequence of random tokens followed by itself; the model learns to
 copy, which needs attention to look back exactly ``half`` positions (the loss
 is taken on the second half only).
+
+``--attention causal`` trains plain causal attention instead, whose torch twin is
+``scaled_dot_product_attention(is_causal=True)``; ``--device cuda`` runs the model and
+attncomp's kernels (``backend="cuda"``) on the GPU; ``--dtype bf16`` (or ``f16``) makes
+the model's weights and activations that type: the specs are generic (``ac.floating``),
+so the attention runs in the call's type, on tensor cores on the GPU.
 """
 
 # Dimension names such as ac.f32["B", "T"] are sizes, not forward references.
 # ruff: noqa: F821
 
+import argparse
 import time
 
 import numpy as np
@@ -26,10 +35,10 @@ import attncomp as ac
 
 @ac.spec
 def alibi_softcap(
-    q: ac.f32["B", "H", "T", "D"],
-    k: ac.f32["B", "H", "S", "D"],
-    v: ac.f32["B", "H", "S", "E"],
-    slopes: ac.f32["H"],
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "E"],
+    slopes: ac.floating["H"],
     *,
     cap: float = 20.0,
 ):
@@ -39,6 +48,20 @@ def alibi_softcap(
     s = s + slopes[h] * (j - i)
     s = ac.where(j <= i, s, -ac.inf)
     return ac.softmax(s, axis=-1) @ v
+
+
+def causal_spec() -> ac.Spec:
+    """Plain causal attention, the twin of SDPA's ``is_causal=True`` (``--attention causal``)."""
+
+    @ac.spec
+    def causal(
+        q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "E"]
+    ):
+        s = (q @ k.mT) * q.shape[-1] ** -0.5
+        b, h, i, j = ac.index(s)
+        return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+    return causal
 
 
 def numpy_reference(q, k, v, slopes, *, cap: float = 20.0) -> np.ndarray:
@@ -65,7 +88,7 @@ def torch_attention(torch, q, k, v, slopes, cap: float = 20.0):
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     s = cap * torch.tanh(s / cap)
     t = q.shape[-2]
-    distance = torch.arange(t)[None, :] - torch.arange(t)[:, None]
+    distance = torch.arange(t, device=q.device)[None, :] - torch.arange(t, device=q.device)[:, None]
     s = s + slopes[None, :, None, None] * distance
     s = s.masked_fill(distance > 0, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
@@ -113,28 +136,65 @@ def copy_batch(rng: np.random.Generator, batch: int, half: int, vocab: int) -> n
     return np.concatenate([first, first], axis=1)
 
 
-def train(kind: str, steps: int, *, seed: int = 0, batch: int = 16, half: int = 16, vocab: int = 16):
-    """Train with ``kind`` = "attncomp" or "torch" attention; return (losses, tokens per second)."""
+#: torch's dtypes by the names the command line takes
+DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def train(
+    kind: str,
+    steps: int,
+    *,
+    seed: int = 0,
+    batch: int = 16,
+    half: int = 16,
+    vocab: int = 16,
+    device: str = "cpu",
+    dtype: str = "f32",
+    attention: str = "alibi_softcap",
+    width: int = 32,
+    heads: int = 2,
+    layers: int = 2,
+):
+    """Train with ``kind`` = "attncomp" or "torch" attention; return (losses, tokens per second).
+
+    ``attention``: "alibi_softcap" (torch twin: the formula in torch ops) or "causal" (torch twin:
+    SDPA); ``device``: "cpu" or "cuda" (attncomp's cuda backend); ``dtype``: "f32", "bf16", "f16"."""
     import torch
 
     torch.manual_seed(seed)
     if kind == "attncomp":
-        attention = ac.compile(alibi_softcap, backend="cpu").to_torch()
+        spec = alibi_softcap if attention == "alibi_softcap" else causal_spec()
+        op = ac.compile(spec, backend="cuda" if device == "cuda" else "cpu").to_torch()
+        if attention == "causal":
+
+            def attend(q, k, v, slopes):
+                return op(q, k, v)
+
+        else:
+            attend = op
+    elif attention == "causal":
+
+        def attend(q, k, v, slopes):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     else:
 
-        def attention(q, k, v, slopes):
+        def attend(q, k, v, slopes):
             return torch_attention(torch, q, k, v, slopes)
 
-    model = build_model(torch, attention, vocab=vocab)
+    model = build_model(torch, attend, vocab=vocab, width=width, heads=heads, layers=layers)
+    model = model.to(device=device, dtype=getattr(torch, DTYPES[dtype]))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     rng = np.random.default_rng(seed)
     losses = []
     start = time.perf_counter()
     for step in range(steps):
         if step == 1:  # the first step compiles (attncomp) or warms up (torch): not timed
+            if device == "cuda":
+                torch.cuda.synchronize()
             start = time.perf_counter()
-        tokens = torch.from_numpy(copy_batch(rng, batch, half, vocab))
-        logits = model(tokens[:, :-1])
+        tokens = torch.from_numpy(copy_batch(rng, batch, half, vocab)).to(device)
+        logits = model(tokens[:, :-1]).float()
         # the loss of the copied half: positions half-1 .. 2*half-2 predict tokens half .. 2*half-1
         loss = torch.nn.functional.cross_entropy(logits[:, half - 1 :].reshape(-1, vocab), tokens[:, half:].reshape(-1))
         optimizer.zero_grad()
@@ -145,14 +205,35 @@ def train(kind: str, steps: int, *, seed: int = 0, batch: int = 16, half: int = 
     return losses, (steps - 1) * batch * (2 * half - 1) / seconds
 
 
-if __name__ == "__main__":
-    steps = 300
-    ours, ours_rate = train("attncomp", steps)
-    theirs, their_rate = train("torch", steps)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
+    parser.add_argument("--attention", choices=["alibi_softcap", "causal"], default="alibi_softcap")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--half", type=int, default=16, help="copied tokens: sequences of 2 half - 1")
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args(argv)
+    steps = args.steps
+    options = {k: getattr(args, k) for k in ("batch", "half", "device", "dtype", "attention", "width", "heads")}
+    options["layers"] = args.layers
+    twin = "SDPA" if args.attention == "causal" else "torch ops"
+    ours, ours_rate = train("attncomp", steps, **options)
+    theirs, their_rate = train("torch", steps, **options)
     first = max(abs(a - b) / abs(b) for a, b in zip(ours[:20], theirs[:20]))
+    print(f"{args.attention} attention, {args.dtype} on {args.device}, T = {2 * args.half - 1}")
     print(f"loss, attncomp attention: {ours[0]:.4f} at step 1, {ours[-1]:.4f} at step {steps}")
-    print(f"loss, torch attention:    {theirs[0]:.4f} at step 1, {theirs[-1]:.4f} at step {steps}")
+    print(f"loss, {twin + ' attention:':21s}{theirs[0]:.4f} at step 1, {theirs[-1]:.4f} at step {steps}")
     print(f"largest relative difference of the two curves over the first 20 steps: {first:.2e}")
     for step in (1, 10, 20, 50, 100, 200, 300):
-        print(f"  step {step:4d}: attncomp {ours[step - 1]:.4f}   torch {theirs[step - 1]:.4f}")
-    print(f"tokens/s (after the first step): attncomp {ours_rate:,.0f}, torch {their_rate:,.0f}")
+        if step <= steps:
+            print(f"  step {step:4d}: attncomp {ours[step - 1]:.4f}   {twin} {theirs[step - 1]:.4f}")
+    print(f"tokens/s (after the first step): attncomp {ours_rate:,.0f}, {twin} {their_rate:,.0f}")
+    print(f"ratio: {ours_rate / their_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()
