@@ -110,6 +110,12 @@ class TorchFunction:
         #: id of a compilation -> its saving forward and backward (one per float type of a generic spec;
         #: the function's family keeps the compilations alive)
         self._members: dict[int, tuple[Compilation, Compilation]] = {}
+        #: the arguments' dtypes -> their member (generic specs; the float type read once per dtypes)
+        self._by_dtypes: dict[tuple, tuple[Compilation, Compilation]] = {}
+        #: the same for the plain forward (the spec's results alone)
+        self._plain_by_dtypes: dict[tuple, Compilation] = {}
+        #: the arguments a generic spec's call takes in its float type (``ac.floating``)
+        self._generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
         #: the shapes of the forward op's outputs: every float type's member must have them
         self._layout = [str(v.type.shape) for v in dict.fromkeys(saving_forward_of(fn.compilation).func.results)]
         forward, backward = self.member(())
@@ -123,6 +129,8 @@ class TorchFunction:
         self._slots = [distinct.index(v) for v in values]
         n_results = len(fn.func.results)
         self._result_slots, self._saved_slots = self._slots[:n_results], self._slots[n_results:]
+        #: the forward's result positions of the op's outputs (each distinct value once)
+        self._first = [self._slots.index(k) for k in range(len(self._outputs))]
 
         params = ", ".join(f"Tensor {n}" for n in self._arg_names)
         self.op = torch.library.custom_op(
@@ -138,15 +146,19 @@ class TorchFunction:
         )
         self.backward_op.register_fake(self._backward_fake)
         self.op.register_autograd(self._backward_rule, setup_context=self._setup_context)
-        #: the arguments a generic spec's call takes in its float type (``ac.floating``)
-        self._generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
         #: (compilation, dtype and device per tensor) combinations already checked
         self._checked: set[tuple] = set()
 
-    def member(self, tensors: Sequence[Any]) -> tuple[Compilation, Compilation]:
+    def member(self, tensors: Sequence[Any], dtypes: tuple | None = None) -> tuple[Compilation, Compilation]:
         """The saving forward and the backward for the float type of ``tensors`` (a generic spec's
-        member for it; a spec of declared types has one)."""
-        c = self.fn.for_args(tensors).compilation if tensors else self.fn.compilation
+        member for it; a spec of declared types has one).  ``dtypes``: the tensors' dtypes, by which
+        a generic spec's answer is kept (its float type is read from the tensors once per dtypes)."""
+        if dtypes is not None and self._generic_args:
+            found = self._by_dtypes.get(dtypes)
+            if found is None:
+                found = self._by_dtypes[dtypes] = self.member(tensors)
+            return found
+        c = self.fn.for_args(tensors).compilation if tensors and self._generic_args else self.fn.compilation
         if id(c) not in self._members:  # checked once per float type
             forward = saving_forward_of(c)
             layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
@@ -166,26 +178,27 @@ class TorchFunction:
                 f"got {len(tensors)}"
             )
         tensors = self._autocast(tensors)
-        eager = eager_call(require_torch(), tensors, BACKEND_DEVICES[self.fn.backend])
-        outputs = self._eager(tensors) if eager else self.op(*tensors)
+        dtypes = eager_dtypes(require_torch(), tensors, BACKEND_DEVICES[self.fn.backend])
+        outputs = self._eager(tensors, dtypes) if dtypes is not None else self.op(*tensors)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         results = tuple(outputs[slot] for slot in self._result_slots)
         return results[0] if len(results) == 1 else results
 
-    def _eager(self, tensors: tuple[torch.Tensor, ...]) -> Any:
-        """The op's forward and autograd without the dispatcher's round trip (``eager_call``): the
+    def _eager(self, tensors: tuple[torch.Tensor, ...], dtypes: tuple) -> Any:
+        """The op's forward and autograd without the dispatcher's round trip (``eager_dtypes``): the
         forward's implementation, and, when a gradient is wanted, an ``autograd.Function`` that saves
-        what the registered autograd saves and runs the same backward."""
+        what the registered autograd saves and runs the same backward.  ``dtypes``: the tensors'
+        (on the backend's device, as ``eager_dtypes`` found)."""
         torch = require_torch()
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return _EagerAutograd.apply(self, *tensors)
-        return self._forward_plain(tensors)
+            return _EagerAutograd.apply(self, dtypes, *tensors)
+        return self._forward_plain(tensors, dtypes)
 
     def _autocast(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under ``torch.autocast`` a generic spec runs in the autocast type: its ``ac.floating``
         arguments are cast to it.  A spec of declared types keeps them (as PyTorch's float32 ops do)."""
         torch = require_torch()
-        if not self._generic_args or not tensors:
+        if not self._generic_args or not tensors or not _any_autocast(torch):
             return tensors
         device = tensors[0].device.type
         if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
@@ -200,11 +213,19 @@ class TorchFunction:
 
     # running ----------------------------------------------------------------------------------
     def _run(
-        self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None = None
+        self,
+        compiled: Compilation,
+        tensors: Sequence[torch.Tensor],
+        picked: Sequence[int] | None = None,
+        dtypes: tuple | None = None,
     ) -> list[torch.Tensor]:
-        """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results."""
+        """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results.
+        ``dtypes``: the tensors' dtypes, all of them known to be on the backend's device."""
         torch = require_torch()
-        key = (id(compiled), *[(t.dtype, t.is_cpu, t.is_cuda) for t in tensors])
+        if dtypes is None:
+            key: tuple = (id(compiled), *[(t.dtype, t.is_cpu, t.is_cuda) for t in tensors])
+        else:
+            key = (id(compiled), dtypes)
         if key not in self._checked:  # devices and dtypes checked once per combination
             names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
             for t, name, arg in zip(tensors, names, compiled.func.args):
@@ -224,17 +245,26 @@ class TorchFunction:
         outputs = outputs if picked is None else [outputs[k] for k in picked]
         return [from_numpy(torch, a) for a in _owned(outputs, arrays)]
 
-    def _forward_plain(self, tensors: Sequence[torch.Tensor]) -> Any:
+    def _forward_plain(self, tensors: Sequence[torch.Tensor], dtypes: tuple | None = None) -> Any:
         """The spec's results alone (no residuals): an eager call that wants no gradient."""
-        compiled = self.fn.for_args(tensors).compilation if self._generic_args else self.fn.compilation
-        return _tuple_or_one(self._run(compiled, tensors))
+        if not self._generic_args:
+            compiled = self.fn.compilation
+        elif dtypes is None:
+            compiled = self.fn.for_args(tensors).compilation
+        else:
+            compiled = self._plain_by_dtypes.get(dtypes)
+            if compiled is None:
+                compiled = self._plain_by_dtypes[dtypes] = self.fn.for_args(tensors).compilation
+        return _tuple_or_one(self._run(compiled, tensors, None, dtypes))
 
-    def _forward_impl(self, *tensors: torch.Tensor) -> Any:
-        first = [self._slots.index(k) for k in range(len(self._outputs))]  # each distinct value once
-        return _tuple_or_one(self._run(self.member(tensors)[0], tensors, first))
+    def _forward_impl(self, *tensors: torch.Tensor, dtypes: tuple | None = None) -> Any:
+        """The op's outputs: the results and the residuals, each distinct value once."""
+        return _tuple_or_one(self._run(self.member(tensors, dtypes)[0], tensors, self._first, dtypes))
 
-    def _backward_impl(self, *tensors: torch.Tensor) -> Any:
-        return _tuple_or_one(self._run(self.member(tensors[: len(self._arg_names)])[1], tensors))
+    def _backward_impl(self, *tensors: torch.Tensor, dtypes: tuple | None = None) -> Any:
+        n = len(self._arg_names)
+        backward = self.member(tensors[:n], None if dtypes is None else dtypes[:n])[1]
+        return _tuple_or_one(self._run(backward, tensors, None, dtypes))
 
     # fake (shape-only) functions: what torch.compile and opcheck trace --------------------------
     def _sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
@@ -292,36 +322,65 @@ class TorchFunction:
     def _backward_rule(
         self, ctx: Any, *grads: torch.Tensor | None, eager: bool = False
     ) -> tuple[torch.Tensor | None, ...]:
-        """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns."""
+        """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns.
+        ``eager``: called by the eager path's ``autograd.Function``, which calls the backward's
+        implementation directly when the tensors are where an eager call may take them."""
         torch = require_torch()
         saved = ctx.saved_tensors
         inputs, residuals = saved[: len(self._arg_names)], saved[len(self._arg_names) :]
         cotangents, seen = [], set()
-        for slot, value in zip(self._result_slots, self.member(inputs)[0].func.results):
+        forward = self.member(inputs, tuple(t.dtype for t in inputs) if eager else None)[0]
+        for slot, value in zip(self._result_slots, forward.func.results):
             grad = grads[slot] if slot not in seen else None  # a result returned twice: its grad once
             seen.add(slot)
             if grad is None:  # an unused result: a zero cotangent, as pullback(None) gives
                 grad = torch.zeros_like(self._empty(value, self._sizes(inputs), inputs[0]))
             cotangents.append(grad)
-        backward = self._backward_impl if eager else self.backward_op
-        out = backward(*inputs, *residuals, *cotangents)
+        arguments = (*inputs, *residuals, *cotangents)
+        dtypes = eager_dtypes(torch, arguments, BACKEND_DEVICES[self.fn.backend]) if eager else None
+        if dtypes is not None:
+            out = self._backward_impl(*arguments, dtypes=dtypes)
+        else:
+            out = self.backward_op(*arguments)
         floating = iter(out if isinstance(out, tuple) else (out,))
-        return tuple(
-            next(floating).to(t.dtype) if is_floating else None for t, is_floating in zip(inputs, self._floating)
-        )
+        grads_out = []
+        for t, is_floating in zip(inputs, self._floating):
+            g = next(floating) if is_floating else None
+            grads_out.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
+        return tuple(grads_out)
 
 
-def eager_call(torch: Any, tensors: Sequence[Any], device: str) -> bool:
-    """Whether a call may skip the dispatcher: plain tensors on the backend's ``device``, outside
-    ``torch.compile``, with no torch function or dispatch mode and no functorch transform active.
-    Anything else (meta or fake tensors, tracing, ``vmap``, a mode that watches ops, a tensor on
-    another device, which the op's checks name) goes through the registered custom op."""
-    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in tensors):
-        return False
-    if not all(t.is_cpu for t in tensors) if device == "cpu" else not all(t.is_cuda for t in tensors):
-        return False
+def eager_dtypes(torch: Any, tensors: Sequence[Any], device: str) -> tuple | None:
+    """The tensors' dtypes where a call may skip the dispatcher, else None: plain tensors (or
+    ``nn.Parameter``s) on the backend's ``device``, outside ``torch.compile``, with no torch
+    function or dispatch mode and no functorch transform active.  Anything else (meta or fake
+    tensors, tracing, ``vmap``, a mode that watches ops, a tensor on another device, which the op's
+    checks name) goes through the registered custom op."""
+    if torch.compiler.is_compiling():
+        return None
+    on_device = "is_cpu" if device == "cpu" else "is_cuda"
+    plain = (torch.Tensor, torch.nn.Parameter)  # a parameter is a tensor whose torch functions are a tensor's
+    dtypes = []
+    for t in tensors:
+        if type(t) not in plain or not getattr(t, on_device):
+            return None
+        dtypes.append(t.dtype)
     modes = _mode_checks()
-    return modes is not None and not any(active() for active in modes)
+    if modes is None or any(active() for active in modes):
+        return None
+    return tuple(dtypes)
+
+
+def _any_autocast(torch: Any) -> bool:
+    """Whether autocast is on for any device (a cheap first test before asking per device; a torch
+    without torch's internal check asks per device every time)."""
+    if not _ANY_AUTOCAST:
+        _ANY_AUTOCAST.append(getattr(importlib.import_module("torch._C"), "_is_any_autocast_enabled", None))
+    check = _ANY_AUTOCAST[0]
+    return True if check is None else bool(check())
+
+
+_ANY_AUTOCAST: list[Any] = []
 
 
 _MODE_CHECKS: list[Any] = []
@@ -355,8 +414,8 @@ def _eager_autograd(torch: Any) -> type:
 
     class EagerAutograd(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, op: TorchFunction, *tensors: torch.Tensor) -> Any:
-            outputs = op._forward_impl(*tensors)
+        def forward(ctx: Any, op: TorchFunction, dtypes: tuple, *tensors: torch.Tensor) -> Any:
+            outputs = op._forward_impl(*tensors, dtypes=dtypes)
             ctx.op = op
             op._setup_context(ctx, tensors, outputs)
             return outputs
@@ -364,7 +423,7 @@ def _eager_autograd(torch: Any) -> type:
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-            return (None, *ctx.op._backward_rule(ctx, *grads, eager=True))
+            return (None, None, *ctx.op._backward_rule(ctx, *grads, eager=True))
 
     return EagerAutograd
 

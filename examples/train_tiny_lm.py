@@ -140,9 +140,8 @@ def copy_batch(rng: np.random.Generator, batch: int, half: int, vocab: int) -> n
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
-def train(
+def trainer(
     kind: str,
-    steps: int,
     *,
     seed: int = 0,
     batch: int = 16,
@@ -155,7 +154,8 @@ def train(
     heads: int = 2,
     layers: int = 2,
 ):
-    """Train with ``kind`` = "attncomp" or "torch" attention; return (losses, tokens per second).
+    """A training step of the model with ``kind`` = "attncomp" or "torch" attention: a function
+    that takes one Adam step on a fresh batch and returns its loss (a float: the step is done).
 
     ``attention``: "alibi_softcap" (torch twin: the formula in torch ops) or "causal" (torch twin:
     SDPA); ``device``: "cpu" or "cuda" (attncomp's cuda backend); ``dtype``: "f32", "bf16", "f16"."""
@@ -186,13 +186,8 @@ def train(
     model = model.to(device=device, dtype=getattr(torch, DTYPES[dtype]))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     rng = np.random.default_rng(seed)
-    losses = []
-    start = time.perf_counter()
-    for step in range(steps):
-        if step == 1:  # the first step compiles (attncomp) or warms up (torch): not timed
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
+
+    def step() -> float:
         tokens = torch.from_numpy(copy_batch(rng, batch, half, vocab)).to(device)
         logits = model(tokens[:, :-1]).float()
         # the loss of the copied half: positions half-1 .. 2*half-2 predict tokens half .. 2*half-1
@@ -200,9 +195,38 @@ def train(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        return loss.item()
+
+    return step
+
+
+def train(kind: str, steps: int, **options):
+    """Train with ``kind`` = "attncomp" or "torch" attention (``options``: ``trainer``'s); return
+    (losses, tokens per second after the first step, which compiles or warms up)."""
+    step = trainer(kind, **options)
+    losses = [step()]
+    start = time.perf_counter()
+    losses += [step() for _ in range(steps - 1)]
     seconds = time.perf_counter() - start
-    return losses, (steps - 1) * batch * (2 * half - 1) / seconds
+    tokens = options.get("batch", 16) * (2 * options.get("half", 16) - 1)
+    return losses, (steps - 1) * tokens / seconds
+
+
+def train_side_by_side(steps: int, **options):
+    """Both models trained together, a step of one then a step of the other, each step timed:
+    (attncomp's losses, torch's, attncomp's median step seconds, torch's, the median of the
+    per-step ratios of attncomp's time to torch's).  Alternating keeps the shared machine's
+    changing load out of the ratio."""
+    ours, theirs = trainer("attncomp", **options), trainer("torch", **options)
+    losses: tuple[list[float], list[float]] = ([ours()], [theirs()])  # compiles, warms up: not timed
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(steps - 1):
+        for k, step in enumerate((ours, theirs)):
+            start = time.perf_counter()
+            losses[k].append(step())
+            times[k].append(time.perf_counter() - start)
+    ratios = sorted(a / b for a, b in zip(*times))
+    return (*losses, float(np.median(times[0])), float(np.median(times[1])), ratios[len(ratios) // 2])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,9 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     options = {k: getattr(args, k) for k in ("batch", "half", "device", "dtype", "attention", "width", "heads")}
     options["layers"] = args.layers
     twin = "SDPA" if args.attention == "causal" else "torch ops"
-    ours, ours_rate = train("attncomp", steps, **options)
-    theirs, their_rate = train("torch", steps, **options)
+    ours, theirs, ours_step, their_step, ratio = train_side_by_side(steps, **options)
     first = max(abs(a - b) / abs(b) for a, b in zip(ours[:20], theirs[:20]))
+    tokens = args.batch * (2 * args.half - 1)
     print(f"{args.attention} attention, {args.dtype} on {args.device}, T = {2 * args.half - 1}")
     print(f"loss, attncomp attention: {ours[0]:.4f} at step 1, {ours[-1]:.4f} at step {steps}")
     print(f"loss, {twin + ' attention:':21s}{theirs[0]:.4f} at step 1, {theirs[-1]:.4f} at step {steps}")
@@ -231,8 +255,10 @@ def main(argv: list[str] | None = None) -> None:
     for step in (1, 10, 20, 50, 100, 200, 300):
         if step <= steps:
             print(f"  step {step:4d}: attncomp {ours[step - 1]:.4f}   {twin} {theirs[step - 1]:.4f}")
-    print(f"tokens/s (after the first step): attncomp {ours_rate:,.0f}, {twin} {their_rate:,.0f}")
-    print(f"ratio: {ours_rate / their_rate:.2f}")
+    print(
+        f"tokens/s (median step, the two models' steps alternated): attncomp {tokens / ours_step:,.0f}, "
+        f"{twin} {tokens / their_step:,.0f}; attncomp's step time over {twin}'s, median of the pairs: {ratio:.2f}"
+    )
 
 
 if __name__ == "__main__":

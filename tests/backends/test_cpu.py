@@ -182,3 +182,35 @@ def test_gemm_multiplies_submatrices_in_place(dtype, trans_a, trans_b, beta):
     want[2 : 2 + m, :n] = op_a.astype(np.float64) @ op_b + beta * c[2 : 2 + m, :n]
     product(trans_a, trans_b, m, n, k, a, b, beta, c)
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+
+
+def test_float32_tanh_is_within_two_ulp_and_kernels_call_it():
+    """Soft-capped scores use the shared float32 tanh (series below 1/2, exponential above): within
+    2.5e-7 of float64's over the range, exact at 0, 1 at infinity, NaN kept; float64 keeps NumPy's."""
+    from numba import njit
+
+    from attncomp.backends.numba_cpu.tile_math import tanh
+    from tests.conftest import load_example
+
+    @njit
+    def apply(x, out):
+        for i in range(x.size):
+            out[i] = tanh(x[i])
+
+    x = np.concatenate([np.linspace(-12, 12, 40001), np.geomspace(1e-30, 12, 20001)]).astype(np.float32)
+    x = np.concatenate([x, -x[40001:]])
+    got = np.empty_like(x)
+    apply(x, got)
+    want = np.tanh(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-38)) < 2.5e-7
+    special = np.array([0.0, np.inf, -np.inf, np.nan], np.float32)
+    out = np.empty_like(special)
+    apply(special, out)
+    assert out[0] == 0 and out[1] == 1 and out[2] == -1 and np.isnan(out[3])
+    wide = np.linspace(-3, 3, 101)
+    out64 = np.empty_like(wide)
+    apply(wide, out64)
+    np.testing.assert_allclose(out64, np.tanh(wide), rtol=1e-15)
+    fn = ac.compile(load_example("softcap").causal_softcap, backend="cpu", cap=1.0)
+    source = fn.source
+    assert "tanh(" in source and "math.tanh" not in source

@@ -27,8 +27,11 @@ def tensors(T=6, requires_grad=False, dtype=torch.float32, seed=0):
 
 def test_eager_calls_take_the_short_path_and_agree_with_the_op(op):
     args = tensors()
-    assert torch_op.eager_call(torch, args, "cpu")
-    assert not torch_op.eager_call(torch, [t.to("meta") for t in args], "cpu")  # fake functions: the op
+    assert torch_op.eager_dtypes(torch, args, "cpu") == tuple(t.dtype for t in args)
+    assert torch_op.eager_dtypes(torch, [t.to("meta") for t in args], "cpu") is None  # fake functions: the op
+    assert torch_op.eager_dtypes(torch, args, "cuda") is None  # another device: the op, whose checks name it
+    parameters = [torch.nn.Parameter(t) for t in args]  # a module's weights: plain tensors for the op
+    assert torch_op.eager_dtypes(torch, parameters, "cpu") == tuple(t.dtype for t in args)
     np.testing.assert_array_equal(op(*args).numpy(), op.op(*args)[0].numpy())
 
 

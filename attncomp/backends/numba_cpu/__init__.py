@@ -48,6 +48,7 @@ from attncomp.backends.numba_cpu.tile_math import (
     rows_values_bf16,
     softmax_by_keys,
     softmax_by_rows,
+    tanh,
     transpose_into,
 )
 

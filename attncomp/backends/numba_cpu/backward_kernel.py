@@ -27,6 +27,7 @@ from __future__ import annotations
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
 from attncomp.backends.numba_cpu import signatures as sig
+from attncomp.backends.numba_cpu.kernel import FUNCTIONS
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
@@ -34,6 +35,8 @@ from attncomp.ir.types import accumulation_dtype
 
 
 class BackwardKernelWriter(KernelSource):
+    functions = FUNCTIONS
+
     def __init__(self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str]):
         super().__init__(captured, dims)
         self.name = name
@@ -163,7 +166,7 @@ class BackwardKernelWriter(KernelSource):
                 ("kt", "(n_d, BK)"),
                 ("vt", "(n_e, BK)"),
             ):
-                w.line(f"{name} = np.zeros({shape}, dtype=ACC)")
+                w.line(f"{name} = np.empty({shape}, dtype=ACC)")
             w.line("for unit in range(slot, n_units, n_slots):")
             with w.indent():
                 w.line("rest = unit")

@@ -53,8 +53,15 @@ FEW_ROWS = 4
 SERIAL_WORK = 1 << 15
 
 
+#: the scalar code's math functions that the shared tile code replaces (``tile_math``: a float32
+#: tanh that vectorises; other types keep NumPy's)
+FUNCTIONS = {"ac.tanh": "tanh"}
+
+
 class KernelWriter(KernelSource):
     """Writes one kernel function for one tiled attention."""
+
+    functions = FUNCTIONS
 
     def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str]):
         super().__init__(captured, dims)

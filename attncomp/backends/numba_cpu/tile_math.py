@@ -71,6 +71,45 @@ def _exp2(x):
     return lambda x: np.exp2(x)
 
 
+# tanh x = x (1 + z (c3 + z (c5 + ...))), z = x * x: its Taylor series to x**13.  Below |x| = 1/2
+# the first term left out (929569 x**15 / 638512875) is under 1e-7 of tanh x.
+TANH_C = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075)
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def tanh_f32(x):
+    """tanh in float32 (soft-capped scores): the series below |x| = 1/2, ``1 - 2 / (e**(2|x|) + 1)``
+    above (:func:`exp2_f32`; no cancellation there, as 2 / (e**(2|x|) + 1) < 0.54); both are
+    computed and one selected, so LLVM vectorises it (libm's ``tanhf`` is scalar).  |x| is
+    clamped at 10, where tanh rounds to 1; NaN stays NaN."""
+    a = min(abs(x), np.float32(10.0))
+    z = a * a
+    p = np.float32(TANH_C[5])
+    p = p * z + np.float32(TANH_C[4])
+    p = p * z + np.float32(TANH_C[3])
+    p = p * z + np.float32(TANH_C[2])
+    p = p * z + np.float32(TANH_C[1])
+    p = p * z + np.float32(TANH_C[0])
+    small = a + a * z * p
+    e = exp2_f32(a * np.float32(2.8853900817779268))  # e**(2a) = 2**(2a log2 e)
+    large = np.float32(1.0) - np.float32(2.0) / (e + np.float32(1.0))
+    t = small if a < np.float32(0.5) else large
+    t = t if x >= np.float32(0.0) else -t
+    return x if x != x else t
+
+
+def tanh(x):
+    """tanh in the type of ``x`` (float32: :func:`tanh_f32`)."""
+    raise NotImplementedError("tanh is for compiled code")
+
+
+@overload(tanh, fastmath=FASTMATH)
+def _tanh(x):
+    if x == types.float32:
+        return lambda x: tanh_f32(x)
+    return lambda x: np.tanh(x)
+
+
 # A few query rows (decoding) are matrix-vector work: plain loops on row-major scores beat a
 # BLAS call's overhead.
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
