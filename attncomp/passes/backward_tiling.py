@@ -38,8 +38,9 @@ def _with_row_axis(b: Builder, x: Value) -> Value:
     return b.op("ac.reshape", [x], declared=[x.type.with_shape((*x.type.shape, dim(1)))]).result
 
 
-def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op | None:
-    """Replace ``op`` by an ``ac.key_grid``; None (untouched) when q is broadcast over batch axes."""
+def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int, deterministic: bool = False) -> Op | None:
+    """Replace ``op`` by an ``ac.key_grid``; None (untouched) when q is broadcast over batch axes.
+    ``deterministic`` marks the grid ``deterministic = true``: its sums in an order fixed from run to run."""
     q, k, v, out, lse, d_out, d_lse = op.operands
     if q.type.shape[:-2] != out.type.shape[:-2]:
         return None
@@ -90,6 +91,8 @@ def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int) -> Op 
         *(g.cast(s, r.type.dtype) for s, r in zip(site_accs, sites)),
     )
     attrs = {"block_k": block_k, "kv_repeat": op.attrs["kv_repeat"]}
+    if deterministic:
+        attrs["deterministic"] = True
     grid_op = Builder(block, block.ops.index(op)).op(
         "ac.key_grid", [], attrs, [r.type for r in op.results], [grid], [r.name for r in op.results]
     )

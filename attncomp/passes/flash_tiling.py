@@ -153,6 +153,10 @@ class FlashTiling(Pass):
     #: (float32-accurate), "tf32" (opt-in: inputs rounded to tf32, relative errors near 1e-3, on
     #: tensor cores where the backend has them), "ieee" (float32 FMAs, never tensor cores)
     precision: str = "exact"
+    #: the backward's ``ac.key_grid`` sums its gradients in an order fixed from run to run
+    #: (``deterministic = true`` in the IR): bit-identical gradients on backends whose default
+    #: order varies (CUDA's atomics); the forward is deterministic either way
+    deterministic: bool = False
 
     def run(self, module: Module, remarks: list[str]) -> None:
         if self.precision not in PRECISIONS:
@@ -163,6 +167,6 @@ class FlashTiling(Pass):
                 tile_attention(func.body, op, self.block_q, self.block_k, self.precision)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
-                if tile_attention_grad(func.body, op, self.block_q, self.block_k) is None:
+                if tile_attention_grad(func.body, op, self.block_q, self.block_k, self.deterministic) is None:
                     remarks.append("flash-tiling: ac.attention_grad with q broadcast over batch axes is not tiled")
             remove_dead_ops(func.body)

@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from attncomp.passes.base import PASSES, Pass
-from attncomp.passes.manager import parse_pipeline
+from attncomp.passes.manager import DEFAULT_PIPELINE, parse_pipeline
 
 
 def make_pass(name: str, **options: Any) -> Pass:
@@ -85,3 +85,20 @@ def edit_pipeline(
         else:
             result.append(copy.deepcopy(replace))
     return result
+
+
+def deterministic_pipeline(pipeline: str | None, tiled: bool = True) -> str:
+    """``pipeline`` (None: the default) with ``flash-tiling{deterministic=true}``: the backward's
+    ``ac.key_grid`` then sums its gradients in an order fixed from run to run.
+
+    Every ``flash-tiling`` of the pipeline gets the option.  A pipeline without one gets it last
+    when ``tiled`` (a compiled backend, which tiles what the pipeline left untiled with
+    flash-tiling's defaults), and stays as it is for the interpreter, whose sums are ordered.
+    """
+    passes = pipeline_passes(DEFAULT_PIPELINE if pipeline is None else pipeline)
+    tilings = [p for p in passes if p.name == "flash-tiling"]
+    for p in tilings:
+        p.deterministic = True
+    if not tilings and tiled:
+        passes.append(make_pass("flash-tiling", deterministic=True))
+    return pipeline_text(passes)

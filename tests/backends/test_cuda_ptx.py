@@ -259,6 +259,45 @@ def test_tensor_core_backward_kernels(example, name, dtype, head_dim):
     assert all(report.registers <= 255 for report in reports.values())
 
 
+#: a floating-point atomic add in PTX (``atom.global.add.f32``, ``red.global.add.f64``, ...)
+FLOAT_ATOMIC = re.compile(r"\b(?:atom|red)(?:\.\w+)*\.add\.f(?:16|32|64)\b")
+
+
+@pytest.mark.parametrize(
+    "example,name,dtype",
+    [
+        ("causal", "causal", "f32"),
+        ("gqa", "grouped_query_attention", "f32"),
+        ("relative_bias", "relative_bias", "f32"),
+        ("alibi", "causal_alibi", "bf16"),
+    ],
+)
+def test_deterministic_backward_kernels(example, name, dtype):
+    """deterministic=True at the default 64 x 64 blocks, head dim 64: the key-major kernel, the dQ kernel
+    and the two ordered sums (of a key/value head's query positions, of the sites' per-block slices)
+    compile for sm_80 and sm_90 with no local memory, no spills and no floating-point atomics, where
+    the default backward has them."""
+    from attncomp.backends import numba_cuda
+    from attncomp.backends.numba_cuda.ptx import compile_ptx
+    from tests.cuda_sim.helpers import retyped
+
+    spec = getattr(load_example(example), name)
+    spec = spec if dtype == "f32" else retyped(spec, dtype)
+    default = numba_cuda.build(ac.compile(spec, backend="interp").backward.module)
+    impl = numba_cuda.build(ac.compile(spec, backend="interp", deterministic=True).backward.module)
+    (kernels,) = impl.backward
+    assert kernels.deterministic and kernels.mma_plan(64, 64) is None
+    backward = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0")]
+    names = [k.name for k in backward]
+    assert names == [f"attention_backward_kernel_0{s}[D=64,E=64]" for s in ("", "_dq", "_heads", "_sites")]
+    texts: dict = {}
+    reports = _check(impl, 64, backward, texts)
+    assert not any(FLOAT_ATOMIC.search(ptx) for ptx in texts.values())
+    assert all(report.registers <= 255 for report in reports.values())
+    (before,) = [k for k in default.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0")]
+    assert FLOAT_ATOMIC.search(compile_ptx(before.py_func, before.signature))  # the default adds dq so
+
+
 @pytest.mark.parametrize("example,name", [("alibi", "causal_alibi"), ("relative_bias", "relative_bias")])
 def test_unfused_backward_kernels_compile(example, name):
     """pipeline="": the backward's ac.scatter_add (into slopes [H], into a table [H, R]) as a graph kernel."""

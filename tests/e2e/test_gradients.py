@@ -257,3 +257,19 @@ def test_backward_skips_the_tiles_the_forward_skips(example: str, spec: str):
     assert backward.shape == forward.shape == (1, 2, 5, 5)
     assert np.array_equal(backward, forward)
     assert np.count_nonzero(backward[0, 0]) == 15  # the lower triangle of 5 x 5 blocks
+
+
+def test_deterministic_is_a_no_op_on_the_cpu():
+    """The CPU sums in a fixed order already: ``deterministic=True`` marks the IR and changes no kernel."""
+    from examples.alibi import causal_alibi
+
+    default = ac.compile(causal_alibi, backend="cpu")
+    fn = ac.compile(causal_alibi, backend="cpu", deterministic=True)
+    assert "deterministic = true" in fn.backward.ir() and "deterministic" not in default.backward.ir()
+    assert fn.backward.source == default.backward.source
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 70, 8)).astype(np.float32) for _ in range(3))
+    args = (q, k, v, np.array([0.5, 0.25], np.float32))
+    d_out = rng.standard_normal((1, 2, 70, 8)).astype(np.float32)
+    for got, want in zip(fn.vjp(*args)[1](d_out), default.vjp(*args)[1](d_out)):
+        assert got.tobytes() == want.tobytes()

@@ -5,7 +5,9 @@ one thread block per batch position and query block, key/value chunks in
 shared memory, the online-softmax state in registers, tiles skipped,
 masked or unmasked as mask-elimination decided); each tiled backward
 (``ac.key_grid``) a kernel with one thread block per batch position and key
-block that adds its gradients in with atomics (``backward_kernel.py``); every other op becomes a
+block that adds its gradients in with atomics (``backward_kernel.py``; a grid marked
+``deterministic = true`` runs kernels without floating-point atomics instead,
+``deterministic_backward.py``); every other op becomes a
 small generated kernel (``graph_kernels.py``) launched by the generated
 driver (``driver.py``).  Needs the ``cuda`` extra (numba-cuda); runs on a
 GPU or under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before
@@ -203,6 +205,9 @@ class CudaFunction(Program):
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
             found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
+            for suffix, kernel, signature in kernels.extra_kernels(*dims):
+                name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"
+                found.append(KernelInfo(name, kernel.py_func, signature, kernels.source(*dims)))
         return found
 
     def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:

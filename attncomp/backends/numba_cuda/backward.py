@@ -8,6 +8,12 @@ recompile.  Where the spec's query, key, value and output gradient are one
 else on the scalar kernel (``backward_kernel.py``).  The driver zeroes the
 outputs (every kernel adds into them) and launches one thread block per
 query batch position, IR key block and part of a key block.
+
+A grid marked ``deterministic = true`` runs the scalar kernels of
+``deterministic_backward.py`` instead, whatever the element type: a key-major
+kernel per key/value batch position (dK, dV and the sites' per-block sums), a
+query-major dQ kernel, and the sum of the sites' per-block slices, with no
+floating-point atomics.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
+from attncomp.backends.numba_cuda.deterministic_backward import site_bytes, uniform_sites, write_deterministic_backward
+from attncomp.backends.numba_cuda.dq_plan import DqPlan, plan_dq
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
 from attncomp.ir.core import Func, Op
-from attncomp.ir.dims import Dim
+from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 
@@ -56,6 +64,11 @@ class BackwardKernels:
         #: device holds the query, key, value and output gradient ("f16", or "f32": bf16 widened)
         self.element = None if lanes is not None else element
         self.storage = storage
+        #: sums in an order fixed from run to run (the grid's ``deterministic``): the scalar kernels
+        #: of ``deterministic_backward.py``, no floating-point atomics
+        self.deterministic = bool(grid.attrs.get("deterministic", False))
+        #: the sites a deterministic kernel sums per thread (their index is the block's)
+        self.uniform = uniform_sites(self.tiled, self.captured) if self.deterministic else set()
         self._kernels: dict[tuple[int, int], Any] = {}
 
     @property
@@ -68,14 +81,29 @@ class BackwardKernels:
         """The element type of the outputs the kernel adds into (float16 results are narrowed after)."""
         return accumulation_dtype(self.grid.results[0].type.dtype)
 
+    @property
+    def acc_bytes(self) -> int:
+        return np.dtype(NUMPY_DTYPES[self.acc_dtype]).itemsize
+
     def plan(self, head_dim: int, value_dim: int) -> BackwardPlan:
-        acc_bytes = np.dtype(NUMPY_DTYPES[self.acc_dtype]).itemsize
+        """The scalar (key-major) kernel's plan; a deterministic one has room for its sites' sums."""
         t = self.tiled
-        return plan_backward(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes)
+        if not self.deterministic:
+            return plan_backward(t.block_q, t.block_k, head_dim, value_dim, self.acc_bytes, self.lanes)
+        staged = site_bytes(t, self.uniform, self.acc_bytes)
+        return plan_backward(
+            t.block_q, t.block_k, head_dim, value_dim, self.acc_bytes, self.lanes, staged, bool(self.uniform)
+        )
+
+    def dq_plan(self, head_dim: int, value_dim: int) -> DqPlan:
+        """The plan of a deterministic grid's dQ kernel."""
+        return plan_dq(self.tiled.block_q, self.tiled.block_k, head_dim, value_dim, self.acc_bytes)
 
     def mma_plan(self, head_dim: int, value_dim: int) -> MmaBackwardPlan | None:
-        """The tensor-core plan for these head dims, if the kernel has one."""
+        """The tensor-core plan for these head dims, if the kernel has one (a deterministic grid has none)."""
         t = self.tiled
+        if self.deterministic:
+            return None
         return plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.element, self.storage)
 
     def launch_plan(self, head_dim: int, value_dim: int) -> BackwardPlan | MmaBackwardPlan:
@@ -88,24 +116,44 @@ class BackwardKernels:
             writer = MmaBackwardKernelWriter(self.name, self.tiled, self.captured, self.dims, mma)
             return writer.write(self.func_name)
         plan = self.plan(head_dim, value_dim)
+        if self.deterministic:
+            dq = self.dq_plan(head_dim, value_dim)
+            args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype)
+            return write_deterministic_backward(self.name, self.func_name, *args)
         return write_backward_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan)
 
     def signature(self) -> str:
-        """The Numba signature the PTX is compiled for (outputs C-contiguous in the accumulation type)."""
+        """The Numba signature the PTX is compiled for (outputs C-contiguous in the accumulation type; a
+        deterministic grid's sites are its per-block slices, ``[blocks, *site]``)."""
         acc = self.acc_dtype
-        types = [array_type(acc, max(r.type.rank, 1), contiguous=True) for r in self.grid.results]
+        ranks = [max(r.type.rank, 1) for r in self.grid.results]
+        if self.deterministic:
+            ranks[3:] = [rank + 1 for rank in ranks[3:]]
+        types = [array_type(acc, rank, contiguous=True) for rank in ranks]
         for value in self.captured:
             rank = value.type.rank
             types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
         types += ["int64"] * len(self.dims)
         return f"void({', '.join(types)})"
 
-    def kernel(self, head_dim: int, value_dim: int) -> Any:
-        """The backward kernel for these head dims."""
+    def kernel(self, head_dim: int, value_dim: int, suffix: str = "") -> Any:
+        """The backward kernel for these head dims (a deterministic grid's: ``suffix`` "_dq" the dQ kernel,
+        "_sites" the sum of the sites' slices)."""
         key = (head_dim, value_dim)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
-        return getattr(self._kernels[key], self.name)
+        return getattr(self._kernels[key], self.name + suffix)
+
+    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str]]:
+        """(suffix, kernel, signature) of the kernels a deterministic grid runs after the key-major one."""
+        if not self.deterministic:
+            return []
+        rows, row = array_type(self.acc_dtype, 2, contiguous=True), array_type(self.acc_dtype, 1, contiguous=True)
+        return [
+            ("_dq", self.kernel(head_dim, value_dim, "_dq"), self.signature()),
+            ("_heads", self.kernel(head_dim, value_dim, "_heads"), f"void({rows}, int64[:, ::1], {rows})"),
+            ("_sites", self.kernel(head_dim, value_dim, "_sites"), f"void({rows}, {row})"),
+        ]
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
@@ -115,8 +163,58 @@ class BackwardKernels:
     def launch(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """Add the gradients of ``positions`` query batch positions into the zeroed outputs in ``args``
         (then the captured values and sizes)."""
+        if self.deterministic:
+            self.launch_deterministic(positions, n_keys, head_dim, value_dim, *args)
+            return
         plan = self.launch_plan(head_dim, value_dim)
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts * plan.halves
         if blocks <= 0:
             return
         self.kernel(head_dim, value_dim)[blocks, plan.threads, rt.stream()](*args)
+
+    def launch_deterministic(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
+        """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch
+        rows per query batch position where several share a key/value head), the dQ kernel, then the
+        sums: of each key/value head's positions, and of the sites' slices, in a fixed order."""
+        plan, dq = self.plan(head_dim, value_dim), self.dq_plan(head_dim, value_dim)
+        n_sites = len(self.grid.results) - 3
+        outputs, rest = list(args[: 3 + n_sites]), args[3 + n_sites :]
+        out_dq, out_dk, out_dv = outputs[:3]
+        members = self.head_members(out_dq, out_dk, dict(zip(self.dims, args[len(args) - len(self.dims) :])))
+        shared = members.shape[1] > 1
+        if shared:  # rows of their own for each query batch position, added up after
+            batch = tuple(out_dq.shape)[:-2]
+            outputs[1] = rt.scratch((*batch, *tuple(out_dk.shape)[-2:]), out_dk.dtype)
+            outputs[2] = rt.scratch((*batch, *tuple(out_dv.shape)[-2:]), out_dv.dtype)
+        key_blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts
+        slices = [rt.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
+        launched = [*outputs[:3], *slices, *rest]
+        if key_blocks > 0:
+            self.kernel(head_dim, value_dim)[key_blocks, plan.threads, rt.stream()](*launched)
+        query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * dq.parts
+        if query_blocks > 0:
+            self.kernel(head_dim, value_dim, "_dq")[query_blocks, dq.threads, rt.stream()](*launched)
+        if shared and key_blocks > 0:
+            heads, table = self.kernel(head_dim, value_dim, "_heads"), rt.from_host(members, members.shape)
+            for out, part in ((out_dk, outputs[1]), (out_dv, outputs[2])):
+                size = int(out.size) // members.shape[0]
+                flat_out, flat_part = out.reshape(members.shape[0], size), part.reshape(positions, size)
+                rt.launch_map(heads, int(out.size), flat_part, table, flat_out)
+        sums = self.kernel(head_dim, value_dim, "_sites")
+        for site, part in zip(outputs[3:], slices):
+            size = int(site.size)
+            rt.launch_map(sums, size, part.reshape(part.shape[0], size), site.reshape(size))
+
+    def head_members(self, out_dq: Any, out_dk: Any, env: dict[str, int]) -> np.ndarray:
+        """int64 ``[key/value batch positions, members]``: the flat query batch positions of each
+        key/value batch position, in increasing order (the IR's mapping: axis 1's head ``h //
+        kv_repeat``, 0 along an axis of size 1)."""
+        dq_batch, kv_batch = tuple(out_dq.shape)[:-2], tuple(out_dk.shape)[:-2]
+        heads = int(np.prod(kv_batch, dtype=np.int64))
+        if not dq_batch or 0 in dq_batch:  # no batch axes: one position; no position: none to add
+            return np.zeros((heads, 1 if not dq_batch else 0), dtype=np.int64)
+        group = dim(self.grid.attrs["kv_repeat"]).evaluate(env)
+        index = np.indices(dq_batch).reshape(len(dq_batch), -1)
+        kv = [np.zeros_like(x) if kv_batch[a] == 1 else x // group if a == 1 else x for a, x in enumerate(index)]
+        order = np.argsort(np.ravel_multi_index(kv, kv_batch), kind="stable")
+        return order.reshape(heads, -1).astype(np.int64)

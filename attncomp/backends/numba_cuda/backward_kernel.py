@@ -25,7 +25,9 @@ key/value head (``kv_repeat > 1``) or a key batch axis is broadcast (size 1
 against the queries'), and the gradients of captured tensors ("sites", such
 as ALiBi slopes).  Floating-point addition is not associative, so CUDA
 gradients may differ in the last bits from run to run (the order of the
-atomics is not deterministic); the CPU backend sums in a fixed order.  A
+atomics is not deterministic); the CPU backend sums in a fixed order, and so
+does a grid marked ``deterministic = true`` (``deterministic_backward.py``,
+which reuses this writer's elements and chunks).  A
 thread adds its site contributions to a running sum while they go to the
 same index (ALiBi's ``slopes[h]`` is one index per thread block) and issues
 one atomic per run, not one per element.  An index outside the site's shape
@@ -146,59 +148,59 @@ class BackwardKernelWriter(CudaKernelSource):
         p, w = self.plan, self.w
         w.line(f"for rr in range(g, {p.rows}, {p.lanes}):" if p.lanes > 1 else f"for rr in range({p.rows}):")
         with w.indent():
-            w.line("pv = ACC(0.0)")
-            w.line("dsv = ACC(0.0)")
-            w.line("if rr < nr and c < nk:")
-            with w.indent():
-                w.line("s_raw = ACC(0.0)")
-                w.line(f"for f in range({p.head_dim}):")
-                with w.indent():
-                    w.line("s_raw += q_tile[rr, f] * k_tile[c, f]")
-                w.line("dpv = ACC(0.0)")
-                w.line(f"for f in range({p.value_dim}):")
-                with w.indent():
-                    w.line("dpv += o_tile[rr, f] * v_tile[c, f]")
-                self.at: dict[str, str] = {}
-                i, j = self.positions(tile.score, 3)
-                gi, gj = self.positions(tile.gradient, 4)
-                with_mask = masked is not None and tile.mask is not None
-                mi, mj = self.positions(tile.mask, 2) if with_mask else (i, j)
-                (x,) = self.apply_all(tile.score, hoisted[tile.score], [i, j, "s_raw"])
-                w.line("visible = True")
-                if with_mask:
-                    w.line(f"if {masked}:")
-                    with w.indent():
-                        (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [mi, mj])
-                        w.line(f"visible = {seen}")
-                w.line("if visible:")
-                with w.indent():
-                    row = "i0 + r0 + rr"
-                    lse = self.array_ref(tile.lse_load.operands[0])
-                    w.line(f"lse_r = ACC({lse}[{self.prefix(tile.lse_load)}{row}, 0])")
-                    delta = self.array_ref(tile.delta_load.operands[0])
-                    w.line(f"delta_r = ACC({delta}[{self.prefix(tile.delta_load)}{row}, 0])")
-                    w.line(f"pv = ACC(math.exp(ACC({x} - lse_r)))")
-                    w.line("gv = pv * (dpv - delta_r)")
-                    grads = self.apply_all(tile.gradient, hoisted[tile.gradient], [gi, gj, "s_raw", "gv"])
-                    w.line(f"dsv = ACC({grads[0]})")
-                    at = 1
-                    for k, (rank, _, _) in enumerate(self.sites):
-                        self.site_add(k, grads[at], grads[at + 1 : at + 1 + rank])
-                        at += 1 + rank
+            self.element(tile, masked, hoisted)
             w.line("p_tile[rr, c] = pv")
             w.line("ds_tile[rr, c] = dsv")
 
+    def element(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """``pv`` and ``dsv`` (p and ds_raw, zero outside the rows, keys and mask) of the element of staged
+        query row ``rr`` (row ``i0 + r0 + rr``) and staged key ``c`` (key ``j0 + koff + c``), and its
+        contributions to the sites (:meth:`site_add`)."""
+        p, w = self.plan, self.w
+        w.line("pv = ACC(0.0)")
+        w.line("dsv = ACC(0.0)")
+        w.line("if rr < nr and c < nk:")
+        with w.indent():
+            w.line("s_raw = ACC(0.0)")
+            w.line(f"for f in range({p.head_dim}):")
+            with w.indent():
+                w.line("s_raw += q_tile[rr, f] * k_tile[c, f]")
+            w.line("dpv = ACC(0.0)")
+            w.line(f"for f in range({p.value_dim}):")
+            with w.indent():
+                w.line("dpv += o_tile[rr, f] * v_tile[c, f]")
+            self.at: dict[str, str] = {}
+            i, j = self.positions(tile.score, 3)
+            gi, gj = self.positions(tile.gradient, 4)
+            with_mask = masked is not None and tile.mask is not None
+            mi, mj = self.positions(tile.mask, 2) if with_mask else (i, j)
+            (x,) = self.apply_all(tile.score, hoisted[tile.score], [i, j, "s_raw"])
+            w.line("visible = True")
+            if with_mask:
+                w.line(f"if {masked}:")
+                with w.indent():
+                    (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [mi, mj])
+                    w.line(f"visible = {seen}")
+            w.line("if visible:")
+            with w.indent():
+                row = "i0 + r0 + rr"
+                lse = self.array_ref(tile.lse_load.operands[0])
+                w.line(f"lse_r = ACC({lse}[{self.prefix(tile.lse_load)}{row}, 0])")
+                delta = self.array_ref(tile.delta_load.operands[0])
+                w.line(f"delta_r = ACC({delta}[{self.prefix(tile.delta_load)}{row}, 0])")
+                w.line(f"pv = ACC(math.exp(ACC({x} - lse_r)))")
+                w.line("gv = pv * (dpv - delta_r)")
+                grads = self.apply_all(tile.gradient, hoisted[tile.gradient], [gi, gj, "s_raw", "gv"])
+                w.line(f"dsv = ACC({grads[0]})")
+                at = 1
+                for k, (rank, _, _) in enumerate(self.sites):
+                    self.site_add(k, grads[at], grads[at + 1 : at + 1 + rank])
+                    at += 1 + rank
+
     def accumulate(self) -> None:
         """dk, dv slices += this chunk's part (registers); dq rows += ds_raw k (atomics)."""
+        self.accumulate_keys()
         p, w = self.plan, self.w
-        w.line("for rr in range(nr):")
-        with w.indent():
-            w.line("pw = p_tile[rr, c]")
-            w.line("dw = ds_tile[rr, c]")
-            for k in range(p.dv_slice):
-                w.line(f"dv_{k} += pw * o_tile[rr, {self.feature(k)}]")
-            for k in range(p.dk_slice):
-                w.line(f"dk_{k} += dw * q_tile[rr, {self.feature(k)}]")
         prefix = "".join(f"{n}, " for n in self.batch)
         w.line(f"for e_idx in range(tid, nr * {p.head_dim}, {p.threads}):")
         with w.indent():
@@ -209,6 +211,18 @@ class BackwardKernelWriter(CudaKernelSource):
             with w.indent():
                 w.line("total += ds_tile[rr, cc] * k_tile[cc, f]")
             w.line(f"cuda.atomic.add(out_dq, ({prefix}i0 + r0 + rr, f), total)")
+
+    def accumulate_keys(self) -> None:
+        """dk, dv slices += this chunk's part (registers)."""
+        p, w = self.plan, self.w
+        w.line("for rr in range(nr):")
+        with w.indent():
+            w.line("pw = p_tile[rr, c]")
+            w.line("dw = ds_tile[rr, c]")
+            for k in range(p.dv_slice):
+                w.line(f"dv_{k} += pw * o_tile[rr, {self.feature(k)}]")
+            for k in range(p.dk_slice):
+                w.line(f"dk_{k} += dw * q_tile[rr, {self.feature(k)}]")
 
     def query_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """One (query block, key block) tile: its query rows a chunk (``chunk``) at a time."""
@@ -311,10 +325,16 @@ class BackwardKernelWriter(CudaKernelSource):
             self.scalar().op(op)
 
     def write(self, func_name: str) -> str:
+        w = self.w
+        w.lines.extend(HEADER.format(func=func_name, p=self.plan, device_math=IMPORT).splitlines())
+        w.line()
+        w.line()
+        self.function()
+        return w.text()
+
+    def function(self) -> None:
+        """The kernel function."""
         t, p, w = self.t, self.plan, self.w
-        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT).splitlines())
-        w.line()
-        w.line()
         w.line("@cuda.jit(cache=True)")
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
@@ -330,14 +350,12 @@ class BackwardKernelWriter(CudaKernelSource):
             w.line(f"o_tile = cuda.shared.array(({p.rows}, {p.value_pitch}), {self.acc})")
             w.line(f"p_tile = cuda.shared.array(({p.rows}, {p.keys}), {self.acc})")
             w.line(f"ds_tile = cuda.shared.array(({p.rows}, {p.keys}), {self.acc})")
+            self.declare_site_arrays()
             first = f"{self.ref(t.k_load.operands[-1])} + koff"
             self.stage("k_tile", t.k_load, "nk", first, p.head_dim, p.head_pitch, p.keys)
             first = f"{self.ref(t.v_load.operands[-1])} + koff"
             self.stage("v_tile", t.v_load, "nk", first, p.value_dim, p.value_pitch, p.keys)
-            compute = t.masked
-            hoisted = {compute.score: self.hoist(compute.score, 3), compute.gradient: self.hoist(compute.gradient, 4)}
-            if compute.mask is not None:
-                hoisted[compute.mask] = self.hoist(compute.mask, 2)
+            hoisted = self.hoist_regions()
             for k in range(p.dk_slice):
                 w.line(f"dk_{k} = ACC(0.0)")
             for k in range(p.dv_slice):
@@ -345,7 +363,17 @@ class BackwardKernelWriter(CudaKernelSource):
             self.start_sites()
             w.line("cuda.syncthreads()")
             self.tile_loop(hoisted)
-        return w.text()
+
+    def declare_site_arrays(self) -> None:
+        """Shared arrays for the sites' sums: none here (each thread adds its runs with atomics)."""
+
+    def hoist_regions(self) -> dict[Op, list[Op]]:
+        """Emit the score, mask and gradient regions' position-independent ops; per region, the others."""
+        compute = self.t.masked
+        hoisted = {compute.score: self.hoist(compute.score, 3), compute.gradient: self.hoist(compute.gradient, 4)}
+        if compute.mask is not None:
+            hoisted[compute.mask] = self.hoist(compute.mask, 2)
+        return hoisted
 
     def start_sites(self) -> None:
         """Each site's running sum at zero, its index at none yet."""
@@ -356,13 +384,17 @@ class BackwardKernelWriter(CudaKernelSource):
 
     def tile_loop(self, hoisted: dict[Op, list[Op]]) -> None:
         """The loop over the IR's query blocks, then the stores."""
+        self.query_loop(hoisted)
+        self.store()
+
+    def query_loop(self, hoisted: dict[Op, list[Op]]) -> None:
+        """The loop over the IR's query blocks (the bounds the prologue computed)."""
         t, w = self.t, self.w
         lo, hi = (self.ref(v) for v in t.loop.operands[:2])
         w.line(f"for qb in range({lo}, {hi}):")
         with w.indent():
             self.names[t.loop.regions[0].args[0]] = "qb"
             self.loop_body(hoisted)
-        self.store()
 
 
 def write_backward_kernel(

@@ -18,7 +18,7 @@ features (zeros), which every lane reads when the head is narrower than its lane
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
 from attncomp.backends.tiles import LoweringError
@@ -41,6 +41,10 @@ class BackwardPlan:
     keys: int  # keys per thread block (a part of one IR key block)
     rows: int  # query rows staged in shared memory at a time
     acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
+    #: a deterministic kernel's shared memory for the sites' ordered sums: bytes per staged (row, key)
+    #: element, and whether each thread's sum has a word to be added up in thread order
+    site_bytes: int = 0
+    thread_sums: bool = False
 
     @property
     def threads(self) -> int:
@@ -75,23 +79,32 @@ class BackwardPlan:
     @property
     def shared_bytes(self) -> int:
         staged = self.keys * (self.head_pitch + self.value_pitch) + self.rows * (self.head_pitch + self.value_pitch)
-        return self.acc_bytes * (staged + 2 * self.rows * self.keys)
+        sites = self.site_bytes * self.rows * self.keys + (self.acc_bytes * self.threads if self.thread_sums else 0)
+        return self.acc_bytes * (staged + 2 * self.rows * self.keys) + sites
 
 
 def plan_backward(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, acc_bytes: int = 4, lanes: int | None = None
+    block_q: int,
+    block_k: int,
+    head_dim: int,
+    value_dim: int,
+    acc_bytes: int = 4,
+    lanes: int | None = None,
+    site_bytes: int = 0,
+    thread_sums: bool = False,
 ) -> BackwardPlan:
-    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it)."""
+    """The plan for these block sizes and head dims; ``lanes`` overrides the choice (tests use it);
+    ``site_bytes`` and ``thread_sums``: the shared memory of a deterministic kernel's site sums."""
     keys = min(block_k, MAX_KEYS)
     lanes = choose_lanes(head_dim, value_dim, MAX_SLICE, keys, lanes, "cuda backward: lanes per key")
     while keys * lanes > MAX_THREADS:
         keys = ceil_div(keys, 2)
     rows = min(block_q, max(MAX_ROWS, lanes))
-    plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, keys, rows, acc_bytes)
+    plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, keys, rows, acc_bytes, site_bytes, thread_sums)
     while plan.shared_bytes > SHARED_BUDGET and plan.keys > 1:
-        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, ceil_div(plan.keys, 2), rows, acc_bytes)
+        plan = replace(plan, keys=ceil_div(plan.keys, 2))
     while plan.shared_bytes > SHARED_BUDGET and plan.rows > 1:
-        plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, plan.keys, plan.rows // 2, acc_bytes)
+        plan = replace(plan, rows=plan.rows // 2)
     if plan.shared_bytes > SHARED_BUDGET:
         raise LoweringError(
             f"cuda backward: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared "

@@ -114,10 +114,10 @@ class CudaKernelSource(KernelSource):
         with self.w.indent():
             self.w.line(statement)
 
-    def batch_indices(self, rank: int, flat: str, shape_of: str) -> list[str]:
-        """Emit the batch indices ``bi_k`` of the row-major flat batch index ``flat`` over the
-        first ``rank`` axes of array ``shape_of``."""
-        names = [f"bi_{k}" for k in range(rank)]
+    def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi") -> list[str]:
+        """Emit the batch indices ``bi_k`` (``{prefix}_k``) of the row-major flat batch index ``flat``
+        over the first ``rank`` axes of array ``shape_of``."""
+        names = [f"{prefix}_{k}" for k in range(rank)]
         for k in reversed(range(rank)):
             self.w.line(f"rest_{k} = {flat}")
             self.w.line(f"{names[k]} = rest_{k} % {shape_of}.shape[{k}]")

@@ -402,9 +402,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             w.line("cuda.syncthreads()")
             self.transpose_pairs("kt", "k", p.keys, p.d_share, p.k_pitch, p.kt_pitch, self.fd)
             compute = t.masked
-            hoisted = {compute.score: self.hoist(compute.score, 3), compute.gradient: self.hoist(compute.gradient, 4)}
-            if compute.mask is not None:
-                hoisted[compute.mask] = self.hoist(compute.mask, 2)
+            hoisted = self.hoist_regions()
             for out, width in (("dk", p.d_share), ("dv", p.e_share)):
                 for en in range(width // 8):
                     for e in range(4):

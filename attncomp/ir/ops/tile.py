@@ -321,6 +321,10 @@ class KeyGrid(OpDef):
       the batch position whose head is ``h // kv_repeat`` (axes of size 1 read 0);
       rows past ``S`` are dropped;
     - one value per site, of the site's whole type, added up over all programs.
+
+    With ``deterministic = true`` a backend must add these up in an order that is the same on
+    every run (no floating-point atomics whose order varies), so that gradients are bit-identical
+    from run to run; the sums themselves are the same.
     """
 
     name = "ac.key_grid"
@@ -329,11 +333,14 @@ class KeyGrid(OpDef):
     attributes = {
         "block_k": "keys per block",
         "kv_repeat": "query heads per key/value head (a dimension)",
+        "deterministic": "bool: sum the gradients in the same order on every run (absent: false)",
     }
 
     def infer(self, operands, attrs, declared, checker):
         block_k = require_attr(attrs, "block_k", int, self.name)
         require_attr(attrs, "kv_repeat", (int, Dim), self.name)
+        if not isinstance(attrs.get("deterministic", False), bool):
+            raise TypeCheckError(f"{self.name}: deterministic must be true or false")
         if block_k <= 0:
             raise TypeCheckError(f"{self.name}: block_k must be positive")
         if operands:
