@@ -9,7 +9,8 @@ generic spec (the call's dtype picks the kernels: bf16 products on ``mma.sync`` 
 backward), alternately with the same step through SDPA, CUDA-event timed, and reports the
 median of the per-pair ratios (below 1.0 attncomp is faster).  bf16 rows' peer is SDPA
 restricted to its flash backend (FlashAttention-2); the window row's is SDPA with a boolean
-mask; the float32 row's is SDPA's efficient backend.  SDPA's own choice is timed too, named.
+mask; the float32 rows' is SDPA's efficient backend (``precision=exact``: the scalar float32
+backward; ``precision=tf32``: the backward's products on tf32 tensor cores).  SDPA's own choice is timed too, named.
 TFLOP/s count the step's seven products, 14 B H D per visible (query, key) pair.  Before
 timing, the query gradient is checked against SDPA's.  Without a GPU it says so and exits
 with status 0.
@@ -42,17 +43,21 @@ def rows(quick: bool) -> list[Row]:
             256,
             {"window": 256},
         ),
-        Row(
-            f"f32 causal T=S={t8} D=64 H=16",
-            "float32",
-            specs.causal_any,
-            1,
-            16,
-            t8,
-            64,
-            True,
-            peer="efficient",
-            tolerance=1e-3,
+        *(
+            Row(
+                f"f32 {precision} causal T=S={t8} D=64 H=16",
+                "float32",
+                specs.causal_any,
+                1,
+                16,
+                t8,
+                64,
+                True,
+                precision=precision,
+                peer="efficient",
+                tolerance=2e-2 if precision == "tf32" else 1e-3,
+            )
+            for precision in ("exact", "tf32")
         ),
     ]
 

@@ -38,9 +38,13 @@ def _with_row_axis(b: Builder, x: Value) -> Value:
     return b.op("ac.reshape", [x], declared=[x.type.with_shape((*x.type.shape, dim(1)))]).result
 
 
-def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int, deterministic: bool = False) -> Op | None:
+def tile_attention_grad(
+    block: Block, op: Op, block_q: int, block_k: int, deterministic: bool = False, precision: str = "exact"
+) -> Op | None:
     """Replace ``op`` by an ``ac.key_grid``; None (untouched) when q is broadcast over batch axes.
-    ``deterministic`` marks the grid ``deterministic = true``: its sums in an order fixed from run to run."""
+    ``deterministic`` marks the grid ``deterministic = true``: its sums in an order fixed from run to run;
+    ``precision`` other than "exact" is kept on the grid (flash-tiling's: "tf32" lets float32 products
+    run on tensor cores)."""
     q, k, v, out, lse, d_out, d_lse = op.operands
     if q.type.shape[:-2] != out.type.shape[:-2]:
         return None
@@ -93,6 +97,8 @@ def tile_attention_grad(block: Block, op: Op, block_q: int, block_k: int, determ
     attrs = {"block_k": block_k, "kv_repeat": op.attrs["kv_repeat"]}
     if deterministic:
         attrs["deterministic"] = True
+    if precision != "exact":
+        attrs["precision"] = precision
     grid_op = Builder(block, block.ops.index(op)).op(
         "ac.key_grid", [], attrs, [r.type for r in op.results], [grid], [r.name for r in op.results]
     )

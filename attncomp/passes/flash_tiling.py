@@ -167,6 +167,9 @@ class FlashTiling(Pass):
                 tile_attention(func.body, op, self.block_q, self.block_k, self.precision)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
-                if tile_attention_grad(func.body, op, self.block_q, self.block_k, self.deterministic) is None:
+                if (
+                    tile_attention_grad(func.body, op, self.block_q, self.block_k, self.deterministic, self.precision)
+                    is None
+                ):
                     remarks.append("flash-tiling: ac.attention_grad with q broadcast over batch axes is not tiled")
             remove_dead_ops(func.body)

@@ -298,6 +298,29 @@ def test_deterministic_backward_kernels(example, name, dtype):
     assert FLOAT_ATOMIC.search(compile_ptx(before.py_func, before.signature))  # the default adds dq so
 
 
+@pytest.mark.parametrize("example,name", [("causal", "causal"), ("alibi", "causal_alibi")])
+def test_tf32_backward_kernels(example, name):
+    """float32 gradients with precision=tf32 at D = 64: the five products per chunk on
+    mma.sync.m16n8k8 in tf32, no local memory, no spills on sm_80 and sm_90."""
+    from attncomp.backends import numba_cuda
+
+    pipeline = "cse,softmax-fusion,flash-tiling{precision=tf32},mask-elimination,canonicalize,cse,dce"
+    fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline=pipeline)
+    impl = numba_cuda.build(fn.backward.module)
+    (kernels,) = impl.backward
+    plan = kernels.mma_plan(64, 64)
+    assert (plan.element, plan.keys, plan.rows) == ("tf32", 64, 16)
+    backward = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0[")]
+    texts: dict = {}
+    reports = _check(impl, 64, backward, texts)
+    # per chunk: S^T and dP^T ((D / 8) (rows / 8) each), dV and dK ((E / 8) (rows / 8) each), and the
+    # loop over the warp's dQ fragments (keys / 8 each)
+    products = 4 * (64 // 8) * (plan.rows // 8) + plan.keys // 8
+    for ptx in texts.values():
+        assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == products
+    assert all(report.registers <= 255 for report in reports.values())
+
+
 @pytest.mark.parametrize("example,name", [("alibi", "causal_alibi"), ("relative_bias", "relative_bias")])
 def test_unfused_backward_kernels_compile(example, name):
     """pipeline="": the backward's ac.scatter_add (into slopes [H], into a table [H, R]) as a graph kernel."""

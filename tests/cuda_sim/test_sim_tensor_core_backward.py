@@ -103,3 +103,28 @@ def test_gradients_through_vjp_follow_the_float32_spec():
     wide = [x.astype(np.float32) for x in inputs]
     want = ac.compile(spec, backend="interp", pipeline=PIPELINE).vjp(*wide)[1](d_out.astype(np.float32))
     check(got, want, "f16")
+
+
+#: float32 on tf32 tensor cores (flash-tiling precision=tf32), as PIPELINE otherwise
+TF32_PIPELINE = PIPELINE.replace("block_k=16}", "block_k=16,precision=tf32}")
+#: what the simulator runs in tf32: a site's gradient, GQA, soft-capping's derivative
+TF32_IN_SIMULATOR = {"alibi.causal_alibi", "gqa.grouped_query_attention", "softcap.causal_softcap"}
+
+
+@pytest.mark.parametrize("name,spec", attention_cases(), ids=[c[0] for c in attention_cases()])
+def test_float32_gradients_on_tf32_tensor_cores(name, spec):
+    """precision=tf32: float32 gradients from mma.sync.m16n8k8 within f16's tolerance of the float64
+    interpreter's (tf32 keeps f16's 11 significant bits: ALiBi's slope gradient, a sum of
+    cancelling terms, sees 1.3e-2); the default precision keeps the scalar kernel."""
+    if not ON_GPU and name not in TF32_IN_SIMULATOR:
+        pytest.skip("the simulator runs a few of the examples; a GPU runs them all")
+    fn, got, want = gradients(spec, "f32", TF32_PIPELINE)
+    kernels = fn.backward.compilation.program.backward
+    on_tensor_cores = [k.mma_plan(16, 16) is not None for k in kernels]
+    assert all(on_tensor_cores) != (name == "rope_qknorm.rope_qknorm") or all(on_tensor_cores)
+    assert all("mma_tf32(" in k.source(16, 16) for k, on in zip(kernels, on_tensor_cores) if on)
+    for g, w in zip(got, want):
+        if w is not None:
+            assert relative_error(np.asarray(g, np.float64), np.asarray(w, np.float64)) < TOLERANCE["f16"]
+    default = ac.compile(retyped(spec, "f32"), backend="cuda", pipeline=PIPELINE)
+    assert all(k.mma_plan(16, 16) is None for k in default.backward.compilation.program.backward)

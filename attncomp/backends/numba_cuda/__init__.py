@@ -345,9 +345,10 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
 
 
 def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
-    """Per ``ac.key_grid``: the 16-bit type its products run in on tensor cores (query, key, value
-    and output gradient of one type, f16 or bf16; None: the scalar kernel) and how the device holds
-    them ("f16", or "f32": bf16 widened, ``widened``)."""
+    """Per ``ac.key_grid``: the type its products run in on tensor cores (query, key, value and
+    output gradient of one type: f16 or bf16, or float32 as "tf32" where the grid's ``precision``
+    is "tf32"; None: the scalar kernel) and how the device holds them ("f16", or "f32": float32,
+    or bf16 widened, ``widened``)."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
 
@@ -358,7 +359,9 @@ def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
         t = read_tiled_backward(op)
         loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
         types = {load.operands[0].type.dtype for load in loads}
-        element = types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None
+        element = types.pop() if len(types) == 1 and types <= {*ELEMENTS, "f32"} else None
+        if element == "f32":
+            element = "tf32" if op.attrs.get("precision") == "tf32" else None
         found.append((element, "f16" if element == "f16" else "f32"))
     return found
 

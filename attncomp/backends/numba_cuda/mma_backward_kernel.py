@@ -61,6 +61,9 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
     """Writes the tensor-core backward kernel of one ``ac.key_grid`` for one plan; the sites' sums,
     the key block's decoding and the key/value head's rows are the scalar writer's."""
 
+    #: features a product step takes (the k of m16n8k16)
+    K_STEP = 16
+
     def __init__(
         self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: MmaBackwardPlan
     ):
@@ -150,7 +153,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
         """``out^T = A B^T`` over ``width`` features: A the warp's 16 keys (``k`` or ``v``), B the chunk's
         rows (``q`` or ``o``); ``out_{n}_{e}``, one fragment per 8 rows."""
         p, w = self.mp, self.w
-        for kc in range(width // 16):
+        for kc in range(width // self.K_STEP):
             for reg, (row, word) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
                 w.line(f"a_{reg} = {self.sh(a_tile, f'(w16 + g + {row}) * {a_pitch} + tq + {kc * 8 + word}')}")
             for n in range(p.rows // 8):
@@ -368,9 +371,20 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
                 self.site_flush(k)
 
     # the kernel ----------------------------------------------------------------------
+    def stage_keys(self, first: str) -> None:
+        """The block's keys and values from row ``first``, and the keys transposed."""
+        t, p, w = self.t, self.mp, self.w
+        self.stage_pairs("k", t.k_load, first, "nk", p.keys, p.head_dim, p.k_pitch)
+        self.stage_pairs("v", t.v_load, first, "nk", p.keys, p.value_dim, p.v_pitch)
+        w.line("cuda.syncthreads()")
+        self.transpose_pairs("kt", "k", p.keys, p.d_share, p.k_pitch, p.kt_pitch, self.fd)
+
+    def header(self, func_name: str) -> str:
+        return HEADER.format(func=func_name, p=self.mp, device_math=IMPORT, warp=WARP_IMPORT)
+
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
-        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT, warp=WARP_IMPORT).splitlines())
+        w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()
         w.line("@cuda.jit(cache=True)")
@@ -396,11 +410,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             w.line(f"sh = cuda.shared.array({p.layout['words']}, np.uint32)")
             w.line(f"lse_sh = cuda.shared.array({p.rows}, np.float32)")
             w.line(f"delta_sh = cuda.shared.array({p.rows}, np.float32)")
-            first = f"{self.ref(t.k_load.operands[-1])} + koff"
-            self.stage_pairs("k", t.k_load, first, "nk", p.keys, p.head_dim, p.k_pitch)
-            self.stage_pairs("v", t.v_load, first, "nk", p.keys, p.value_dim, p.v_pitch)
-            w.line("cuda.syncthreads()")
-            self.transpose_pairs("kt", "k", p.keys, p.d_share, p.k_pitch, p.kt_pitch, self.fd)
+            self.stage_keys(f"{self.ref(t.k_load.operands[-1])} + koff")
             compute = t.masked
             hoisted = self.hoist_regions()
             for out, width in (("dk", p.d_share), ("dv", p.e_share)):

@@ -75,6 +75,11 @@ class MmaBackwardPlan:
         return self.warps * WARP
 
     @property
+    def per_word(self) -> int:
+        """Elements per 32-bit shared word: two 16-bit ones, or one tf32 (``element == "tf32"``)."""
+        return 1 if self.element == "tf32" else 2
+
+    @property
     def parts(self) -> int:
         """Thread blocks per IR key block."""
         return self.block_k // self.keys
@@ -82,15 +87,16 @@ class MmaBackwardPlan:
     # words per row of each shared tile
     @property
     def k_pitch(self) -> int:
-        return self.head_dim // 2 + PAD_WORDS
+        return self.head_dim // self.per_word + PAD_WORDS
 
     @property
     def v_pitch(self) -> int:
-        return self.value_dim // 2 + PAD_WORDS
+        return self.value_dim // self.per_word + PAD_WORDS
 
     @property
     def kt_pitch(self) -> int:
-        return self.keys // 2 + PAD_WORDS
+        """Words per row of the transposed keys and of dS (rows by keys)."""
+        return self.keys // self.per_word + PAD_WORDS
 
     @property
     def rt_pitch(self) -> int:
@@ -100,6 +106,14 @@ class MmaBackwardPlan:
     @property
     def layout(self) -> dict[str, int]:
         """Each tile's first word in the one shared array (``ds`` over ``q``), and ``"words"``, the total."""
+        if self.element == "tf32":  # no transposed tiles: fragments read rows and columns alike
+            sizes = {
+                "k": self.keys * self.k_pitch,
+                "v": self.keys * self.v_pitch,
+                "q": self.rows * self.k_pitch,
+                "o": self.rows * self.v_pitch,
+            }
+            return self._placed(sizes)
         sizes = {
             "k": self.keys * self.k_pitch,
             "v": self.keys * self.v_pitch,
@@ -109,6 +123,10 @@ class MmaBackwardPlan:
             "qt": self.d_share * self.rt_pitch,
             "ot": self.e_share * self.rt_pitch,
         }
+        return self._placed(sizes)
+
+    def _placed(self, sizes: dict[str, int]) -> dict[str, int]:
+        """The tiles one after another, ``ds`` over ``q`` where it fits."""
         at, offsets = 0, {}
         for name, size in sizes.items():
             offsets[name] = at
@@ -132,10 +150,17 @@ class MmaBackwardPlan:
         return self.rows // 16 * (self.d_share // 8) // self.warps
 
 
+#: float32 on tf32 tensor cores: (keys, rows) up to head dims of 64 (whole float32 words in shared
+#: memory: larger head dims leave no room), no halves
+TF32_KEYS_ROWS = (64, 16)
+
+
 def plan_mma_backward(
     block_q: int, block_k: int, head_dim: int, value_dim: int, element: str | None, storage: str
 ) -> MmaBackwardPlan | None:
     """The tensor-core backward plan for these sizes, or None where the scalar kernel must run them."""
+    if element == "tf32":
+        return plan_tf32_backward(block_q, block_k, head_dim, value_dim)
     if element not in ELEMENTS or block_q % 16 or block_k % 16:
         return None
     if head_dim <= 0 or head_dim % 16 or value_dim <= 0 or value_dim % 16:
@@ -159,3 +184,23 @@ def plan_mma_backward(
     if plan.shared_bytes > SHARED_BUDGET:
         return None
     return plan
+
+
+def plan_tf32_backward(block_q: int, block_k: int, head_dim: int, value_dim: int) -> MmaBackwardPlan | None:
+    """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32 (flash-tiling's ``precision =
+    "tf32"``): D and E multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
+    if block_q % 16 or block_k % 16 or head_dim <= 0 or value_dim <= 0:
+        return None
+    if head_dim % 8 or value_dim % 8 or max(head_dim, value_dim) > 64:
+        return None
+    keys, rows = TF32_KEYS_ROWS
+    while block_k % keys:
+        keys //= 2
+    while block_q % rows:
+        rows //= 2
+    if keys < 16 or rows < 16:
+        return None
+    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, "tf32", "f32", keys, rows)
+    while plan.keys > 16 and (plan.rows // 16 * (head_dim // 8)) % plan.warps:
+        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, "tf32", "f32", plan.keys // 2, rows)
+    return plan if plan.shared_bytes <= SHARED_BUDGET else None

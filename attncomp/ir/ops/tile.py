@@ -324,7 +324,8 @@ class KeyGrid(OpDef):
 
     With ``deterministic = true`` a backend must add these up in an order that is the same on
     every run (no floating-point atomics whose order varies), so that gradients are bit-identical
-    from run to run; the sums themselves are the same.
+    from run to run; the sums themselves are the same.  ``precision`` is ``ac.tile_grid``'s: how
+    float32 tile products may be computed ("tf32": on tensor cores with inputs rounded to tf32).
     """
 
     name = "ac.key_grid"
@@ -334,6 +335,7 @@ class KeyGrid(OpDef):
         "block_k": "keys per block",
         "kv_repeat": "query heads per key/value head (a dimension)",
         "deterministic": "bool: sum the gradients in the same order on every run (absent: false)",
+        "precision": 'float32 tile products, as ac.tile_grid\'s (absent: "exact")',
     }
 
     def infer(self, operands, attrs, declared, checker):
@@ -341,6 +343,8 @@ class KeyGrid(OpDef):
         require_attr(attrs, "kv_repeat", (int, Dim), self.name)
         if not isinstance(attrs.get("deterministic", False), bool):
             raise TypeCheckError(f"{self.name}: deterministic must be true or false")
+        if attrs.get("precision", "exact") not in PRECISIONS:
+            raise TypeCheckError(f"{self.name}: precision must be one of {', '.join(PRECISIONS)}")
         if block_k <= 0:
             raise TypeCheckError(f"{self.name}: block_k must be positive")
         if operands:
