@@ -77,13 +77,14 @@ class PagedDecoder:
         cascade_sharers: int = 2,
     ):
         self.fn = fn
-        # where the backend's kernels read the pages: a device pool copies in only a step's new tokens
-        self.pool = PagePool(num_pages, page_size, fn.program.page_storage())
         self.plan = ChunkPlan.of(fn)
         #: the attention of a ragged batch of sequences over keys held contiguously (the new ones)
         self.attention = self.plan.ragged_attention()
-        #: and over cached keys read in place from the pages (``ac.page_view``)
+        #: and over cached keys read in place from the pages (``ac.page_view``): the one function that
+        #: reads the pool (cascade and own pages alike), so the pool is stored as it reads it (a device
+        #: pool copies in only a step's new tokens, and holds bf16 in 16 bits where its kernels take that)
         self.paged = self.plan.ragged_attention(paged=True)
+        self.pool = PagePool(num_pages, page_size, self.paged.fn.program.page_storage())
         self.cascade_min, self.cascade_sharers = cascade_min, cascade_sharers
         func = self.attention.fn.func
         seq_sizes = {s for s in (self.plan.seq_q, self.plan.seq_k) if s}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.host_pages import HostPages
+from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.serving.pages import gather_pages
 
 
@@ -144,11 +145,17 @@ class PagePool:
             heads, d = array.shape[1:-2], array.shape[-1]
             buffer = np.zeros((1, *heads, stop - start, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))
+            raw = _gatherable(array)  # bf16 pages are gathered as their 16-bit patterns
             gather_pages(
-                array.reshape(self.num_pages, flat_heads, size, d),
+                raw.reshape(self.num_pages, flat_heads, size, d),
                 pages,
                 stop - start,
-                buffer.reshape(flat_heads, stop - start, d),
+                buffer.view(raw.dtype).reshape(flat_heads, stop - start, d),
             )
             out.append(buffer)
         return out
+
+
+def _gatherable(array: np.ndarray) -> np.ndarray:
+    """``array``, or the 16-bit patterns of a bf16 array (Numba has no bfloat16 element)."""
+    return array.view(np.uint16) if array.dtype == np.dtype(NUMPY_DTYPES["bf16"]) else array

@@ -211,11 +211,14 @@ DECODER = "cse,softmax-fusion,kv-cache-reuse,flash-tiling,mask-elimination,canon
     ],
 )
 def test_backward_kernels_compile_without_local_memory(example, name):
-    """The backward kernel (ac.key_grid) at the default 64 x 64 blocks, head dim 64: no local memory,
-    no spills; the graph kernels of the backward (delta = rowsum(d_out * out), ...) too."""
+    """The scalar backward kernel (ac.key_grid; float32 with precision=ieee, as the tensor-core
+    kernels of the default precision have their own tests below) at the default 64 x 64 blocks,
+    head dim 64: no local memory, no spills; the graph kernels of the backward (delta =
+    rowsum(d_out * out), ...) too."""
     from attncomp.backends import numba_cuda
 
-    fn = ac.compile(getattr(load_example(example), name), backend="interp")
+    pipeline = "cse,softmax-fusion,flash-tiling{precision=ieee},mask-elimination,canonicalize,cse,dce"
+    fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline=pipeline)
     impl = numba_cuda.build(fn.backward.module)
     (kernels,) = impl.backward
     plan = kernels.plan(64, 64)
@@ -283,7 +286,12 @@ def test_deterministic_backward_kernels(example, name, dtype):
 
     spec = getattr(load_example(example), name)
     spec = spec if dtype == "f32" else retyped(spec, dtype)
-    default = numba_cuda.build(ac.compile(spec, backend="interp").backward.module)
+    # the default backward with atomics: float32's scalar one (its 3xTF32 one is slow to compile and
+    # has its own test)
+    ieee = "cse,softmax-fusion,flash-tiling{precision=ieee},mask-elimination,canonicalize,cse,dce"
+    default = numba_cuda.build(
+        ac.compile(spec, backend="interp", pipeline=ieee if dtype == "f32" else None).backward.module
+    )
     impl = numba_cuda.build(ac.compile(spec, backend="interp", deterministic=True).backward.module)
     (kernels,) = impl.backward
     assert kernels.deterministic and kernels.mma_plan(64, 64) is None
@@ -298,24 +306,29 @@ def test_deterministic_backward_kernels(example, name, dtype):
     assert FLOAT_ATOMIC.search(compile_ptx(before.py_func, before.signature))  # the default adds dq so
 
 
-@pytest.mark.parametrize("example,name", [("causal", "causal"), ("alibi", "causal_alibi")])
-def test_tf32_backward_kernels(example, name):
-    """float32 gradients with precision=tf32 at D = 64: the five products per chunk on
-    mma.sync.m16n8k8 in tf32, no local memory, no spills on sm_80 and sm_90."""
+@pytest.mark.parametrize(
+    "example,name,precision",
+    # 3xTF32's kernel takes NVVM two minutes (three products of split operands, unrolled): once
+    [("causal", "causal", "exact"), ("causal", "causal", "tf32"), ("alibi", "causal_alibi", "tf32")],
+)
+def test_tf32_backward_kernels(example, name, precision):
+    """float32 gradients at D = 64: the five products per chunk on mma.sync.m16n8k8, three each of
+    split operands (3xTF32, the default precision=exact) or one (precision=tf32); no local memory,
+    no spills on sm_80 and sm_90."""
     from attncomp.backends import numba_cuda
 
-    pipeline = "cse,softmax-fusion,flash-tiling{precision=tf32},mask-elimination,canonicalize,cse,dce"
+    pipeline = f"cse,softmax-fusion,flash-tiling{{precision={precision}}},mask-elimination,canonicalize,cse,dce"
     fn = ac.compile(getattr(load_example(example), name), backend="interp", pipeline=pipeline)
     impl = numba_cuda.build(fn.backward.module)
     (kernels,) = impl.backward
     plan = kernels.mma_plan(64, 64)
-    assert (plan.element, plan.keys, plan.rows) == ("tf32", 64, 16)
+    assert (plan.element, plan.keys, plan.rows) == ({"exact": "3xtf32"}.get(precision, "tf32"), 64, 16)
     backward = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0[")]
     texts: dict = {}
     reports = _check(impl, 64, backward, texts)
     # per chunk: S^T and dP^T ((D / 8) (rows / 8) each), dV and dK ((E / 8) (rows / 8) each), and the
-    # loop over the warp's dQ fragments (keys / 8 each)
-    products = 4 * (64 // 8) * (plan.rows // 8) + plan.keys // 8
+    # loop over the warp's dQ fragments (keys / 8 each); three of each for 3xTF32
+    products = (4 * (64 // 8) * (plan.rows // 8) + plan.keys // 8) * (3 if precision == "exact" else 1)
     for ptx in texts.values():
         assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == products
     assert all(report.registers <= 255 for report in reports.values())
@@ -342,15 +355,49 @@ def test_paged_attention_kernels(rows):
     _check(impl, 64, kernels)
 
 
-def test_page_writing_kernels():
-    """The kernels a device pool is written with: new rows into their slots, a page copied on write."""
+@pytest.mark.parametrize("element", ["float32", "uint16"])
+def test_page_writing_kernels(element):
+    """The kernels a device pool is written with: new rows into their slots, a page copied on write;
+    a bf16 pool's (uint16 patterns) move 16-bit words.  No local memory."""
     from attncomp.backends.numba_cuda import pages
-    from attncomp.backends.numba_cuda.ptx import compile_ptx_for
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
 
-    signatures = {
-        pages._write_rows: "void(float32[:, :, :, ::1], int64[::1], int64[::1], float32[:, :, ::1])",
-        pages._copy_page: "void(float32[:, :, :, ::1], int64, int64)",
-    }
-    for kernel, signature in signatures.items():
+    for kernel, signature in pages.SIGNATURES[element].items():
         for cc, ptx in compile_ptx_for(kernel.py_func, signature, TARGETS).items():
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx
+            assert local_memory_lines(ptx) == []
+            assert ("st.global.u16" in ptx) == (element == "uint16")
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_bf16_paged_attention_kernels(rows):
+    """A bf16 pool's reader: the pages are uint16 patterns, widened (scalar kernels) or packed in pairs
+    (tensor cores, 16 rows) as they are read through the page table."""
+    from tests.passes.specs import generic_alibi
+
+    fn = ac.compile(generic_alibi, backend="cuda")
+    impl = fn.paged_decoder(page_size=16, num_pages=8, dtype="bf16").paged.fn.program
+    (kernel,) = impl.decode_kernels(64, rows=rows)
+    assert kernel.signature.count("uint16[:, :, :, :]") == 3  # the query, and the key and value pages
+    assert ("pack_bits(" if rows == 16 else "widen_bf16(") in kernel.source
+    if rows == 1:
+        _check(impl, 64, [kernel])
+        return
+    # ptxas reports a few spilled bytes for the ragged tensor-core kernels at D = 64, with a float32
+    # pool as with this one (their position gathers): the PTX alone is held to no local memory here
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
+
+    for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).values():
+        assert local_memory_lines(ptx) == []
+
+
+def test_decoder_rounding_append_and_query_kernels():
+    """A bf16 decoder whose keys and values are computed: the appends round float32 to bf16 patterns,
+    and so does the copy of the query the attention reads (integer arithmetic, no local memory)."""
+    from tests.cuda_sim.helpers import projected_attention
+
+    impl = ac.compile(projected_attention(), backend="cuda").decoder(8, dtype="bf16").fn.program
+    kernels = [k for k in impl.kernels(8) if k.name.endswith(("cache_append", "bf16_patterns"))]
+    assert len(kernels) == 3 and all("round_bf16(" in k.source for k in kernels)
+    assert all(k.signature.startswith("void(uint16[") for k in kernels)
+    _check(impl, 8, kernels)

@@ -1,7 +1,6 @@
 """Building and running the CUDA backend in the simulator tests."""
 
-from __future__ import annotations
-
+# (no ``from __future__ import annotations``: a spec's dimension names would become forward references)
 import numpy as np
 
 import attncomp as ac
@@ -43,3 +42,38 @@ def retyped(spec, dtype: str):
     namespace = dict(vars(sys.modules[spec.fn.__module__]))
     exec(compile(source, f"<{spec.name} in {dtype}>", "exec"), namespace)
     return namespace[spec.fn.__name__]
+
+
+def projected_attention() -> ac.Spec:
+    """The nanochat layer's attention (projections, rotary embeddings, QK norm, GQA, causal) without
+    its output projection, for every float type: its keys and values are computed, so a decoder
+    caches what the spec computes.  Rotary embeddings compute in float32 (their frequencies are), and
+    the query and key go back to the input's type, as a bf16 model keeps them."""
+    from tests.conftest import load_example
+
+    rope = load_example("rope_qknorm")  # the rotary and norm helpers of the nanochat layer
+
+    @ac.spec
+    def projected(
+        x: ac.floating["B", "T", "C"],  # noqa: F821
+        w_q: ac.floating["C", "HD"],  # noqa: F821
+        w_k: ac.floating["C", "KVD"],  # noqa: F821
+        w_v: ac.floating["C", "KVD"],  # noqa: F821
+        *,
+        n_head: int = 2,
+        n_kv_head: int = 1,
+    ):
+        B, T, C = x.shape
+        d = w_q.shape[1] // n_head
+        q = (x @ w_q).reshape(B, T, n_head, d).transpose(1, 2)
+        k = (x @ w_k).reshape(B, T, n_kv_head, d).transpose(1, 2)
+        v = (x @ w_v).reshape(B, T, n_kv_head, d).transpose(1, 2)
+        q = rope.rms_norm(rope.apply_rotary_emb(q, 10000.0), 2.0**-23).astype(x.dtype)
+        k = rope.rms_norm(rope.apply_rotary_emb(k, 10000.0), 2.0**-23).astype(x.dtype)
+        k, v = ac.repeat_kv(k, n_head // n_kv_head), ac.repeat_kv(v, n_head // n_kv_head)
+        s = (q @ k.mT) * d**-0.5
+        b, h, i, j = ac.index(s)
+        s = ac.where(j <= i, s, -ac.inf)
+        return ac.softmax(s, axis=-1) @ v
+
+    return projected

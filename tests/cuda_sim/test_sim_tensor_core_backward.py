@@ -107,24 +107,37 @@ def test_gradients_through_vjp_follow_the_float32_spec():
 
 #: float32 on tf32 tensor cores (flash-tiling precision=tf32), as PIPELINE otherwise
 TF32_PIPELINE = PIPELINE.replace("block_k=16}", "block_k=16,precision=tf32}")
-#: what the simulator runs in tf32: a site's gradient, GQA, soft-capping's derivative
-TF32_IN_SIMULATOR = {"alibi.causal_alibi", "gqa.grouped_query_attention", "softcap.causal_softcap"}
+#: what the simulator runs in float32 (3xTF32, the emulation's slowest, once): a site's gradient
+#: in both precisions, GQA and soft-capping's derivative in one
+TF32_IN_SIMULATOR = {
+    ("alibi.causal_alibi", "exact"),
+    ("alibi.causal_alibi", "tf32"),
+    ("gqa.grouped_query_attention", "tf32"),
+    ("softcap.causal_softcap", "tf32"),
+}
 
 
+@pytest.mark.parametrize("precision", ["exact", "tf32"])
 @pytest.mark.parametrize("name,spec", attention_cases(), ids=[c[0] for c in attention_cases()])
-def test_float32_gradients_on_tf32_tensor_cores(name, spec):
-    """precision=tf32: float32 gradients from mma.sync.m16n8k8 within f16's tolerance of the float64
-    interpreter's (tf32 keeps f16's 11 significant bits: ALiBi's slope gradient, a sum of
-    cancelling terms, sees 1.3e-2); the default precision keeps the scalar kernel."""
-    if not ON_GPU and name not in TF32_IN_SIMULATOR:
+def test_float32_gradients_on_tf32_tensor_cores(name, spec, precision):
+    """float32 gradients from mma.sync.m16n8k8: precision=exact (the default) as 3xTF32 within
+    float32's tolerance of the float64 interpreter's; precision=tf32 within f16's (tf32 keeps f16's
+    11 bits: ALiBi's slope gradient, a sum of cancelling terms, sees 1.3e-2); precision=ieee keeps
+    the scalar kernel."""
+    if not ON_GPU and (name, precision) not in TF32_IN_SIMULATOR:
         pytest.skip("the simulator runs a few of the examples; a GPU runs them all")
-    fn, got, want = gradients(spec, "f32", TF32_PIPELINE)
+    pipeline = PIPELINE if precision == "exact" else TF32_PIPELINE
+    fn, got, want = gradients(spec, "f32", pipeline)
     kernels = fn.backward.compilation.program.backward
-    on_tensor_cores = [k.mma_plan(16, 16) is not None for k in kernels]
-    assert all(on_tensor_cores) != (name == "rope_qknorm.rope_qknorm") or all(on_tensor_cores)
-    assert all("mma_tf32(" in k.source(16, 16) for k, on in zip(kernels, on_tensor_cores) if on)
+    element = {"exact": "3xtf32", "tf32": "tf32"}[precision]
+    plans = [k.mma_plan(16, 16) for k in kernels]
+    assert all(plan is not None and plan.element == element for plan in plans) or name == "rope_qknorm.rope_qknorm"
+    assert all("mma_tf32(" in k.source(16, 16) for k, plan in zip(kernels, plans) if plan is not None)
+    bound = TOLERANCE["f32"] if precision == "exact" else TOLERANCE["f16"]
     for g, w in zip(got, want):
         if w is not None:
-            assert relative_error(np.asarray(g, np.float64), np.asarray(w, np.float64)) < TOLERANCE["f16"]
-    default = ac.compile(retyped(spec, "f32"), backend="cuda", pipeline=PIPELINE)
-    assert all(k.mma_plan(16, 16) is None for k in default.backward.compilation.program.backward)
+            assert relative_error(np.asarray(g, np.float64), np.asarray(w, np.float64)) < bound
+    ieee = ac.compile(
+        retyped(spec, "f32"), backend="cuda", pipeline=PIPELINE.replace("block_k=16}", "block_k=16,precision=ieee}")
+    )
+    assert all(k.mma_plan(16, 16) is None for k in ieee.backward.compilation.program.backward)

@@ -96,13 +96,14 @@ class CudaFunction(Program):
         bf16 argument in ``bf16_bits`` goes over as its patterns (:meth:`stored`), another is
         widened before it is copied in; host results declared bf16 are rounded to it, device
         results stay float32."""
+        from attncomp.backends.numba_cuda import runtime
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
         arrays, env = bind_device_arguments(self.func or func, args, constraints, sizes)
-        arrays = [self.stored(k, a, func.args[k].name or f"arg{k}") for k, a in enumerate(arrays)]
+        # bf16 patterns go on as given: stored() checks that the kernels read that argument so
+        given = [x if isinstance(x, runtime.Bf16Bits) else a for x, a in zip(args, arrays)]
+        arrays = [self.stored(k, a, func.args[k].name or f"arg{k}") for k, a in enumerate(given)]
         outputs = self.run_bound(arrays, env)
-        from attncomp.backends.numba_cuda import runtime
-
         bf16 = np.dtype(NUMPY_DTYPES["bf16"])
         results = []
         for o, narrow in zip(outputs, self.bf16_results or [False] * len(outputs)):
@@ -129,6 +130,8 @@ class CudaFunction(Program):
             raise TypeError(f"{name}: expected bf16 (bfloat16) elements, got {got}")
         if isinstance(array, np.ndarray) and array.dtype == bf16:
             return array.astype(np.float32)
+        if isinstance(array, runtime.Bf16Bits):  # patterns where the kernels read float32: never reinterpreted
+            raise TypeError(f"{name}: this function reads it widened to float32, got bf16 patterns (Bf16Bits)")
         return array
 
     # decoders keep their cache on the device --------------------------------------------
@@ -136,10 +139,16 @@ class CudaFunction(Program):
     cache_on_device = True
 
     def page_storage(self) -> Any:
-        """A paged decoder's pool in device memory (pages written and copied by kernels)."""
+        """A paged decoder's pool in device memory (pages written and copied by kernels), for this
+        function's pages (the arguments its ``ac.page_view`` ops read): bf16 pages as 16-bit patterns
+        where its kernels read them so (``bf16_bits``), else float32.  The pool takes its storage from
+        the function that reads it, so the two cannot disagree."""
         from attncomp.backends.numba_cuda.pages import DevicePages
 
-        return DevicePages()
+        func = self.func
+        views = [op for op in func.body.ops if op.name == "ac.page_view"] if func is not None else []
+        pages = {func.args.index(op.operands[0]) for op in views if op.operands[0] in func.args}
+        return DevicePages(bits=bool(pages) and pages <= self.bf16_bits)
 
     def zeros(self, shape: tuple[int, ...], dtype: Any, arg: int | None = None) -> Any:
         """A zeroed device array (a decoder's cache: steps append to it in place, never copying it);
@@ -278,10 +287,15 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     device.
 
     A bf16 argument stays 16-bit (``"bits"``) when tile loads are all that read it (query, key and
-    value passed straight to the attention; it may also be returned), or when it is a decoder's
-    cache or the new entries appended to it and the appended cache is read by tile loads alone: a
-    decoder's device cache then holds bf16, half the bytes a step reads.  bf16 values anything else
-    computes with are widened to float32 (``widened``)."""
+    value passed straight to the attention; it may also be returned); when it is a decoder's cache
+    and the appended cache is read by tile loads alone (new entries that are an argument so read are
+    appended as their patterns, computed ones rounded to bf16 as they are appended): a decoder's
+    device cache then holds bf16, half the bytes a step reads; or when it is a paged decoder's pool
+    whose pages (``ac.page_view``) tile loads alone read: the pool then holds bf16
+    (``CudaFunction.page_storage``).  A grid reading a decoder's cache reads its computed sources (a
+    projected query) from 16-bit copies rounded before it (the driver's ``bf16_patterns``), so that
+    the cache can stay bf16.  bf16 values anything else computes with are widened to float32
+    (``widened``)."""
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
     from attncomp.backends.tiles import read_tiled_attention
 
@@ -298,27 +312,47 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
 
     def appended(value) -> Op | None:
-        """The ``ac.cache_append`` of an argument to an argument (a decoder's cache) that ``value`` is."""
+        """The ``ac.cache_append`` to a decoder's cache (an argument) that ``value`` is."""
         owner = value.owner
-        if getattr(owner, "name", None) == "ac.cache_append" and all(v in func.args for v in owner.operands):
+        if getattr(owner, "name", None) == "ac.cache_append" and owner.operands[0] in func.args:
             return owner
         return None
 
+    def paged(value) -> Op | None:
+        """The ``ac.page_view`` of an argument (a paged decoder's pool) that ``value`` is."""
+        owner = value.owner
+        if getattr(owner, "name", None) == "ac.page_view" and owner.operands[0] in func.args:
+            return owner
+        return None
+
+    def computed(value) -> bool:
+        return value not in func.args and appended(value) is None and paged(value) is None
+
     def origins(value) -> list:
-        """The arguments a tile source is: itself, or the cache and the new entries appended to it
-        (the append copies 16-bit patterns as they are)."""
-        append = appended(value)
-        return list(append.operands) if append is not None else [value]
+        """The arguments whose memory a tile source is: itself; the cache, and the new entries appended
+        to it where they are an argument; or the pool a page view reads (its table is integers)."""
+        append, view = appended(value), paged(value)
+        if append is not None:
+            return [v for v in append.operands if v in func.args]
+        if view is not None:
+            return [view.operands[0]]
+        return [value] if value in func.args else []
 
     def read_as_patterns(value) -> bool:
-        """Every op reading ``value`` can take 16-bit patterns: tile loads, such an append, and (for an
-        argument, handed back as it came) the return."""
+        """Every op reading ``value`` can take 16-bit patterns: tile loads, such an append or page view,
+        and (for an argument, handed back as it came) the return."""
         allowed = tile_loads | {id(func.body.ops[-1])} if value in func.args else tile_loads
-        return all(id(op) in allowed or appended(op.results[0]) is not None for op in readers.get(value, []))
+        return all(id(op) in allowed or bool(op.results) and keeps_patterns(op) for op in readers.get(value, []))
 
-    def loaded_only(value) -> bool:
-        args = origins(value)
-        return read_as_patterns(value) and all(a in func.args and read_as_patterns(a) for a in args)
+    def keeps_patterns(op: Op) -> bool:
+        return appended(op.results[0]) is not None or paged(op.results[0]) is not None
+
+    def as_patterns(value, cached: bool) -> bool:
+        """Whether a tile source can be read as patterns: its memory read as patterns alone, or (in a
+        grid reading a decoder's cache) computed, and rounded into a 16-bit copy."""
+        if computed(value):
+            return cached
+        return read_as_patterns(value) and all(map(read_as_patterns, origins(value)))
 
     elements: list[str | None] = []
     for op, values in zip(grids, sources):
@@ -329,7 +363,11 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
             elements.append({"exact": "3xtf32", "tf32": "tf32"}.get(precision))
         else:
             elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
-    bits = {k for k, values in enumerate(sources) if elements[k] == "bf16" and all(map(loaded_only, values))}
+    bits = set()
+    for k, values in enumerate(sources):
+        cached = any(appended(v) is not None for v in values)
+        if elements[k] == "bf16" and all(as_patterns(v, cached) for v in values):
+            bits.add(k)
     args_of = [{a for v in values for a in origins(v)} for values in sources]
     while True:  # an argument kept 16-bit is so for every grid that reads it
         shared = {k for k in bits for j in set(range(len(grids))) - bits if args_of[k] & args_of[j]}
@@ -346,8 +384,8 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
 
 def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
     """Per ``ac.key_grid``: the type its products run in on tensor cores (query, key, value and
-    output gradient of one type: f16 or bf16, or float32 as "tf32" where the grid's ``precision``
-    is "tf32"; None: the scalar kernel) and how the device holds them ("f16", or "f32": float32,
+    output gradient of one type: f16 or bf16, or float32 as "3xtf32" or "tf32" by the grid's
+    ``precision``, "exact" or "tf32"; None: the scalar kernel) and how the device holds them ("f16", or "f32": float32,
     or bf16 widened, ``widened``)."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
@@ -360,8 +398,8 @@ def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
         loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
         types = {load.operands[0].type.dtype for load in loads}
         element = types.pop() if len(types) == 1 and types <= {*ELEMENTS, "f32"} else None
-        if element == "f32":
-            element = "tf32" if op.attrs.get("precision") == "tf32" else None
+        if element == "f32":  # float32: three tf32 products of split operands, or one if opted into
+            element = {"exact": "3xtf32", "tf32": "tf32"}.get(op.attrs.get("precision", "exact"))
         found.append((element, "f16" if element == "f16" else "f32"))
     return found
 

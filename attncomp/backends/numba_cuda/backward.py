@@ -34,6 +34,7 @@ from attncomp.backends.numba_cuda.dq_plan import DqPlan, plan_dq
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
 from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma_plan import TF32_PRODUCTS
 from attncomp.backends.numba_cuda.mma_tf32_backward_kernel import Tf32BackwardKernelWriter
 from attncomp.ir.core import Func, Op
 from attncomp.ir.dims import Dim, dim
@@ -114,7 +115,7 @@ class BackwardKernels:
     def source(self, head_dim: int, value_dim: int) -> str:
         mma = self.mma_plan(head_dim, value_dim)
         if mma is not None:
-            kind = Tf32BackwardKernelWriter if mma.element == "tf32" else MmaBackwardKernelWriter
+            kind = Tf32BackwardKernelWriter if mma.element in TF32_PRODUCTS else MmaBackwardKernelWriter
             return kind(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
         plan = self.plan(head_dim, value_dim)
         if self.deterministic:

@@ -24,7 +24,14 @@ from attncomp.backends.numba_cpu.driver import (
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.graph_kernels import GraphKernel, graph_kernel, reshape_copy, scatter_add_kernel
+from attncomp.backends.numba_cuda.graph_kernels import (
+    GraphKernel,
+    bf16_patterns_kernel,
+    cache_append_kernel,
+    graph_kernel,
+    reshape_copy,
+    scatter_add_kernel,
+)
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -53,6 +60,8 @@ class DriverWriter:
         self.counter = 0
         self.kernels: list[GraphKernel] = []
         self.checked: set[Op] = set()  # page views whose tables are checked
+        #: values attention kernels read as bf16 patterns (``numba_cuda.tensor_core_types``)
+        self.patterns = {v for kernels in attention.values() for v in kernels.bits}
 
     def fresh(self, value: Value | None, hint: str = "v") -> str:
         self.counter += 1
@@ -142,8 +151,12 @@ class DriverWriter:
             w.line(f"{target} = {target}.reshape({shape_expr(out)})")
 
     def cache_append(self, op: Op, name: str) -> None:
-        """Write the new entries into the cache in place; the result is a view of its first rows."""
-        kernel = graph_kernel(name, op)
+        """Write the new entries into the cache in place; the result is a view of its first rows.  A
+        cache the attention reads as bf16 patterns takes new entries that are an argument as their
+        patterns, computed ones (float32) rounded to bf16."""
+        cache_bits = op.results[0] in self.patterns
+        new_bits = cache_bits and op.operands[1] in self.func.args
+        kernel = cache_append_kernel(name, op, cache_bits, new_bits)
         self.kernels.append(kernel)
         cache, new = (self.ref(v) for v in op.operands)
         length = kernel.params[2].expr
@@ -206,13 +219,27 @@ class DriverWriter:
             if result.type.rank == 0:
                 self.w.line(f"{name} = rt.host_value({name}, {result.type.dtype!r})")
 
+    def bf16_patterns(self, value: Value) -> str:
+        """A computed (float32) source of an attention that reads 16-bit patterns, rounded into a copy."""
+        kernel = bf16_patterns_kernel(f"k{len(self.kernels)}_bf16_patterns", value)
+        self.kernels.append(kernel)
+        out, src = self.fresh(None, "patterns"), self.ref(value)
+        self.w.line(f"{out} = rt.empty({shape_expr(value)}, np.uint16)")
+        self.w.line(f"rt.launch_map({kernel.name}, rt.work({out}, None), {out}, {src})")
+        return out
+
     def grid(self, op: Op) -> None:
         kernels = self.attention[op]
+        rounded = {}  # computed sources the kernel reads as patterns: their rounded copies
+        for value in kernels.bits:
+            owner = getattr(value.owner, "name", None)
+            if value not in self.func.args and owner not in ("ac.cache_append", "ac.page_view"):
+                rounded[value] = self.bf16_patterns(value)
         outs = []
         for result in op.results:
             outs.append(self.fresh(result))
             self.w.line(f"{outs[-1]} = rt.empty({shape_expr(result)}, {result.type.dtype!r})")
-        args = self.captured_args(kernels.captured)
+        args = [rounded.get(v, a) for v, a in zip(kernels.captured, self.captured_args(kernels.captured))]
         dims = [dim_var(d) for d in kernels.dims]
         out_type = op.results[0].type
         n_batch = out_type.rank - 2
@@ -300,5 +327,6 @@ def generate_driver(
     """The driver module's source (graph kernels, then ``run``) and its kernels."""
     writer = DriverWriter(func, attention, backward or {})
     run = writer.write()
-    chunks = [HEADER.format(name=func.name, device_math=IMPORT)] + [k.source for k in writer.kernels] + [run]
+    imports = "\n".join([IMPORT, *dict.fromkeys(line for k in writer.kernels for line in k.imports)])
+    chunks = [HEADER.format(name=func.name, device_math=imports)] + [k.source for k in writer.kernels] + [run]
     return "\n\n".join(chunks), writer.kernels

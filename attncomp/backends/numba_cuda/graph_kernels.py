@@ -69,12 +69,13 @@ LAYOUT = {"ac.transpose", "ac.slice", "ac.repeat_kv", "ac.concat", "ac.cache_app
 ROWS = {"ac.reduce", "ac.softmax", "ac.logsumexp", "ac.block_reduce"}
 
 
-def array_type(dtype: str, rank: int, contiguous: bool = False) -> str:
-    """A Numba array type: ``float32[:, ::1]`` (C layout) or ``float32[:, :]`` (any layout)."""
+def array_type(dtype: str, rank: int, contiguous: bool = False, patterns: bool = False) -> str:
+    """A Numba array type: ``float32[:, ::1]`` (C layout) or ``float32[:, :]`` (any layout);
+    ``uint16[...]`` for bf16 held as its 16-bit ``patterns``."""
     axes = [":"] * max(rank, 1)
     if contiguous:
         axes[-1] = "::1"
-    return f"{NUMBA_DTYPE[dtype]}[{', '.join(axes)}]"
+    return f"{'uint16' if patterns else NUMBA_DTYPE[dtype]}[{', '.join(axes)}]"
 
 
 def compute_type(dtype: str) -> str:
@@ -120,6 +121,8 @@ class GraphKernel:
     work: str = "out"
     work_axis: int | None = None
     after: list[str] = field(default_factory=list)
+    #: import lines the driver module needs for this kernel (beyond its header's)
+    imports: list[str] = field(default_factory=list)
 
     @property
     def signature(self) -> str:
@@ -129,14 +132,15 @@ class GraphKernel:
 class _Writer:
     """Shared pieces: parameters, the grid-stride loop, flat-index decoding, operand loads."""
 
-    def __init__(self, name: str, op: Op):
+    def __init__(self, name: str, op: Op | None, out: Value | None = None):
+        """A kernel computing ``op``'s result (or ``out``, a value of the same type)."""
         self.name = name
         self.op = op
         self.w = SourceWriter()
         self.params: list[Param] = []
         self.names: dict[Value, str] = {}
         self.counter = 0
-        out = op.results[0]
+        out = op.results[0] if out is None else out
         self.out_type = out.type
         self.out_rank = out.type.rank
         self.param("out", "out", array_type(out.type.dtype, out.type.rank, contiguous=True), out)
@@ -214,9 +218,14 @@ class _Writer:
         self.w.line(f"out[{', '.join(index)}] = {expr}")
 
     def finish(
-        self, launch: str = "map", work: str = "out", work_axis: int | None = None, after: list[str] | None = None
+        self,
+        launch: str = "map",
+        work: str = "out",
+        work_axis: int | None = None,
+        after: list[str] | None = None,
+        imports: list[str] | None = None,
     ) -> GraphKernel:
-        return GraphKernel(self.name, self.w.text(), self.params, launch, work, work_axis, after or [])
+        return GraphKernel(self.name, self.w.text(), self.params, launch, work, work_axis, after or [], imports or [])
 
 
 def record_bad_index(w, axis: int, index: str) -> None:
@@ -270,20 +279,10 @@ def _elementwise(name: str, op: Op) -> GraphKernel:
 def _layout(name: str, op: Op) -> GraphKernel:
     """Copies: each output element reads one operand element (or, for cache_append, each new entry
     is written into the cache)."""
+    if op.name == "ac.cache_append":
+        return cache_append_kernel(name, op)
     k = _Writer(name, op)
     attrs = op.attrs
-    if op.name == "ac.cache_append":
-        cache, new = op.operands
-        k.params.clear()  # the cache is written in place; the driver takes a view of it as the result
-        k.param("cache", "array", array_type(cache.type.dtype, cache.type.rank), cache)
-        k.param("new", "array", array_type(new.type.dtype, new.type.rank), new)
-        k.param("length", "int", "int64", expr=dim_expr(attrs["length"]))
-        k.start("new.size")
-        index = k.decode([f"new.shape[{a}]" for a in range(new.type.rank)])
-        at = list(index)
-        at[attrs["axis"] % cache.type.rank] = f"length + {index[attrs['axis'] % cache.type.rank]}"
-        k.w.line(f"cache[{', '.join(at)}] = new[{', '.join(index)}]")
-        return k.finish(work="new")
     srcs = [k.operand(v) for v in op.operands]
     if op.name == "ac.slice":
         k.param("start", "int", "int64", expr=dim_expr(attrs["start"]))
@@ -325,6 +324,44 @@ def _layout(name: str, op: Op) -> GraphKernel:
     else:
         raise LoweringError(f"cuda: no layout kernel for {op.name}")
     return k.finish()
+
+
+#: what a kernel storing bf16 patterns imports (``warp.round_bf16``)
+ROUND_BF16 = "from attncomp.backends.numba_cuda.warp import round_bf16"
+
+
+def cache_append_kernel(name: str, op: Op, cache_bits: bool = False, new_bits: bool = False) -> GraphKernel:
+    """``ac.cache_append``: each new entry written into the cache in place (the driver takes a view of
+    the cache as the result).  ``cache_bits``: the cache holds bf16 as 16-bit patterns; new entries
+    held so too (``new_bits``) are copied, float32 ones (computed) rounded to bf16 as they are written
+    (to nearest even, NaN kept: ``warp.round_bf16``)."""
+    cache, new = op.operands
+    k = _Writer(name, op)
+    k.params.clear()
+    k.param("cache", "array", array_type(cache.type.dtype, cache.type.rank, patterns=cache_bits), cache)
+    k.param("new", "array", array_type(new.type.dtype, new.type.rank, patterns=new_bits), new)
+    k.param("length", "int", "int64", expr=dim_expr(op.attrs["length"]))
+    k.start("new.size")
+    index = k.decode([f"new.shape[{a}]" for a in range(new.type.rank)])
+    axis = op.attrs["axis"] % cache.type.rank
+    at = list(index)
+    at[axis] = f"length + {index[axis]}"
+    rounding = cache_bits and not new_bits
+    element = f"new[{', '.join(index)}]"
+    k.w.line(f"cache[{', '.join(at)}] = {f'round_bf16({element})' if rounding else element}")
+    return k.finish(work="new", imports=[ROUND_BF16] if rounding else [])
+
+
+def bf16_patterns_kernel(name: str, value: Value) -> GraphKernel:
+    """A C-contiguous copy of ``value`` (float32, of any layout) rounded to bf16 patterns (uint16): what
+    an attention kernel reading 16-bit patterns takes for a computed source (``warp.round_bf16``)."""
+    k = _Writer(name, None, out=value)
+    k.params[0].numba_type = array_type(value.type.dtype, value.type.rank, contiguous=True, patterns=True)
+    a = k.operand(value)
+    k.start()
+    index = ", ".join(k.out_index())
+    k.w.line(f"out[{index}] = round_bf16({a}[{index}])")
+    return k.finish(imports=[ROUND_BF16])
 
 
 def reshape_copy(name: str, op: Op) -> GraphKernel:

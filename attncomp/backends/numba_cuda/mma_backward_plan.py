@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
-from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS
+from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS, TF32_PRODUCTS
 
 #: (keys, query rows, halves) per thread block by the widest head dim they serve
 KEYS_ROWS = ((64, 64, 32, 1), (128, 32, 16, 2))
@@ -77,7 +77,7 @@ class MmaBackwardPlan:
     @property
     def per_word(self) -> int:
         """Elements per 32-bit shared word: two 16-bit ones, or one tf32 (``element == "tf32"``)."""
-        return 1 if self.element == "tf32" else 2
+        return 1 if self.element in TF32_PRODUCTS else 2
 
     @property
     def parts(self) -> int:
@@ -106,7 +106,7 @@ class MmaBackwardPlan:
     @property
     def layout(self) -> dict[str, int]:
         """Each tile's first word in the one shared array (``ds`` over ``q``), and ``"words"``, the total."""
-        if self.element == "tf32":  # no transposed tiles: fragments read rows and columns alike
+        if self.element in TF32_PRODUCTS:  # no transposed tiles: fragments read rows and columns alike
             sizes = {
                 "k": self.keys * self.k_pitch,
                 "v": self.keys * self.v_pitch,
@@ -159,8 +159,8 @@ def plan_mma_backward(
     block_q: int, block_k: int, head_dim: int, value_dim: int, element: str | None, storage: str
 ) -> MmaBackwardPlan | None:
     """The tensor-core backward plan for these sizes, or None where the scalar kernel must run them."""
-    if element == "tf32":
-        return plan_tf32_backward(block_q, block_k, head_dim, value_dim)
+    if element in TF32_PRODUCTS:
+        return plan_tf32_backward(block_q, block_k, head_dim, value_dim, element)
     if element not in ELEMENTS or block_q % 16 or block_k % 16:
         return None
     if head_dim <= 0 or head_dim % 16 or value_dim <= 0 or value_dim % 16:
@@ -186,9 +186,12 @@ def plan_mma_backward(
     return plan
 
 
-def plan_tf32_backward(block_q: int, block_k: int, head_dim: int, value_dim: int) -> MmaBackwardPlan | None:
-    """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32 (flash-tiling's ``precision =
-    "tf32"``): D and E multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
+def plan_tf32_backward(
+    block_q: int, block_k: int, head_dim: int, value_dim: int, element: str = "tf32"
+) -> MmaBackwardPlan | None:
+    """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32: one product ("tf32",
+    flash-tiling's ``precision = "tf32"``) or three of split operands ("3xtf32", ``"exact"``); D and
+    E multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
     if block_q % 16 or block_k % 16 or head_dim <= 0 or value_dim <= 0:
         return None
     if head_dim % 8 or value_dim % 8 or max(head_dim, value_dim) > 64:
@@ -200,7 +203,7 @@ def plan_tf32_backward(block_q: int, block_k: int, head_dim: int, value_dim: int
         rows //= 2
     if keys < 16 or rows < 16:
         return None
-    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, "tf32", "f32", keys, rows)
+    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", keys, rows)
     while plan.keys > 16 and (plan.rows // 16 * (head_dim // 8)) % plan.warps:
-        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, "tf32", "f32", plan.keys // 2, rows)
+        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", plan.keys // 2, rows)
     return plan if plan.shared_bytes <= SHARED_BUDGET else None

@@ -3,7 +3,11 @@
 ``fn.paged_decoder`` on the cuda backend keeps each cached tensor as one
 device array ``[num_pages, *heads, page_size, d]``; a step copies in only its
 new tokens' keys and values (and the page tables), and the attention kernels
-read the pages in place (``ac.page_view``).
+read the pages in place (``ac.page_view``).  bf16 pages are kept as their
+16-bit patterns (``runtime.Bf16Bits``) when the kernels that read them take
+patterns (``CudaFunction.page_storage`` asks the function reading the pages):
+the kernels below move 16-bit words then, and the attention widens each
+element as it reads it.  Half the bytes of a float32 pool.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import numpy as np
 from numba import cuda
 
 from attncomp.backends.numba_cuda import runtime as rt
+from attncomp.ir.types import NUMPY_DTYPES
 
 
 @cuda.jit(cache=True)
 def _write_rows(pool, pages, slots, rows):
-    """``pool[pages[c], h, slots[c], :] = rows[c, h, :]``; pool ``[num_pages, heads, size, d]``."""
+    """``pool[pages[c], h, slots[c], :] = rows[c, h, :]``; pool ``[num_pages, heads, size, d]``
+    (float32, or uint16 bf16 patterns: the rows are of the pool's type)."""
     heads, d = rows.shape[1], rows.shape[2]
     per_row = heads * d
     for n in range(cuda.grid(1), rows.shape[0] * per_row, cuda.gridsize(1)):
@@ -42,6 +48,16 @@ def _copy_page(pool, dst, src):
         pool[dst, h, s, e] = pool[src, h, s, e]
 
 
+#: the kernels above and the signatures a pool's launches give them (for the PTX tests), per element
+SIGNATURES = {
+    element: {
+        _write_rows: f"void({element}[:, :, :, ::1], int64[::1], int64[::1], {element}[:, :, ::1])",
+        _copy_page: f"void({element}[:, :, :, ::1], int64, int64)",
+    }
+    for element in ("float32", "uint16")
+}
+
+
 def _flat(array: Any) -> Any:
     """The pool as ``[num_pages, heads, size, d]`` (GQA and multi-axis heads flattened), no copy."""
     shape = tuple(array.shape)
@@ -50,25 +66,40 @@ def _flat(array: Any) -> Any:
 
 
 class DevicePages:
-    """Where a :class:`~attncomp.serving.pool.PagePool` keeps its pages on the cuda backend."""
+    """Where a :class:`~attncomp.serving.pool.PagePool` keeps its pages on the cuda backend.
+
+    ``bits``: bf16 pages are kept as 16-bit patterns (``runtime.Bf16Bits`` over uint16 device
+    arrays), as the function reading them takes them; otherwise bf16 is widened to float32."""
+
+    def __init__(self, bits: bool = False):
+        self.bits = bits
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         from attncomp.backends.numba_cuda import device_dtype
 
+        if self.bits and np.dtype(dtype) == np.dtype(NUMPY_DTYPES["bf16"]):
+            return rt.Bf16Bits(rt.zeros(tuple(shape), np.dtype(np.uint16)))
         return rt.zeros(tuple(shape), device_dtype(dtype))
 
     def write(self, array: Any, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
-        """Rows ``[count, *heads, d]`` (host) into their pages' slots: one copy in, one launch."""
+        """Rows ``[count, *heads, d]`` (host) into their pages' slots: one copy in, one launch.  A
+        16-bit pool takes the rows' bf16 patterns (rows of another float type rounded to bf16 first)."""
         count = rows.shape[0]
         if count == 0:
             return
-        flat = np.ascontiguousarray(rows, dtype=array.dtype).reshape(count, -1, rows.shape[-1])
+        if isinstance(array, rt.Bf16Bits):
+            host = np.ascontiguousarray(rows, dtype=NUMPY_DTYPES["bf16"]).view(np.uint16)
+        else:
+            host = np.ascontiguousarray(rows, dtype=array.dtype)
+        flat = host.reshape(count, -1, rows.shape[-1])
         moved = [rt.to_device(x) for x in (flat, pages.astype(np.int64), slots.astype(np.int64))]
-        rt.launch_map(_write_rows, int(flat.size), _flat(array), moved[1], moved[2], moved[0])
+        rt.launch_map(_write_rows, int(flat.size), _flat(rt.device_view(array)), moved[1], moved[2], moved[0])
 
     def copy_page(self, array: Any, dst: int, src: int) -> None:
-        pool = _flat(array)
+        pool = _flat(rt.device_view(array))
         rt.launch_map(_copy_page, int(np.prod(tuple(pool.shape)[1:])), pool, np.int64(dst), np.int64(src))
 
     def host(self, array: Any) -> np.ndarray:
-        return rt.copy_to_host(array)
+        """The pages on the host (a 16-bit pool's as ``ml_dtypes.bfloat16``)."""
+        host = rt.copy_to_host(rt.device_view(array))
+        return np.asarray(host).view(array.dtype) if isinstance(array, rt.Bf16Bits) else host

@@ -32,6 +32,9 @@ A fragment's (``t``, ``t+4``), but a product sums over its ``k``: the scores' co
 - ``pack_halves(lo, hi)``: two float16 values' bits into a register.
 - ``pack_bits(lo, hi)``: two 16-bit patterns (bf16 kept as uint16 or int16) into a register.
 - ``widen_bf16(bits)``: the float32 of a bf16's 16-bit pattern (no rounding: bf16 is float32's top half).
+- ``round_bf16(x)``: the 16-bit pattern of a float32 rounded to bf16 (to nearest even; NaN stays NaN,
+  quieted; past bf16's range, infinity), by integer arithmetic on ``f32_bits``: the same code on the
+  GPU and in the simulator, where ``cvt.rn.bf16.f32`` would need an emulation.
 - ``exp2_approx(x)``: ``ex2.approx``, the softmax's exponential (``exp(x) = 2^(x log2 e)``).
 
 On the GPU these are ``warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
@@ -97,6 +100,15 @@ def tf32_rest(x, big):
     return tf32_round(np.float32(x) - bits_f32(big))
 
 
+@cuda.jit(device=True, inline="always")
+def round_bf16(x):
+    bits = f32_bits(np.float32(x))
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: keep its top bits, set the quiet bit
+        return np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
+    # add just under half of the dropped unit, plus one when the kept part is odd: ties go to even
+    return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
 __all__ = [
     "bits_f32",
     "exp2_approx",
@@ -110,6 +122,7 @@ __all__ = [
     "pack_halves",
     "quad_max",
     "quad_sum",
+    "round_bf16",
     "shuffle_xor",
     "tf32_rest",
     "tf32_round",
