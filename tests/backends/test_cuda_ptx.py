@@ -51,13 +51,13 @@ def _example_specs():
     return cases
 
 
-def _check(impl, head_dim: int, kernels=None, texts: dict | None = None) -> dict[str, dict]:
+def _check(impl, head_dim: int, kernels=None, texts: dict | None = None, targets=TARGETS) -> dict[str, dict]:
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines, nvjitlink_available, ptxas_report
 
     reports = {}
     for kernel in impl.kernels(head_dim, head_dim) if kernels is None else kernels:
         name = kernel.name
-        for cc, ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).items():
+        for cc, ptx in compile_ptx_for(kernel.py_func, kernel.signature, targets).items():
             if texts is not None:
                 texts[name, cc] = ptx
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx, name
@@ -308,7 +308,8 @@ def test_deterministic_backward_kernels(example, name, dtype):
 
 @pytest.mark.parametrize(
     "example,name,precision",
-    # 3xTF32's kernel takes NVVM two minutes (three products of split operands, unrolled): once
+    # 3xTF32's kernel takes NVVM two minutes a target (three products of split operands, unrolled):
+    # once, for sm_80, where its registers are the most (195 against 168 on sm_90)
     [("causal", "causal", "exact"), ("causal", "causal", "tf32"), ("alibi", "causal_alibi", "tf32")],
 )
 def test_tf32_backward_kernels(example, name, precision):
@@ -325,7 +326,7 @@ def test_tf32_backward_kernels(example, name, precision):
     assert (plan.element, plan.keys, plan.rows) == ({"exact": "3xtf32"}.get(precision, "tf32"), 64, 16)
     backward = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0[")]
     texts: dict = {}
-    reports = _check(impl, 64, backward, texts)
+    reports = _check(impl, 64, backward, texts, [(8, 0)] if precision == "exact" else TARGETS)
     # per chunk: S^T and dP^T ((D / 8) (rows / 8) each), dV and dK ((E / 8) (rows / 8) each), and the
     # loop over the warp's dQ fragments (keys / 8 each); three of each for 3xTF32
     products = (4 * (64 // 8) * (plan.rows // 8) + plan.keys // 8) * (3 if precision == "exact" else 1)
