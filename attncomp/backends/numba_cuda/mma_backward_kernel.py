@@ -206,12 +206,8 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             w.line(f"m16 = (fq // {per_row}) * 16")
             w.line(f"n8 = (fq - (fq // {per_row}) * {per_row}) * 8")
             acc = "ZERO, ZERO, ZERO, ZERO"
-            for kk in range(p.keys // 16):
-                a = []
-                for row, word in ((0, 0), (8, 0), (0, 4), (8, 4)):
-                    a.append(self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {kk * 8 + word}"))
-                b = [self.sh("kt", f"(n8 + g) * {p.kt_pitch} + tq + {kk * 8 + word}") for word in (0, 4)]
-                w.line(f"dq_0, dq_1, dq_2, dq_3 = {self.mma}({', '.join(a + b)}, {acc})")
+            for kk in range(p.keys // self.K_STEP):
+                self.dq_step(kk, acc)
                 acc = "dq_0, dq_1, dq_2, dq_3"
             for half, (x, y) in enumerate((("dq_0", "dq_1"), ("dq_2", "dq_3"))):
                 w.line(f"row = i0 + r0 + m16 + g + {8 * half}")
@@ -219,6 +215,18 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
                 with w.indent():
                     w.line(f"cuda.atomic.add(out_dq, ({prefix}row, {self.fd} + n8 + t2), {x})")
                     w.line(f"cuda.atomic.add(out_dq, ({prefix}row, {self.fd} + n8 + t2 + 1), {y})")
+
+    def ds_words(self, kk: int) -> list[str]:
+        """The A fragment of dS for key step ``kk`` of a dQ fragment: its shared words."""
+        p = self.mp
+        places = ((0, 0), (8, 0), (0, 4), (8, 4))
+        return [self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {kk * 8 + word}") for row, word in places]
+
+    def dq_step(self, kk: int, acc: str) -> None:
+        """``dq_{e} = dS K + acc`` over key step ``kk``: B from the transposed keys."""
+        p = self.mp
+        b = [self.sh("kt", f"(n8 + g) * {p.kt_pitch} + tq + {kk * 8 + word}") for word in (0, 4)]
+        self.w.line(f"dq_0, dq_1, dq_2, dq_3 = {self.mma}({', '.join(self.ds_words(kk) + b)}, {acc})")
 
     # the elements --------------------------------------------------------------------
     def index_exprs(self, map_op: Op, n_index: int) -> tuple[dict[tuple[int, int], str], dict[int, str]]:

@@ -35,7 +35,7 @@ multiples of 16, and ``block_q`` and ``block_k`` multiples of 16; others run the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
 from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS, TF32_PRODUCTS
@@ -169,21 +169,7 @@ def plan_mma_backward(
     fit = next(((keys, rows, halves) for most, keys, rows, halves in KEYS_ROWS if widest <= most), None)
     if fit is None:
         return None
-    keys, rows, halves = fit
-    while block_k % keys:
-        keys //= 2
-    while block_q % rows:
-        rows //= 2
-    if keys < 16 or rows < 16:
-        return None
-    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, keys, rows, halves)
-    # every warp takes the same number of dQ fragments (the products need the whole block under
-    # the simulator's emulation, and a whole warp on the GPU)
-    while plan.keys > 16 and (plan.rows // 16 * (plan.d_share // 8)) % plan.warps:
-        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, plan.keys // 2, rows, halves)
-    if plan.shared_bytes > SHARED_BUDGET:
-        return None
-    return plan
+    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, *fit))
 
 
 def plan_tf32_backward(
@@ -196,14 +182,22 @@ def plan_tf32_backward(
         return None
     if head_dim % 8 or value_dim % 8 or max(head_dim, value_dim) > 64:
         return None
-    keys, rows = TF32_KEYS_ROWS
-    while block_k % keys:
+    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", *TF32_KEYS_ROWS))
+
+
+def _fitted(plan: MmaBackwardPlan) -> MmaBackwardPlan | None:
+    """``plan`` with its keys and rows halved until they divide the IR's blocks and every warp takes
+    the same number of dQ fragments (the products need the whole block under the simulator's
+    emulation, and a whole warp on the GPU); None where that leaves under 16 of either, or the
+    tiles past the shared-memory budget."""
+    keys, rows = plan.keys, plan.rows
+    while plan.block_k % keys:
         keys //= 2
-    while block_q % rows:
+    while plan.block_q % rows:
         rows //= 2
     if keys < 16 or rows < 16:
         return None
-    plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", keys, rows)
-    while plan.keys > 16 and (plan.rows // 16 * (head_dim // 8)) % plan.warps:
-        plan = MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", plan.keys // 2, rows)
+    plan = replace(plan, keys=keys, rows=rows)
+    while plan.keys > 16 and (plan.rows // 16 * (plan.d_share // 8)) % plan.warps:
+        plan = replace(plan, keys=plan.keys // 2)
     return plan if plan.shared_bytes <= SHARED_BUDGET else None

@@ -156,32 +156,14 @@ class Tf32BackwardKernelWriter(MmaBackwardKernelWriter):
                 at = f"({n * 8 + e % 2} + t2) * {p.kt_pitch} + w16 + g + {8 * (e // 2)}"
                 w.line(f"{self.sh('ds', at)} = {self.stored(f'ds_{n}_{e}')}")
 
-    def dq_products(self) -> None:
-        """dQ rows += dS K over the block's keys, as ``MmaBackwardKernelWriter.dq_products`` with B
-        read from the key rows."""
-        p, w = self.mp, self.w
-        per_row = p.head_dim // 8
-        prefix = "".join(f"{n}, " for n in self.batch)
-        w.line(f"for fq in range(warp, {p.dq_fragments * p.warps}, {p.warps}):")
-        with w.indent():
-            w.line(f"m16 = (fq // {per_row}) * 16")
-            w.line(f"n8 = (fq - (fq // {per_row}) * {per_row}) * 8")
-            acc = "ZERO, ZERO, ZERO, ZERO"
-            a_names, b_names = [f"a_{r}" for r in range(4)], ["b_0", "b_1"]
-            for kk in range(p.keys // 8):
-                places = ((0, 0), (8, 0), (0, 4), (8, 4))
-                a = [self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {kk * 8 + word}") for row, word in places]
-                self.from_words(a_names, a)
-                b = [self.sh("k", f"({kk * 8 + word} + tq) * {p.k_pitch} + n8 + g") for word in (0, 4)]
-                self.from_words(b_names, b)
-                self.product("dq_0, dq_1, dq_2, dq_3", a_names, b_names, acc)
-                acc = "dq_0, dq_1, dq_2, dq_3"
-            for half, (x, y) in enumerate((("dq_0", "dq_1"), ("dq_2", "dq_3"))):
-                w.line(f"row = i0 + r0 + m16 + g + {8 * half}")
-                w.line("if row < n_rows:")
-                with w.indent():
-                    w.line(f"cuda.atomic.add(out_dq, ({prefix}row, n8 + t2), {x})")
-                    w.line(f"cuda.atomic.add(out_dq, ({prefix}row, n8 + t2 + 1), {y})")
+    def dq_step(self, kk: int, acc: str) -> None:
+        """``dq_{e} = dS K + acc`` over key step ``kk``: B from the key rows."""
+        p = self.mp
+        a_names, b_names = [f"a_{r}" for r in range(4)], ["b_0", "b_1"]
+        self.from_words(a_names, self.ds_words(kk))
+        b = [self.sh("k", f"({kk * 8 + word} + tq) * {p.k_pitch} + n8 + g") for word in (0, 4)]
+        self.from_words(b_names, b)
+        self.product("dq_0, dq_1, dq_2, dq_3", a_names, b_names, acc)
 
     def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """The ``nr`` query rows from ``i0 + r0``: staged, the five products, the elements between."""
