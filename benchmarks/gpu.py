@@ -170,9 +170,15 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
     copy_gbps = 2 * big.numel() / (copy_ms * 1e-3) / 1e9  # read + write
     read = kc.numel() * 4 * 2
     gbps = read / (ours * 1e-3) / 1e9
-    splits = dec.fn._impl.attention[0].last_split
+    from attncomp.backends.numba_cuda.runtime import launch_count
+
+    splits = dec.fn.program.attention[0].last_split
+    before = launch_count()
+    step()
+    launches = launch_count() - before
     return (
-        f"decoder step, GQA 32/8 D=128, {cache} cached: {ours:.3f} ms ({splits} key splits), {gbps:.0f} GB/s = "
+        f"decoder step, GQA 32/8 D=128, {cache} cached: {ours:.3f} ms ({splits} key splits, {launches} launches), "
+        f"{gbps:.0f} GB/s = "
         f"{gbps / copy_gbps:.0%} of a device copy ({copy_gbps:.0f} GB/s); torch {their_ms:.3f} ms, "
         f"ratio {ours / their_ms:.2f}"
     )

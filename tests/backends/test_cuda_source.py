@@ -91,10 +91,12 @@ def test_few_query_rows_get_small_thread_blocks_with_a_warp(rows, lanes):
     assert f"scores = cuda.shared.array((16, {rows})" in source and f"({lanes} per query row)" in source
 
 
-def test_key_splits_take_contiguous_parts_of_the_key_loop_and_a_merge_kernel_combines_them():
+def test_key_splits_take_contiguous_parts_of_the_key_loop_and_the_last_part_merges_them():
     source = _kernel_source("lse", "causal_with_lse")
     loop = source[: source.index("for kb in range(kb_lo, kb_hi):")]
     assert "sp = cuda.blockIdx.y" in loop and "kb_lo = kb_lo + sp * per_split" in loop
     assert "part_m[sp, flat] = m" in source and "part_o[sp, flat, " in source
-    merge = _body_after(source, "_merge(out_0, out_1, part_o, part_m, part_l):")
-    assert "math.exp(part_m[sp, flat] - top_safe)" in merge and "out_1[" in merge
+    assert "_merge(" not in source  # no second kernel: the unit's last split block merges
+    tail = source[source.index("cuda.threadfence()") :]
+    assert "cuda.atomic.add(done, task, 1) == n_split - 1" in tail and "done[task] = 0" in tail
+    assert "math.exp(part_m[sp, flat] - top_safe)" in tail and "out_1[" in tail

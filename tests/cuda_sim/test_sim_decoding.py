@@ -61,6 +61,27 @@ def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
     np.testing.assert_allclose(got, module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)
 
 
+def test_a_decoding_step_is_two_launches_with_its_splits_merged_in_the_attention_kernel():
+    """The keys' and values' appends share one launch, and the unit's last split block merges the
+    splits: a step is two kernel launches (it was four: two appends, attention, merge)."""
+    from attncomp.backends.numba_cuda.runtime import launch_count
+
+    module = load_example("gqa")
+    rng = np.random.default_rng(8)
+    fn = ac.compile(module.grouped_query_attention, backend="cuda")
+    dec = fn.decoder(max_len=80)
+    q, k, v = module.make_inputs(rng, B=1, H=2, KV=1, T=70, S=70, D=8, E=8)
+    steps = [dec(q[:, :, :65], k[:, :, :65], v[:, :, :65])]  # two key blocks: the steps are split
+    launches = []
+    for t in range(65, 70):
+        before = launch_count()
+        steps.append(dec(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1]))
+        launches.append(launch_count() - before)
+        assert dec.fn.program.attention[0].last_split > 1
+    assert launches[1:] == [2] * 4  # the first split step also zeroes its split counters, once
+    np.testing.assert_allclose(np.concatenate(steps, axis=2), module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)
+
+
 def test_nanochat_prefill_then_steps_equals_one_call():
     """The seed model: prefill 40 tokens, then 8 single-token steps, on the device cache (the CPU
     tests run the seed's 100 + 64; the simulator runs every CUDA thread as a Python thread)."""
@@ -117,3 +138,4 @@ def test_split_workspace_is_reused_and_grown_across_calls():
         assert worst_error(got, as_list(ac.interpret(pass_specs.spelled_gqa_lse, q, k, v))) < 5 * TOLERANCE["f32"]
     buffers = impl.attention[0]._buffers
     assert buffers[(0, np.float32)].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
+    assert not host(buffers[(3, np.int32)]).any()  # each unit's last split left its count at zero

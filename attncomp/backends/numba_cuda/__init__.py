@@ -207,9 +207,6 @@ class CudaFunction(Program):
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
             source = kernels.source(*dims)
             found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), source))
-            merge = kernels.merge_kernel(*dims).py_func
-            merge_name = f"{kernels.name}_merge[D={dims[0]},E={dims[1]}]"
-            found.append(KernelInfo(merge_name, merge, kernels.merge_signature(), source))
         for kernels in self.backward:
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"

@@ -11,7 +11,7 @@ just those rows (``plan.rows_for``).
 A launch with fewer thread blocks than the GPU holds at once splits the
 keys (flash-decoding, see ``kernel.py``): ``split_for`` picks the number of
 parts, the attention kernel writes partial states into scratch arrays, and
-the merge kernel combines them.
+each unit's last part to finish merges them, in the same launch.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class AttentionKernels:
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
         self._buffers: dict[tuple[int, Any], Any] = {}
-        self._launching = threading.Lock()  # a split launch and its merge are enqueued together
+        self._launching = threading.Lock()  # one launch at a time over the scratch buffers
 
     @property
     def head_dims(self) -> tuple[Dim, Dim]:
@@ -132,12 +132,7 @@ class AttentionKernels:
         types += ["int64"] * len(self.dims)
         acc = self.acc_dtype
         types += ["int64", array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
-        return f"void({', '.join(types)})"
-
-    def merge_signature(self) -> str:
-        acc = self.acc_dtype
-        types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
-        types += [array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
+        types.append("int32[::1]")  # each unit's count of finished splits (``kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
     def _module(self, head_dim: int, value_dim: int, rows: int | None) -> Any:
@@ -150,27 +145,23 @@ class AttentionKernels:
         """The attention kernel for these head dims (and query rows per thread block)."""
         return getattr(self._module(head_dim, value_dim, rows), self.name)
 
-    def merge_kernel(self, head_dim: int, value_dim: int, rows: int | None = None) -> Any:
-        """The kernel that merges key splits, from the same module."""
-        return getattr(self._module(head_dim, value_dim, rows), f"{self.name}_merge")
-
     @property
     def specialised(self) -> list[tuple[int, int]]:
         """The (D, E) pairs compiled so far."""
         return list(dict.fromkeys((d, e) for d, e, _ in self._kernels))
 
-    def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small.
+    def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any, zeroed: bool = False) -> Any:
+        """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small
+        (``zeroed``: zeroed when it is made; the kernels leave it zero after each launch).
 
         Reused from call to call: a decoding step would otherwise pay a device allocation
-        and free for each scratch array.  Launches on one stream run in order, and each
-        split launch is enqueued with its merge under a lock, so a buffer is never written
-        while an earlier launch still reads it.
+        and free for each scratch array.  Launches on one stream run in order, so a buffer is
+        never written while an earlier launch still reads it.
         """
         size = int(np.prod(shape, dtype=np.int64))
         buffer = self._buffers.get((slot, dtype))
         if buffer is None or buffer.size < size:
-            buffer = rt.scratch((max(size, 1),), dtype)
+            buffer = rt.zeros((max(size, 1),), dtype) if zeroed else rt.scratch((max(size, 1),), dtype)
             self._buffers[(slot, dtype)] = buffer
         return buffer[:size].reshape(shape)
 
@@ -205,8 +196,6 @@ class AttentionKernels:
                 n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
-            launch = self.kernel(head_dim, value_dim, rows)[(blocks, n_split), threads, rt.stream()]
-            launch(*args, n_split, *parts)
-            if n_split > 1:
-                merge = self.merge_kernel(head_dim, value_dim, rows)
-                rt.launch_map(merge, n_flat * value_dim, *outs, *parts)
+            done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
+            kernel = self.kernel(head_dim, value_dim, rows)
+            rt.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

@@ -172,7 +172,7 @@ class BackwardKernels:
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts * plan.halves
         if blocks <= 0:
             return
-        self.kernel(head_dim, value_dim)[blocks, plan.threads, rt.stream()](*args)
+        rt.launch(self.kernel(head_dim, value_dim), blocks, plan.threads, *args)
 
     def launch_deterministic(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch
@@ -192,10 +192,10 @@ class BackwardKernels:
         slices = [rt.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
         launched = [*outputs[:3], *slices, *rest]
         if key_blocks > 0:
-            self.kernel(head_dim, value_dim)[key_blocks, plan.threads, rt.stream()](*launched)
+            rt.launch(self.kernel(head_dim, value_dim), key_blocks, plan.threads, *launched)
         query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * dq.parts
         if query_blocks > 0:
-            self.kernel(head_dim, value_dim, "_dq")[query_blocks, dq.threads, rt.stream()](*launched)
+            rt.launch(self.kernel(head_dim, value_dim, "_dq"), query_blocks, dq.threads, *launched)
         if shared and key_blocks > 0:
             heads, table = self.kernel(head_dim, value_dim, "_heads"), rt.from_host(members, members.shape)
             for out, part in ((out_dk, outputs[1]), (out_dv, outputs[2])):

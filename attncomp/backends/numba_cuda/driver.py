@@ -60,6 +60,7 @@ class DriverWriter:
         self.counter = 0
         self.kernels: list[GraphKernel] = []
         self.checked: set[Op] = set()  # page views whose tables are checked
+        self.folded: set[Op] = set()  # cache appends launched with an earlier one
         #: values attention kernels read as bf16 patterns (``numba_cuda.tensor_core_types``)
         self.patterns = {v for kernels in attention.values() for v in kernels.bits}
 
@@ -151,20 +152,31 @@ class DriverWriter:
             w.line(f"{target} = {target}.reshape({shape_expr(out)})")
 
     def cache_append(self, op: Op, name: str) -> None:
-        """Write the new entries into the cache in place; the result is a view of its first rows.  A
-        cache the attention reads as bf16 patterns takes new entries that are an argument as their
-        patterns, computed ones (float32) rounded to bf16."""
-        cache_bits = op.results[0] in self.patterns
-        new_bits = cache_bits and op.operands[1] in self.func.args
-        kernel = cache_append_kernel(name, op, cache_bits, new_bits)
+        """Write the new entries into the cache in place; the result is a view of its first rows.  Every
+        later ``ac.cache_append`` whose operands are ready by now (a step's keys and values) is folded
+        into the same launch.  A cache the attention reads as bf16 patterns takes new entries that are
+        an argument as their patterns, computed ones (float32) rounded to bf16."""
+        ready = set(self.names)
+        later = self.func.body.ops[self.func.body.ops.index(op) + 1 :]
+        group = [op] + [o for o in later if o.name == "ac.cache_append" and all(v in ready for v in o.operands)]
+        appends = []
+        for member in group:
+            cache_bits = member.results[0] in self.patterns
+            appends.append((member, cache_bits, cache_bits and member.operands[1] in self.func.args))
+        kernel = cache_append_kernel(name, appends)
         self.kernels.append(kernel)
-        cache, new = (self.ref(v) for v in op.operands)
-        length = kernel.params[2].expr
-        self.w.line(f"rt.launch_map({kernel.name}, rt.work({new}, None), {cache}, {new}, {length})")
-        out = op.results[0]
-        axis = op.attrs["axis"] % out.type.rank
-        stop = dim_expr(out.type.shape[axis])
-        self.w.line(f"{self.fresh(out)} = rt.prefix({cache}, {axis}, {stop})")
+        args, count = [], []
+        for member in group:
+            cache, new = (self.ref(v) for v in member.operands)
+            args += [cache, new, dim_expr(member.attrs["length"])]
+            count.append(f"rt.work({new}, None)")
+        self.w.line(f"rt.launch_map({kernel.name}, {' + '.join(count)}, {', '.join(args)})")
+        for member in group:
+            out = member.results[0]
+            axis = member.attrs["axis"] % out.type.rank
+            stop = dim_expr(out.type.shape[axis])
+            self.w.line(f"{self.fresh(out)} = rt.prefix({self.ref(member.operands[0])}, {axis}, {stop})")
+            self.folded.add(member)
 
     def scatter_add(self, op: Op, name: str) -> None:
         """Atomic adds into zeros (in float32 for a float16 result, narrowed after); bad indices raise."""
@@ -254,6 +266,8 @@ class DriverWriter:
         self.w.line(f"attention[{kernels.index}].launch({sizes}, {', '.join(outs + args + dims)})")
 
     def op(self, op: Op) -> None:
+        if op in self.folded:
+            return
         if op.name == "ac.return":
             outs = [f"rt.result({self.ref(v)}, {v.type.dtype!r}, to_host)" for v in op.operands]
             self.w.line(f"return ({''.join(o + ', ' for o in outs)})")

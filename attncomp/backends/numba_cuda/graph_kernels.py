@@ -280,7 +280,7 @@ def _layout(name: str, op: Op) -> GraphKernel:
     """Copies: each output element reads one operand element (or, for cache_append, each new entry
     is written into the cache)."""
     if op.name == "ac.cache_append":
-        return cache_append_kernel(name, op)
+        return cache_append_kernel(name, [(op, False, False)])
     k = _Writer(name, op)
     attrs = op.attrs
     srcs = [k.operand(v) for v in op.operands]
@@ -330,26 +330,37 @@ def _layout(name: str, op: Op) -> GraphKernel:
 ROUND_BF16 = "from attncomp.backends.numba_cuda.warp import round_bf16"
 
 
-def cache_append_kernel(name: str, op: Op, cache_bits: bool = False, new_bits: bool = False) -> GraphKernel:
-    """``ac.cache_append``: each new entry written into the cache in place (the driver takes a view of
-    the cache as the result).  ``cache_bits``: the cache holds bf16 as 16-bit patterns; new entries
-    held so too (``new_bits``) are copied, float32 ones (computed) rounded to bf16 as they are written
-    (to nearest even, NaN kept: ``warp.round_bf16``)."""
-    cache, new = op.operands
-    k = _Writer(name, op)
+def cache_append_kernel(name: str, appends: list[tuple[Op, bool, bool]]) -> GraphKernel:
+    """``ac.cache_append``s, in one launch: each new entry written into its cache in place (the driver
+    takes a view of the cache as the result).  Per append, ``(op, cache_bits, new_bits)``: the cache
+    holds bf16 as 16-bit patterns; new entries held so too (``new_bits``) are copied, float32 ones
+    (computed) rounded to bf16 as they are written (to nearest even, NaN kept: ``warp.round_bf16``).
+    The grid-stride loop runs over every append's new entries, the first append's first."""
+    k = _Writer(name, appends[0][0])
     k.params.clear()
-    k.param("cache", "array", array_type(cache.type.dtype, cache.type.rank, patterns=cache_bits), cache)
-    k.param("new", "array", array_type(new.type.dtype, new.type.rank, patterns=new_bits), new)
-    k.param("length", "int", "int64", expr=dim_expr(op.attrs["length"]))
-    k.start("new.size")
-    index = k.decode([f"new.shape[{a}]" for a in range(new.type.rank)])
-    axis = op.attrs["axis"] % cache.type.rank
-    at = list(index)
-    at[axis] = f"length + {index[axis]}"
-    rounding = cache_bits and not new_bits
-    element = f"new[{', '.join(index)}]"
-    k.w.line(f"cache[{', '.join(at)}] = {f'round_bf16({element})' if rounding else element}")
-    return k.finish(work="new", imports=[ROUND_BF16] if rounding else [])
+    rounding = False
+    for n, (op, cache_bits, new_bits) in enumerate(appends):
+        cache, new = op.operands
+        k.param(f"cache_{n}", "array", array_type(cache.type.dtype, cache.type.rank, patterns=cache_bits), cache)
+        k.param(f"new_{n}", "array", array_type(new.type.dtype, new.type.rank, patterns=new_bits), new)
+        k.param(f"length_{n}", "int", "int64", expr=dim_expr(op.attrs["length"]))
+        rounding = rounding or (cache_bits and not new_bits)
+    ends = [" + ".join(f"new_{m}.size" for m in range(n + 1)) for n in range(len(appends))]
+    k.start(ends[-1])
+    for n, (op, cache_bits, new_bits) in enumerate(appends):
+        cache, new = op.operands
+        k.w.line(f"{'if' if n == 0 else 'elif'} flat < {ends[n]}:")
+        with k.w.indent():
+            k.w.line(f"item = flat{f' - ({ends[n - 1]})' if n else ''}")
+            index = k.decode([f"new_{n}.shape[{a}]" for a in range(new.type.rank)], flat="item")
+            axis = op.attrs["axis"] % cache.type.rank
+            at = list(index)
+            at[axis] = f"length_{n} + {index[axis]}"
+            element = f"new_{n}[{', '.join(index)}]"
+            if cache_bits and not new_bits:
+                element = f"round_bf16({element})"
+            k.w.line(f"cache_{n}[{', '.join(at)}] = {element}")
+    return k.finish(work="new_0", imports=[ROUND_BF16] if rounding else [])
 
 
 def bf16_patterns_kernel(name: str, value: Value) -> GraphKernel:

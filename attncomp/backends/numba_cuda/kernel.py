@@ -19,9 +19,11 @@ features ``g, g + lanes, ...`` (see ``plan.py``).  Each thread runs:
 Flash-decoding: when a call has too few (batch, query block) units to fill
 the GPU (one new token for a few heads), the launch's second grid axis
 splits each unit's key blocks into ``n_split`` contiguous parts.  Each part
-then stores its unnormalised ``(m, l, acc)`` per row in scratch arrays, and
-a second kernel (``..._merge``) combines the parts of each row by their
-log-sum-exp: ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``.
+then stores its unnormalised ``(m, l, acc)`` per row in scratch arrays and
+counts itself done (an atomic per unit, after a ``threadfence``); the
+unit's last part to finish combines the parts of each row by their
+log-sum-exp, ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``,
+and zeroes the count: one launch, no merge kernel.
 
 Class 2 runs class 1's code without the mask: mask-elimination makes the
 full region exactly the masked one with the mask replaced by ``true``
@@ -88,7 +90,7 @@ class AttentionKernelWriter(CudaKernelSource):
         return ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
 
     def params(self) -> list[str]:
-        split = ["n_split", "part_o", "part_m", "part_l"]
+        split = ["n_split", "part_o", "part_m", "part_l", "done"]
         return self.outs() + list(self.captured.values()) + [f"d_{d}" for d in self.dims] + split
 
     def apply(self, map_op: Op, rest: list[Op], variant: list[str]) -> str:
@@ -257,9 +259,7 @@ class AttentionKernelWriter(CudaKernelSource):
                 self.names[t.loop.regions[0].args[0]] = "kb"
                 self.loop_body(hoisted)
             self.finish()
-        w.line()
-        w.line()
-        self.write_merge()
+            self.write_merge(p.block_q, p.threads)
         return w.text()
 
     def loop_body(self, hoisted: dict[Op, list[Op]]) -> None:
@@ -285,33 +285,45 @@ class AttentionKernelWriter(CudaKernelSource):
             lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
             write_finish(w, "m", "l", outputs, lse, lse_when="g == 0")  # one lane per row stores it
 
-    def write_merge(self) -> None:
-        """The kernel that merges the splits' partial states: one thread per (row, feature)."""
-        w, nb = self.w, len(self.t.batch_args)
-        w.line("@cuda.jit(cache=True)")
-        w.line(f"def {self.name}_merge({', '.join(self.outs())}, part_o, part_m, part_l):")
+    def write_merge(self, rows: int, threads: int) -> None:
+        """Flash-decoding's merge, at the end of the attention kernel: each split block publishes its
+        partial state (``threadfence``) and counts itself in ``done[task]``; the unit's last block to
+        finish merges every split's rows (one thread per row and feature, ``rows`` rows a block) and
+        zeroes the count for the next launch.  No second kernel is launched."""
+        t, w = self.t, self.w
+        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
+        w.line("last = cuda.shared.array(1, np.int32)")
+        w.line("if n_split > 1:  # the last of this unit's splits to finish merges them")
         with w.indent():
-            w.line(f"ACC = {self.acc}")
-            w.line("n_split = part_o.shape[0]")
-            w.line("n_value = part_o.shape[2]")
-            w.line(f"n_rows = out_0.shape[{nb}]")
-            w.line("for item in range(cuda.grid(1), part_o.shape[1] * n_value, cuda.gridsize(1)):")
+            w.line("cuda.threadfence()  # this block's partial state, seen by the block that merges")
+            w.line("cuda.syncthreads()")
+            w.line("if tid == 0:")
             with w.indent():
-                w.line("flat = item // n_value")
-                w.line("e = item - flat * n_value")
-                w.line("row = flat % n_rows")
-                prefix = "".join(f"{n}, " for n in self.batch_indices(nb, "flat // n_rows", "out_0"))
-                spelling = MergeSpelling(
-                    count="n_split",
-                    m="part_m[{s}, flat]",
-                    l="part_l[{s}, flat]",
-                    o="part_o[{s}, flat, {e}]",
-                    out=f"out_0[{prefix}row, {{e}}]",
-                    lse=f"out_1[{prefix}row]" if self.t.with_lse else None,
-                    weight="ACC(math.exp({m} - top_safe))",
-                    lse_when="e == 0",  # one thread per row stores it
-                )
-                write_merge(w, spelling)
+                w.line("last[0] = 1 if cuda.atomic.add(done, task, 1) == n_split - 1 else 0")
+            w.line("cuda.syncthreads()")
+            w.line("if last[0] == 1:")
+            with w.indent():
+                w.line(f"n_here = min({rows}, n_rows - i0)")
+                w.line("n_value = part_o.shape[2]")
+                w.line(f"for item in range(tid, n_here * n_value, {threads}):")
+                with w.indent():
+                    w.line("row = item // n_value")
+                    w.line("e = item - row * n_value")
+                    w.line("flat = (task // n_qb) * n_rows + i0 + row")
+                    spelling = MergeSpelling(
+                        count="n_split",
+                        m="part_m[{s}, flat]",
+                        l="part_l[{s}, flat]",
+                        o="part_o[{s}, flat, {e}]",
+                        out=f"out_0[{prefix}i0 + row, {{e}}]",
+                        lse=f"out_1[{prefix}i0 + row]" if t.with_lse else None,
+                        weight="ACC(math.exp({m} - top_safe))",
+                        lse_when="e == 0",  # one thread per row stores it
+                    )
+                    write_merge(w, spelling)
+                w.line("if tid == 0:")
+                with w.indent():
+                    w.line("done[task] = 0  # ready for the next launch")
 
 
 def write_attention_kernel(

@@ -20,7 +20,7 @@ One thread block per (batch position, query block, key split), one warp per 16 q
         O += P V: E / 8 fragments, chunk / 16 mma each
     l summed over the quad; out = o / l, lse = m + log(l)  # rows with no visible key: 0, -inf
 
-Flash-decoding splits, the merge kernel, the mask's tile classes and the GQA head mapping are
+Flash-decoding splits and their in-kernel merge, the mask's tile classes and the GQA head mapping are
 the scalar kernel's (``kernel.py``): only the arithmetic moved onto tensor cores.  Under Numba's
 CUDA simulator the warp instructions run ``warp_sim.py``'s emulation, same fragments.
 """
@@ -318,9 +318,7 @@ class MmaKernelWriter(AttentionKernelWriter):
                 self.names[t.loop.regions[0].args[0]] = "kb"
                 self.loop_body(hoisted)
             self.finish()
-        w.line()
-        w.line()
-        self.write_merge()
+            self.write_merge(p.block_q, p.threads)
         return w.text()
 
     def finish(self) -> None:

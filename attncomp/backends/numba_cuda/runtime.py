@@ -223,11 +223,26 @@ def work(array: Any, axis: int | None = None) -> int:
     return int(array.size // n) if n else 0
 
 
+#: kernel launches enqueued by attncomp since the process started (:func:`launch_count`)
+_LAUNCHES = [0]
+
+
+def launch_count() -> int:
+    """How many kernels attncomp has launched so far: the difference over a call is that call's
+    launches (``benchmarks.gpu`` reports a decoder step's)."""
+    return _LAUNCHES[0]
+
+
+def launch(kernel, grid: Any, block: Any, *args: Any) -> None:
+    """Enqueue ``kernel`` on the current stream (every launch goes through here, and is counted)."""
+    _LAUNCHES[0] += 1
+    kernel[grid, block, stream()](*args)
+
+
 def launch_map(kernel, count: int, *args: Any) -> None:
     if count <= 0:
         return
-    blocks = min(-(-count // THREADS), MAX_BLOCKS)
-    kernel[blocks, THREADS, stream()](*args)
+    launch(kernel, min(-(-count // THREADS), MAX_BLOCKS), THREADS, *args)
 
 
 def launch_matmul(kernel, out: Any, *args: Any) -> None:
@@ -237,7 +252,7 @@ def launch_matmul(kernel, out: Any, *args: Any) -> None:
     if m == 0 or n == 0 or batch == 0:
         return
     grid = (-(-n // MATMUL_TILE), -(-m // MATMUL_TILE), min(batch, MAX_GRID_Z))
-    kernel[grid, (MATMUL_TILE, MATMUL_TILE), stream()](out, *args)
+    launch(kernel, grid, (MATMUL_TILE, MATMUL_TILE), out, *args)
 
 
 def gather_flags(n_axes: int) -> Any:
