@@ -43,7 +43,6 @@ On the GPU these are ``warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
 
 from __future__ import annotations
 
-import numpy as np
 from numba import cuda
 
 if getattr(cuda.config, "ENABLE_CUDASIM", 0):
@@ -60,7 +59,10 @@ if getattr(cuda.config, "ENABLE_CUDASIM", 0):
         pack_halves,
         quad_max,
         quad_sum,
+        round_bf16,
         shuffle_xor,
+        tf32_rest,
+        tf32_round,
         widen_bf16,
     )
 else:
@@ -75,7 +77,10 @@ else:
         pack_bits,
         pack_f16x2,
         pack_halves,
+        round_bf16,
         shuffle_xor,
+        tf32_rest,
+        tf32_round,
         widen_bf16,
     )
 
@@ -88,25 +93,6 @@ else:
     def quad_sum(x):
         x = x + shuffle_xor(x, 1)
         return x + shuffle_xor(x, 2)
-
-
-@cuda.jit(device=True, inline="always")
-def tf32_round(x):
-    return np.uint32((f32_bits(np.float32(x)) + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
-
-
-@cuda.jit(device=True, inline="always")
-def tf32_rest(x, big):
-    return tf32_round(np.float32(x) - bits_f32(big))
-
-
-@cuda.jit(device=True, inline="always")
-def round_bf16(x):
-    bits = f32_bits(np.float32(x))
-    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: keep its top bits, set the quiet bit
-        return np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
-    # add just under half of the dropped unit, plus one when the kept part is odd: ties go to even
-    return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
 __all__ = [

@@ -155,3 +155,57 @@ def exp2_approx(typingctx, x):
         return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), list(args))
 
     return sig, codegen
+
+
+def _tf32(builder, word):
+    """float32 bits rounded to tf32's 10 fraction bits (to nearest, ties away from zero)."""
+    return builder.and_(builder.add(word, ir.Constant(_I32, 0x1000)), ir.Constant(_I32, 0xFFFFE000))
+
+
+# Integer arithmetic written as intrinsics rather than device functions: Numba inlines a device
+# function (``inline="always"``) by re-running its passes at every call site, and a 3xTF32 kernel
+# rounds at some eighty of them; an intrinsic is typed once and costs nothing to inline.
+@intrinsic
+def tf32_round(typingctx, x):
+    """``x`` (any number) as float32, rounded to tf32, as float32 bits (``warp.py``)."""
+    sig = signature(types.uint32, types.unliteral(x))
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        return _tf32(builder, builder.bitcast(value, _I32))
+
+    return sig, codegen
+
+
+@intrinsic
+def tf32_rest(typingctx, x, big):
+    """What ``big`` (tf32 bits) missed of ``x`` (as float32), rounded to tf32, as float32 bits."""
+    sig = signature(types.uint32, types.unliteral(x), types.unliteral(big))
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        word = context.cast(builder, args[1], sig.args[1], types.uint32)
+        rest = builder.fsub(value, builder.bitcast(word, _F32))
+        return _tf32(builder, builder.bitcast(rest, _I32))
+
+    return sig, codegen
+
+
+@intrinsic
+def round_bf16(typingctx, x):
+    """``x`` (as float32) rounded to bf16, to nearest even, as its 16-bit pattern; NaN stays NaN
+    (quieted), past bf16's range infinity (``warp.py``)."""
+    sig = signature(types.uint16, types.unliteral(x))
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        bits = builder.bitcast(value, _I32)
+        top = builder.lshr(bits, ir.Constant(_I32, 16))
+        magnitude = builder.and_(bits, ir.Constant(_I32, 0x7FFFFFFF))
+        nan = builder.icmp_unsigned(">", magnitude, ir.Constant(_I32, 0x7F800000))
+        quiet = builder.or_(top, ir.Constant(_I32, 0x40))
+        odd = builder.and_(top, ir.Constant(_I32, 1))
+        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(_I32, 0x7FFF)), odd), ir.Constant(_I32, 16))
+        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return sig, codegen

@@ -160,3 +160,22 @@ def quad_max(x):
 def quad_sum(x):
     x = np.float32(np.float32(x) + _partner(x, 1))
     return np.float32(x + _partner(x, 2))
+
+
+@cuda.jit(device=True)
+def tf32_round(x):
+    return np.uint32((f32_bits(np.float32(x)) + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
+
+
+@cuda.jit(device=True)
+def tf32_rest(x, big):
+    return tf32_round(np.float32(x) - bits_f32(big))
+
+
+@cuda.jit(device=True)
+def round_bf16(x):
+    bits = f32_bits(np.float32(x))
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: keep its top bits, set the quiet bit
+        return np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
+    # add just under half of the dropped unit, plus one when the kept part is odd: ties go to even
+    return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
