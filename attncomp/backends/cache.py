@@ -53,14 +53,31 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 _LOCK = threading.Lock()
+_RUNTIME: list[str] = []
+
+
+def runtime_digest() -> str:
+    """A digest of the backends' own code (``attncomp/backends``), which generated kernels import.
+
+    Numba's cache keys compiled code by the file that defines a kernel and bakes the helpers it
+    calls (``tile_math``, ``warp``, ...) into it, so a kernel cached by an older attncomp would keep
+    the older helpers: the digest is part of every cache key, and a changed helper recompiles."""
+    if not _RUNTIME:
+        root = Path(__file__).resolve().parent
+        digest = hashlib.sha256()
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _RUNTIME.append(digest.hexdigest()[:16])
+    return _RUNTIME[0]
 
 
 def load_source(source: str, prefix: str) -> ModuleType:
-    """Import ``source`` from the cache directory (writing it if needed).
+    """Import ``source`` from the cache directory (writing it if needed), under a name from its text
+    and :func:`runtime_digest`.
 
     Threads compiling the same spec share one module, so Numba compiles once.
     """
-    key = source_key(source)
+    key = source_key(runtime_digest(), source)
     name = f"attncomp_{prefix}_{key}"
     with _LOCK:
         if name in sys.modules:

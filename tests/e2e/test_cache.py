@@ -129,3 +129,19 @@ def test_unreadable_source_entry(tmp_path, bad):
     source.write_bytes(bad)
     result = run_probe(tmp_path, window)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_changed_backend_helper_gets_new_cache_entries(tmp_path, monkeypatch):
+    """Numba bakes the helpers a kernel calls into its cached code, so the cache names an entry by
+    the backends' own code too: the same kernel text under another attncomp is another entry."""
+    from attncomp.backends import cache
+
+    monkeypatch.setenv("ATTNCOMP_CACHE_DIR", str(tmp_path))
+    source = f"VALUE = {unique_window()}\n"
+    first = cache.load_source(source, "test")
+    assert cache.load_source(source, "test") is first  # the same code: the same entry
+    monkeypatch.setattr(cache, "_RUNTIME", ["a-different-attncomp"])
+    second = cache.load_source(source, "test")
+    assert second is not first and second.__name__ != first.__name__
+    assert len(list(tmp_path.glob("attncomp_test_*.py"))) == 2
+    assert cache.runtime_digest() == "a-different-attncomp"

@@ -122,13 +122,21 @@ def rows_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T
             s[r, c] = total
 
 
+# The values' loops take four keys per pass over an accumulator row: its loads and stores,
+# not the multiplies, bound the one-key loop (half the time, float32 and bf16 alike).
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
 def rows_values(s, vs, acc, nq, nk):  # acc[:nq] += s[:nq, :nk] @ vs[:nk]
     for r in range(nq):
-        for c in range(nk):
-            weight = s[r, c]
+        c = 0
+        while c + 4 <= nk:
+            w0, w1, w2, w3 = s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3]
             for e in range(acc.shape[1]):
-                acc[r, e] += weight * vs[c, e]
+                acc[r, e] += (w0 * vs[c, e] + w1 * vs[c + 1, e]) + (w2 * vs[c + 2, e] + w3 * vs[c + 3, e])
+            c += 4
+        for rest in range(c, nk):
+            weight = s[r, rest]
+            for e in range(acc.shape[1]):
+                acc[r, e] += weight * vs[rest, e]
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -144,10 +152,17 @@ def rows_scores_bf16(q, ks, s, nq, nk):  # rows_scores of keys held as bf16 bits
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
 def rows_values_bf16(s, vs, acc, nq, nk):  # rows_values of values held as bf16 bits
     for r in range(nq):
-        for c in range(nk):
-            weight = s[r, c]
+        c = 0
+        while c + 4 <= nk:
+            w0, w1, w2, w3 = s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3]
             for e in range(acc.shape[1]):
-                acc[r, e] += weight * bf16_to_f32(vs[c, e])
+                pair = w0 * bf16_to_f32(vs[c, e]) + w1 * bf16_to_f32(vs[c + 1, e])
+                acc[r, e] += pair + (w2 * bf16_to_f32(vs[c + 2, e]) + w3 * bf16_to_f32(vs[c + 3, e]))
+            c += 4
+        for rest in range(c, nk):
+            weight = s[r, rest]
+            for e in range(acc.shape[1]):
+                acc[r, e] += weight * bf16_to_f32(vs[rest, e])
 
 
 # The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small
