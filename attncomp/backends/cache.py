@@ -57,13 +57,13 @@ _RUNTIME: list[str] = []
 
 
 def runtime_digest() -> str:
-    """A digest of the backends' own code (``attncomp/backends``), which generated kernels import.
+    """A digest of attncomp's own code, whose helpers generated kernels import.
 
     Numba's cache keys compiled code by the file that defines a kernel and bakes the helpers it
     calls (``tile_math``, ``warp``, ...) into it, so a kernel cached by an older attncomp would keep
     the older helpers: the digest is part of every cache key, and a changed helper recompiles."""
     if not _RUNTIME:
-        root = Path(__file__).resolve().parent
+        root = Path(__file__).resolve().parents[1]
         digest = hashlib.sha256()
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")

@@ -133,7 +133,7 @@ def test_unreadable_source_entry(tmp_path, bad):
 
 def test_a_changed_backend_helper_gets_new_cache_entries(tmp_path, monkeypatch):
     """Numba bakes the helpers a kernel calls into its cached code, so the cache names an entry by
-    the backends' own code too: the same kernel text under another attncomp is another entry."""
+    attncomp's own code too: the same kernel text under another attncomp is another entry."""
     from attncomp.backends import cache
 
     monkeypatch.setenv("ATTNCOMP_CACHE_DIR", str(tmp_path))
