@@ -4,7 +4,9 @@
 
 A causal spec, H = 4, D = 32, float32, on the cpu backend.  Rows: ``fn(q, k, v)`` on numpy
 arrays at T = 1 (beside SDPA on the same data as tensors), the ``fn.to_torch()`` op at T = 1
-against SDPA, forward + backward through the op at T = 32 against SDPA's, and a decoder step
+against SDPA, forward + backward through the op at T = 32 against SDPA's (and, for scale, a
+Python ``autograd.Function`` that only clones q: what torch's autograd costs any op whose
+backward is Python code), and a decoder step
 (one new token over 16 cached) against the same attention as one call of ``fn`` (what the step
 adds: appending to the cache and the step's own checks).  Each row alternates the two calls
 ``--pairs`` times and reports the median time of each and the median of the per-pair ratios.
@@ -56,6 +58,20 @@ def rows(pairs: int) -> list[str]:
             sdpa(*grads, is_causal=True).backward(cotangent)
 
         row("forward + backward through the op, T=32", ours_fb, theirs_fb, "torch SDPA")
+
+        class Clone(torch.autograd.Function):  # the floor of any op whose backward is Python code
+            @staticmethod
+            def forward(ctx, q, k, v):
+                return q.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad, None, None
+
+        def floor_fb():
+            Clone.apply(*grads).backward(cotangent)
+
+        row("  a Python autograd.Function that clones q", floor_fb, theirs_fb, "torch SDPA")
     else:
         lines.append("(torch is not installed: the rows against SDPA are skipped)")
     cached = arrays(17)
