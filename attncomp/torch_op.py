@@ -519,6 +519,8 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
     for out, value in zip(outputs, compiled.func.results):
         if isinstance(out, np.ndarray):  # 0-d results stay on the host
             result = from_numpy(torch, np.array(out)).to(device)
+        elif isinstance(out, runtime.Bf16Bits):  # written as bf16 patterns by the kernel
+            result = torch.as_tensor(out.bits.view(np.int16), device=device).view(torch.bfloat16)
         else:
             result = torch.as_tensor(out, device=device)
         if value.type.dtype == "bf16":  # rounded to the declared type, on the device

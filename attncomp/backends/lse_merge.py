@@ -49,6 +49,8 @@ class MergeSpelling:
     features: str | None = None
     #: the condition under which this thread stores the LSE (one thread per row)
     lse_when: str | None = None
+    #: what the merged output is stored as (``{}``: the value; ``round_bf16({})``: its bf16 pattern)
+    narrow: str = "{}"
 
 
 def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
@@ -76,7 +78,7 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
     w.line(f"for sp in range({how.count}):")
     with w.indent():
         w.line(f"value += {weight('sp')} * {how.o.format(s='sp', e='e')}")
-    w.line(f"{how.out.format(e='e')} = value / denominator")
+    w.line(f"{how.out.format(e='e')} = {how.narrow.format('value / denominator')}")
     if loop:
         w.depth -= 1
     if how.lse is None:

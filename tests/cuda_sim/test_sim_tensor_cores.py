@@ -16,6 +16,7 @@ from numba import cuda
 
 from attncomp.backends.numba_cuda.warp import mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, quad_max, quad_sum
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
+from tests.conftest import load_example
 from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
 from tests.passes.test_translation_validation import _cases
 
@@ -179,6 +180,33 @@ def test_bf16_query_key_value_stay_16_bit_on_the_device():
         impl.call(fn.func, [inputs[0], cuda.to_device(inputs[1].astype(np.float32)), *inputs[2:]], fn.constraints)
     with pytest.raises(TypeError, match="v: expected bf16"):
         impl.call(fn.func, [*inputs[:2], inputs[2].astype(np.float16), inputs[3]], fn.constraints)
+
+
+def test_bf16_attention_outputs_are_written_16_bit():
+    """An attention output the function returns as bf16 is written by the kernel as bf16 patterns,
+    rounded to nearest even in the kernel (the split merge too): host calls get bf16, device calls
+    ``Bf16Bits`` of the same bits.  An output other ops read stays float32."""
+    from attncomp.backends.numba_cuda import runtime
+
+    spec = retyped(dict(attention_cases())["alibi.causal_alibi"], "bf16")
+    fn, impl = build_cuda(spec, PIPELINE)
+    kernels = impl.attention[0]
+    assert kernels.out_bits and kernels.signature().startswith("void(uint16[:, :, :, ::1]")
+    assert "round_bf16(o_0_0 / denominator)" in kernels.source(16, 16)
+    inputs = random_inputs(spec.ir.main, SIZES, seed=6)
+    got = impl.call(fn.func, inputs, fn.constraints)
+    assert got.dtype == ml_dtypes.bfloat16
+    assert worst_error([got], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
+    on_device = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
+    there = impl.call(fn.func, [*on_device, inputs[3]], fn.constraints)
+    assert isinstance(there, runtime.Bf16Bits)
+    np.testing.assert_array_equal(there.copy_to_host().view(np.uint16), got.view(np.uint16))
+    _, split = build_cuda(spec, PIPELINE, split=3)  # the merging block rounds what it merges
+    merged = split.call(fn.func, inputs, fn.constraints)
+    assert split.attention[0].last_split == 3 and merged.dtype == ml_dtypes.bfloat16
+    assert worst_error([merged], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
+    projected = retyped(load_example("mha_projections").gpt2_attention, "bf16")
+    assert not build_cuda(projected, PIPELINE)[1].attention[0].out_bits  # the output projection reads it
 
 
 def test_bf16_arguments_other_ops_read_are_widened():

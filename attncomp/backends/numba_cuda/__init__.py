@@ -95,7 +95,8 @@ class CudaFunction(Program):
         bf16 values compute as float32 (``widened``): arguments bind to the widened signature; a
         bf16 argument in ``bf16_bits`` goes over as its patterns (:meth:`stored`), another is
         widened before it is copied in; host results declared bf16 are rounded to it, device
-        results stay float32."""
+        results stay float32, except attention outputs the kernels write as bf16 patterns
+        (``bf16_outputs``), which come back as ``Bf16Bits`` (or bf16 on the host)."""
         from attncomp.backends.numba_cuda import runtime
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
@@ -177,7 +178,14 @@ class CudaFunction(Program):
 
         if any(runtime.is_device(x) for x in inputs):
             return list(outputs)
-        return [runtime.copy_to_host(runtime.device_view(o)) if runtime.is_device(o) else o for o in outputs]
+        return [
+            o.copy_to_host()
+            if isinstance(o, runtime.Bf16Bits)  # bf16 patterns: ml_dtypes.bfloat16 on the host
+            else runtime.copy_to_host(runtime.device_view(o))
+            if runtime.is_device(o)
+            else o
+            for o in outputs
+        ]
 
     def _head_dims(self, kernels: Any, head_dim: int | None, value_dim: int | None) -> tuple[int, int]:
         done = kernels.specialised
@@ -379,6 +387,24 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     return found, frozenset(kept)
 
 
+def bf16_outputs(module: Module) -> list[bool]:
+    """Per ``ac.tile_grid``: whether its kernel writes its output as bf16 patterns (uint16, rounded
+    to nearest even in the kernel): the output is declared bf16 and the function returns it, which
+    nothing else reads.  Half the bytes a float32 output writes, and no rounding pass after."""
+    func = module.main
+    ret = func.body.ops[-1]
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    found = []
+    for op in func.body.ops:
+        if op.name == "ac.tile_grid":
+            out = op.results[0]
+            found.append(out.type.dtype == "bf16" and all(r is ret for r in readers.get(out, [])))
+    return found
+
+
 def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
     """Per ``ac.key_grid``: the type its products run in on tensor cores (query, key, value and
     output gradient of one type: f16 or bf16, or float32 as "3xtf32" or "tf32" by the grid's
@@ -420,6 +446,7 @@ def build(
 
     declared = [r.type.dtype for r in module.main.results]
     products, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
+    narrow = bf16_outputs(module)
     backward_types = backward_tensor_core_types(module)
     if any(
         v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
@@ -427,7 +454,9 @@ def build(
         module = widened(module)
     func = module.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
-    attention = {op: AttentionKernels(k, op, func, lanes, split, *products[k]) for k, op in enumerate(grids)}
+    attention = {
+        op: AttentionKernels(k, op, func, lanes, split, *products[k], out_bits=narrow[k]) for k, op in enumerate(grids)
+    }
     key_grids = [op for op in func.body.ops if op.name == "ac.key_grid"]
     backward = {
         op: BackwardKernels(k, op, func, backward_lanes, *types)

@@ -53,6 +53,7 @@ class AttentionKernels:
         split: int | None = None,
         element: str | None = None,
         storage: str = "f32",
+        out_bits: bool = False,
     ):
         self.index = index
         self.grid = grid
@@ -71,6 +72,9 @@ class AttentionKernels:
         #: type the query, key and value arrays hold it in on the device
         self.element = element
         self.storage = storage
+        #: the output (a bf16 result of the function) is written as its 16-bit patterns, rounded
+        #: to nearest even in the kernel: half the bytes, and no rounding pass after
+        self.out_bits = out_bits
         t = self.tiled
         #: the tile sources read as bf16 bit patterns (query, key and value kept 16-bit)
         self.bits = frozenset(
@@ -117,12 +121,14 @@ class AttentionKernels:
         mma = self.mma_plan(head_dim, value_dim, rows)
         if mma is not None:
             writer = Tf32KernelWriter if mma.tf32 else MmaKernelWriter
-            return writer(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
-        return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits)
+            return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
+        return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits, self.out_bits)
 
     def signature(self) -> str:
         """The Numba signature the PTX is compiled for (arrays of any layout, results C-contiguous)."""
         types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
+        if self.out_bits:
+            types[0] = array_type("f32", self.grid.results[0].type.rank, contiguous=True, patterns=True)
         for value in self.captured:
             rank = value.type.rank
             if value in self.bits:  # bf16 patterns (a host array's uint16 view)

@@ -248,9 +248,10 @@ class DriverWriter:
             if value not in self.func.args and owner not in ("ac.cache_append", "ac.page_view"):
                 rounded[value] = self.bf16_patterns(value)
         outs = []
-        for result in op.results:
+        for n, result in enumerate(op.results):
             outs.append(self.fresh(result))
-            self.w.line(f"{outs[-1]} = rt.empty({shape_expr(result)}, {result.type.dtype!r})")
+            dtype = "np.uint16" if n == 0 and kernels.out_bits else repr(result.type.dtype)  # bf16 patterns
+            self.w.line(f"{outs[-1]} = rt.empty({shape_expr(result)}, {dtype})")
         args = [rounded.get(v, a) for v, a in zip(kernels.captured, self.captured_args(kernels.captured))]
         dims = [dim_var(d) for d in kernels.dims]
         out_type = op.results[0].type

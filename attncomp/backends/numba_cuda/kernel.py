@@ -62,7 +62,7 @@ import numpy as np
 from numba import cuda
 
 {device_math}
-from attncomp.backends.numba_cuda.warp import widen_bf16
+from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
 """
 
 
@@ -77,9 +77,12 @@ class AttentionKernelWriter(CudaKernelSource):
         dims: list[str],
         plan: AttentionPlan,
         bits: frozenset[Value] = frozenset(),
+        out_bits: bool = False,
     ):
         self.name = name
         self.bits = bits
+        #: the output is stored as bf16 patterns (uint16), rounded to nearest even
+        self.out_bits = out_bits
         self.t = tiled
         self.plan = plan
         self.acc = NUMPY_SCALAR[accumulation_dtype(tiled.grid.results[0].type.dtype)]
@@ -88,6 +91,10 @@ class AttentionKernelWriter(CudaKernelSource):
 
     def outs(self) -> list[str]:
         return ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
+
+    def narrow(self, expr: str) -> str:
+        """An output element as it is stored: itself, or its bf16 pattern (``out_bits``)."""
+        return f"round_bf16({expr})" if self.out_bits else expr
 
     def params(self) -> list[str]:
         split = ["n_split", "part_o", "part_m", "part_l", "done"]
@@ -280,7 +287,8 @@ class AttentionKernelWriter(CudaKernelSource):
         with w.indent():
 
             def outputs(denominator: str) -> None:
-                self.store_slice(f"out_0[{prefix}i0 + r, {{f}}] = acc_{{k}} / {denominator}")
+                value = self.narrow(f"acc_{{k}} / {denominator}")
+                self.store_slice(f"out_0[{prefix}i0 + r, {{f}}] = {value}")
 
             lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
             write_finish(w, "m", "l", outputs, lse, lse_when="g == 0")  # one lane per row stores it
@@ -319,6 +327,7 @@ class AttentionKernelWriter(CudaKernelSource):
                         lse=f"out_1[{prefix}i0 + row]" if t.with_lse else None,
                         weight="ACC(math.exp({m} - top_safe))",
                         lse_when="e == 0",  # one thread per row stores it
+                        narrow=self.narrow("{}"),
                     )
                     write_merge(w, spelling)
                 w.line("if tid == 0:")
@@ -334,5 +343,6 @@ def write_attention_kernel(
     dims: list[str],
     plan: AttentionPlan,
     bits: frozenset[Value] = frozenset(),
+    out_bits: bool = False,
 ) -> str:
-    return AttentionKernelWriter(name, tiled, captured, dims, plan, bits).write(func_name)
+    return AttentionKernelWriter(name, tiled, captured, dims, plan, bits, out_bits).write(func_name)

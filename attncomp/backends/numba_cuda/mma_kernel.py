@@ -59,10 +59,19 @@ class MmaKernelWriter(AttentionKernelWriter):
     """Writes the tensor-core kernel of one tiled attention for one plan; what it shares with the
     scalar kernel (parameters, batch decoding, the split merge) it inherits."""
 
-    def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], plan: MmaPlan):
+    def __init__(
+        self,
+        name: str,
+        tiled: TiledAttention,
+        captured: dict[Value, str],
+        dims: list[str],
+        plan: MmaPlan,
+        out_bits: bool = False,
+    ):
         self.name = name
         self.t = tiled
         self.mp = plan
+        self.out_bits = out_bits  # the output stored as bf16 patterns (``kernel.py``'s ``narrow``)
         self.acc = "np.float32"
         self.lanes, self.threads = 1, plan.threads
         CudaKernelSource.__init__(self, captured, dims)
@@ -344,7 +353,7 @@ class MmaKernelWriter(AttentionKernelWriter):
                     for en in range(p.value_dim // 8):
                         for half, e in enumerate(halves):
                             at = f"{prefix}i0 + r{row}, {en * 8 + half} + t2"
-                            w.line(f"out_0[{at}] = o_{en}_{e} / {denominator}")
+                            w.line(f"out_0[{at}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
 
                 lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
