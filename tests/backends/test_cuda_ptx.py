@@ -120,10 +120,12 @@ def test_attention_kernels_for_head_dim_128(example, name):
 @pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("f16", 64)])
 def test_tensor_core_attention_kernels(dtype, head_dim):
     """f16/bf16 attention at the default blocks (64 x 64): four warps, S = Q K^T and O += P V on
-    mma.sync in the PTX, no local memory, no spills on sm_80 and sm_90."""
+    mma.sync in the PTX, no local memory, no spills on sm_80 and sm_90 (bf16: its output stored as
+    16-bit patterns, rounded in the kernel)."""
     from tests.cuda_sim.helpers import retyped
 
     impl = _build(retyped(load_example("alibi").causal_alibi, dtype))
+    assert impl.attention[0].out_bits == (dtype == "bf16")
     plan = impl.attention[0].mma_plan(head_dim, head_dim)
     assert plan.warps == 4
     attention = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0[")]
