@@ -129,6 +129,29 @@ class DriverWriter:
         self.counter = 0
         #: cache views -> the whole cache: kernels read the buffer in place, bounded by the IR's sizes
         self.buffers: dict[Value, Value] = {}
+        #: ``sum(a * b, last axis, keepdims)`` whose product nothing else reads (the backward's
+        #: ``delta = sum(dO * O)``): the reduce -> its product, computed in one ``np.einsum``
+        self.row_dots: dict[Op, Op] = {}
+        readers: dict[Value, int] = {}
+        for op in func.body.ops:
+            for v in op.operands:
+                readers[v] = readers.get(v, 0) + 1
+        for op in func.body.ops:
+            product = op.operands[0].owner if op.name == "ac.reduce" else None
+            if getattr(product, "name", None) != "ac.mul" or readers[op.operands[0]] != 1:
+                continue
+            a, b = product.operands
+            rank = a.type.rank
+            if (
+                op.attrs["kind"] == "sum"
+                and op.attrs["keepdims"]
+                and [x % max(rank, 1) for x in op.attrs["axes"]] == [rank - 1]
+                and rank >= 1
+                and a.type.shape == b.type.shape
+                and a.type.dtype == b.type.dtype in ("f32", "f64")
+            ):
+                self.row_dots[op] = product
+        self.fused = set(self.row_dots.values())
 
     def fresh(self, value: Value) -> str:
         self.counter += 1
@@ -144,6 +167,12 @@ class DriverWriter:
         self.w.line(f"{self.fresh(value)} = rt.cast({expr}, {value.type.dtype!r})")
 
     def op(self, op: Op) -> None:
+        if op in self.fused:  # computed with the reduce that reads it
+            return
+        if op in self.row_dots:
+            x, y = (self.ref(v) for v in self.row_dots[op].operands)
+            self.assign(op.results[0], f"np.einsum('...e,...e->...', {x}, {y})[..., None]")
+            return
         name, a = op.name, [self.ref(v) for v in op.operands]
         if name == "ac.return":
             self.w.line(f"return ({''.join(x + ', ' for x in a)})")
@@ -278,7 +307,9 @@ class DriverWriter:
                     w.line(f"sized = SIZED_VALUES[{key}] = sized_values({', '.join(dim_var(d) for d in symbols)})")
                 w.line(f"{''.join(self.ref(op.results[0]) + ', ' for op in sized)}= sized")
             narrowing = any(r.type.dtype in ("f16", "bf16") for op in rest for r in op.results)
-            if narrowing or any(op.name in NUMPY_OPS for op in rest):
+            # einsum (the fused row dots) raises no floating-point warnings
+            warns = [op for op in rest if op.name in NUMPY_OPS and op not in self.row_dots and op not in self.fused]
+            if narrowing or warns:
                 w.line("with np.errstate(all='ignore'):")
                 with w.indent():
                     for op in rest:
