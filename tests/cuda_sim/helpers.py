@@ -77,3 +77,22 @@ def projected_attention() -> ac.Spec:
         return ac.softmax(s, axis=-1) @ v
 
     return projected
+
+
+def normal(rng, *shape, dtype=np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check_gradients(got, want, args, tolerance: float) -> None:
+    """One gradient per argument (None where the reference has none), each of its argument's shape
+    and type, non-zero in the reference, within ``tolerance`` relative error of it."""
+    from attncomp.testing import relative_error
+
+    assert len(got) == len(want) == len(args)
+    for g, w, a in zip(got, want, args):
+        if w is None:
+            assert g is None
+            continue
+        assert g.shape == a.shape and g.dtype == a.dtype
+        assert np.abs(w).max() > 0  # a gradient that is there to compare
+        assert relative_error(g, w) < tolerance

@@ -19,16 +19,13 @@ import pytest
 import attncomp as ac
 from attncomp.testing import TOLERANCE, relative_error
 from tests.conftest import load_example
+from tests.cuda_sim.helpers import check_gradients, normal
 from tests.cuda_sim.test_sim_tensor_core_backward import backward_args
 from tests.cuda_sim.test_sim_tensor_cores import ELEMENT, attention_cases
 
 PIPELINE = (
     "cse,softmax-fusion,flash-tiling{block_q=16,block_k=16,deterministic=true},mask-elimination,canonicalize,cse,dce"
 )
-
-
-def _normal(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def _gradients(spec, args, cotangents, pipeline: str = PIPELINE, runs: int = 1):
@@ -42,14 +39,7 @@ def _gradients(spec, args, cotangents, pipeline: str = PIPELINE, runs: int = 1):
 
 
 def _check(got, want, args, tolerance: float = 1e-5) -> None:
-    assert len(got) == len(want) == len(args)
-    for g, w, a in zip(got, want, args):
-        if w is None:
-            assert g is None
-            continue
-        assert g.shape == a.shape and g.dtype == a.dtype
-        assert np.abs(w).max() > 0  # a gradient that is there to compare
-        assert relative_error(g, w) < tolerance
+    check_gradients(got, want, args, tolerance)
 
 
 def _same_bits(first, second) -> None:
@@ -62,10 +52,10 @@ def _same_bits(first, second) -> None:
 def test_causal_gradients_over_every_tile_class_are_the_same_bits_twice():
     spec = load_example("causal").causal
     rng = np.random.default_rng(0)
-    args = [_normal(rng, 1, 2, 40, 8), _normal(rng, 1, 2, 37, 8), _normal(rng, 1, 2, 37, 6)]
+    args = [normal(rng, 1, 2, 40, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 37, 6)]
     interp = ac.compile(spec, backend="interp", pipeline=PIPELINE)
     assert set(np.unique(interp.block_map(*args))) == {0, 1, 2}
-    kernels, (first, second), want = _gradients(spec, args, [_normal(rng, 1, 2, 40, 6)], runs=2)
+    kernels, (first, second), want = _gradients(spec, args, [normal(rng, 1, 2, 40, 6)], runs=2)
     _check(first, want, args)
     _same_bits(first, second)
 
@@ -74,8 +64,8 @@ def test_grouped_query_heads_add_into_their_key_value_head_in_order():
     """Two query heads per key/value head: each head's dK and dV rows of its own, added up in head order."""
     spec = load_example("gqa").grouped_query_attention
     rng = np.random.default_rng(2)
-    args = [_normal(rng, 1, 4, 33, 8), _normal(rng, 1, 2, 30, 8), _normal(rng, 1, 2, 30, 8)]
-    kernels, (first, second), want = _gradients(spec, args, [_normal(rng, 1, 4, 33, 8)], runs=2)
+    args = [normal(rng, 1, 4, 33, 8), normal(rng, 1, 2, 30, 8), normal(rng, 1, 2, 30, 8)]
+    kernels, (first, second), want = _gradients(spec, args, [normal(rng, 1, 4, 33, 8)], runs=2)
     _check(first, want, args)
     _same_bits(first, second)
 
@@ -90,17 +80,17 @@ def broadcast_keys(q: ac.f32["B", "H", "T", "D"], k: ac.f32[1, "H", "S", "D"], v
 def test_a_key_batch_axis_broadcast_over_the_queries():
     """Keys and values of batch size 1 against three query batch entries: their gradients sum all three."""
     rng = np.random.default_rng(9)
-    args = [_normal(rng, 3, 1, 21, 4), _normal(rng, 1, 1, 19, 4), _normal(rng, 1, 1, 19, 4)]
-    _, (got,), want = _gradients(broadcast_keys, args, [_normal(rng, 3, 1, 21, 4)])
+    args = [normal(rng, 3, 1, 21, 4), normal(rng, 1, 1, 19, 4), normal(rng, 1, 1, 19, 4)]
+    _, (got,), want = _gradients(broadcast_keys, args, [normal(rng, 3, 1, 21, 4)])
     _check(got, want, args)
 
 
 def test_alibi_slopes_sum_per_thread_then_in_thread_order():
     spec = load_example("alibi").causal_alibi
     rng = np.random.default_rng(1)
-    args = [_normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8)]
+    args = [normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8)]
     args.append(np.array([0.5, 0.25], dtype=np.float32))
-    kernels, (got,), want = _gradients(spec, args, [_normal(rng, 1, 2, 35, 8)])
+    kernels, (got,), want = _gradients(spec, args, [normal(rng, 1, 2, 35, 8)])
     assert kernels.uniform == {0}  # slopes[h]: one index per query batch position
     _check(got, want, args)
 
@@ -109,9 +99,9 @@ def test_a_relative_bias_table_is_summed_element_by_element():
     """table[h, clip(i - j) + M]: an index per element, summed by thread 0 in element order."""
     spec = load_example("relative_bias").relative_bias
     rng = np.random.default_rng(4)
-    args = [_normal(rng, 1, 2, 30, 8), _normal(rng, 1, 2, 27, 8), _normal(rng, 1, 2, 27, 8)]
-    args.append(_normal(rng, 2, 33))
-    kernels, (first, second), want = _gradients(spec, args, [_normal(rng, 1, 2, 30, 8)], runs=2)
+    args = [normal(rng, 1, 2, 30, 8), normal(rng, 1, 2, 27, 8), normal(rng, 1, 2, 27, 8)]
+    args.append(normal(rng, 2, 33))
+    kernels, (first, second), want = _gradients(spec, args, [normal(rng, 1, 2, 30, 8)], runs=2)
     assert kernels.uniform == set()
     _check(first, want, args)
     _same_bits(first, second)
@@ -122,8 +112,8 @@ def test_a_learnable_temperature_read_at_no_index():
     from tests.passes.specs import learned_temperature
 
     rng = np.random.default_rng(7)
-    args = [_normal(rng, 21, 8), _normal(rng, 19, 8), _normal(rng, 19, 8), np.array([0.7], dtype=np.float32)]
-    _, (got,), want = _gradients(learned_temperature, args, [_normal(rng, 21, 8)])
+    args = [normal(rng, 21, 8), normal(rng, 19, 8), normal(rng, 19, 8), np.array([0.7], dtype=np.float32)]
+    _, (got,), want = _gradients(learned_temperature, args, [normal(rng, 21, 8)])
     _check(got, want, args)
 
 
@@ -140,9 +130,9 @@ def test_key_and_query_blocks_split_over_thread_blocks_in_float64():
     pipeline = PIPELINE.replace("block_q=16,block_k=16", "block_q=128,block_k=128")
     rng = np.random.default_rng(6)
     f64 = np.float64
-    args = [_normal(rng, 1, 1, 150, 4, dtype=f64), _normal(rng, 1, 1, 140, 4, dtype=f64)]
-    args.append(_normal(rng, 1, 1, 140, 3, dtype=f64))
-    kernels, (got,), want = _gradients(causal64, args, [_normal(rng, 1, 1, 150, 3, dtype=f64)], pipeline)
+    args = [normal(rng, 1, 1, 150, 4, dtype=f64), normal(rng, 1, 1, 140, 4, dtype=f64)]
+    args.append(normal(rng, 1, 1, 140, 3, dtype=f64))
+    kernels, (got,), want = _gradients(causal64, args, [normal(rng, 1, 1, 150, 3, dtype=f64)], pipeline)
     assert (kernels.plan(4, 3).parts, kernels.dq_plan(4, 3).parts) == (2, 2)
     _check(got, want, args, tolerance=1e-10)
 

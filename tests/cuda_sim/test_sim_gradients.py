@@ -17,6 +17,7 @@ import pytest
 import attncomp as ac
 from attncomp.testing import relative_error
 from tests.conftest import load_example
+from tests.cuda_sim.helpers import check_gradients, normal
 
 #: blocks of 16: the test sizes below make several tiles of every class
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=16},mask-elimination,canonicalize,cse,dce"
@@ -30,25 +31,14 @@ def _gradients(spec, args, cotangents, pipeline: str = PIPELINE):
 
 
 def _check(got, want, args, tolerance: float = 1e-4) -> None:
-    assert len(got) == len(want) == len(args)
-    for g, w, a in zip(got, want, args):
-        if w is None:
-            assert g is None
-            continue
-        assert g.shape == a.shape and g.dtype == a.dtype
-        assert np.abs(w).max() > 0  # a gradient that is there to compare
-        assert relative_error(g, w) < tolerance
-
-
-def _normal(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
+    check_gradients(got, want, args, tolerance)
 
 
 def test_causal_gradients_over_every_tile_class():
     spec = load_example("causal").causal
     rng = np.random.default_rng(0)
-    args = [_normal(rng, 1, 2, 40, 8), _normal(rng, 1, 2, 37, 8), _normal(rng, 1, 2, 37, 6)]
-    d_out = _normal(rng, 1, 2, 40, 6)
+    args = [normal(rng, 1, 2, 40, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 37, 6)]
+    d_out = normal(rng, 1, 2, 40, 6)
     interp = ac.compile(spec, backend="interp", pipeline=PIPELINE)
     # the backward classifies the same tiles by the same mask
     assert set(np.unique(interp.block_map(*args))) == {0, 1, 2}
@@ -61,9 +51,9 @@ def test_a_head_narrower_than_the_lanes_of_a_key():
     """D = E = 2 with 8 lanes per key: the padded features read zeros inside the staged tiles."""
     spec = load_example("causal").causal
     rng = np.random.default_rng(8)
-    args = [_normal(rng, 1, 1, 3, 2), _normal(rng, 1, 1, 5, 2), _normal(rng, 1, 1, 5, 2)]
+    args = [normal(rng, 1, 1, 3, 2), normal(rng, 1, 1, 5, 2), normal(rng, 1, 1, 5, 2)]
     pipeline = "cse,softmax-fusion,flash-tiling{block_q=4,block_k=4},mask-elimination,canonicalize,cse,dce"
-    got, want = _gradients(spec, args, [_normal(rng, 1, 1, 3, 2)], pipeline)
+    got, want = _gradients(spec, args, [normal(rng, 1, 1, 3, 2)], pipeline)
     _check(got, want, args)
 
 
@@ -75,10 +65,10 @@ def test_a_call_runs_on_the_stream_it_is_given():
 
     spec = load_example("alibi").causal_alibi
     rng = np.random.default_rng(5)
-    args = [_normal(rng, 1, 2, 20, 8), _normal(rng, 1, 2, 20, 8), _normal(rng, 1, 2, 20, 8)]
+    args = [normal(rng, 1, 2, 20, 8), normal(rng, 1, 2, 20, 8), normal(rng, 1, 2, 20, 8)]
     args.append(np.array([0.5, 0.25], dtype=np.float32))
     fn = ac.compile(spec, backend="cuda", pipeline=PIPELINE)
-    d_out = _normal(rng, 1, 2, 20, 8)
+    d_out = normal(rng, 1, 2, 20, 8)
     want = fn.vjp(*args)[1](d_out)
     with runtime.on_stream(cuda.stream()):
         assert runtime.stream() != 0
@@ -91,9 +81,9 @@ def test_a_call_runs_on_the_stream_it_is_given():
 def test_alibi_slopes_get_their_gradient():
     spec = load_example("alibi").causal_alibi
     rng = np.random.default_rng(1)
-    args = [_normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8), _normal(rng, 1, 2, 35, 8)]
+    args = [normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8)]
     args.append(np.array([0.5, 0.25], dtype=np.float32))
-    got, want = _gradients(spec, args, [_normal(rng, 1, 2, 35, 8)])
+    got, want = _gradients(spec, args, [normal(rng, 1, 2, 35, 8)])
     _check(got, want, args)
 
 
@@ -102,16 +92,16 @@ def test_a_learnable_temperature_read_at_no_index():
     from tests.passes.specs import learned_temperature
 
     rng = np.random.default_rng(7)
-    args = [_normal(rng, 21, 8), _normal(rng, 19, 8), _normal(rng, 19, 8), np.array([0.7], dtype=np.float32)]
-    got, want = _gradients(learned_temperature, args, [_normal(rng, 21, 8)])
+    args = [normal(rng, 21, 8), normal(rng, 19, 8), normal(rng, 19, 8), np.array([0.7], dtype=np.float32)]
+    got, want = _gradients(learned_temperature, args, [normal(rng, 21, 8)])
     _check(got, want, args)
 
 
 def test_grouped_query_heads_add_into_their_key_value_head():
     spec = load_example("gqa").grouped_query_attention
     rng = np.random.default_rng(2)
-    args = [_normal(rng, 1, 4, 33, 8), _normal(rng, 1, 2, 30, 8), _normal(rng, 1, 2, 30, 8)]
-    got, want = _gradients(spec, args, [_normal(rng, 1, 4, 33, 8)])
+    args = [normal(rng, 1, 4, 33, 8), normal(rng, 1, 2, 30, 8), normal(rng, 1, 2, 30, 8)]
+    got, want = _gradients(spec, args, [normal(rng, 1, 4, 33, 8)])
     _check(got, want, args)
 
 
@@ -119,9 +109,9 @@ def test_lse_cotangent_and_a_row_with_every_key_masked():
     """A length of 0 masks every key of batch entry 0: its gradients are zero, not NaN."""
     spec = load_example("lse").key_padding_with_lse
     rng = np.random.default_rng(3)
-    q, k, v = _normal(rng, 2, 1, 34, 8), _normal(rng, 2, 1, 34, 8), _normal(rng, 2, 1, 34, 4)
+    q, k, v = normal(rng, 2, 1, 34, 8), normal(rng, 2, 1, 34, 8), normal(rng, 2, 1, 34, 4)
     args = [q, k, v, np.array([0, 21], dtype=np.int32)]
-    cotangents = [_normal(rng, 2, 1, 34, 4), _normal(rng, 2, 1, 34)]
+    cotangents = [normal(rng, 2, 1, 34, 4), normal(rng, 2, 1, 34)]
     got, want = _gradients(spec, args, cotangents)
     _check(got, want, args)
     for g in got[:3]:
@@ -134,9 +124,9 @@ def test_unfused_backward_runs_op_by_op():
     spec = load_example("alibi").causal_alibi
     assert "ac.scatter_add" in ac.compile(spec, backend="interp", pipeline="").backward.ir()
     rng = np.random.default_rng(4)
-    args = [_normal(rng, 1, 2, 6, 4), _normal(rng, 1, 2, 5, 4), _normal(rng, 1, 2, 5, 4)]
+    args = [normal(rng, 1, 2, 6, 4), normal(rng, 1, 2, 5, 4), normal(rng, 1, 2, 5, 4)]
     args.append(np.array([0.5, 0.25], dtype=np.float32))
-    got, want = _gradients(spec, args, [_normal(rng, 1, 2, 6, 4)], pipeline="")
+    got, want = _gradients(spec, args, [normal(rng, 1, 2, 6, 4)], pipeline="")
     _check(got, want, args)
 
 
@@ -154,7 +144,7 @@ def _scatter_module(rows: int):
 
 def test_scatter_add_kernel_adds_repeated_indices_and_rejects_bad_ones():
     rng = np.random.default_rng(5)
-    updates = _normal(rng, 7, 3)
+    updates = normal(rng, 7, 3)
     index = np.array([[0], [2], [2], [4], [0], [0], [1]], dtype=np.int64)
     got = ac.compile(_scatter_module(5), backend="cuda", pipeline="")(updates, index)
     want = np.zeros(5)
@@ -175,7 +165,7 @@ def causal64(q: ac.f64["B", "H", "T", "D"], k: ac.f64["B", "H", "S", "D"], v: ac
 
 def test_float64_gradients():
     rng = np.random.default_rng(6)
-    args = [_normal(rng, 1, 1, 30, 4, dtype=np.float64), _normal(rng, 1, 1, 36, 4, dtype=np.float64)]
-    args.append(_normal(rng, 1, 1, 36, 3, dtype=np.float64))
-    got, want = _gradients(causal64, args, [_normal(rng, 1, 1, 30, 3, dtype=np.float64)])
+    args = [normal(rng, 1, 1, 30, 4, dtype=np.float64), normal(rng, 1, 1, 36, 4, dtype=np.float64)]
+    args.append(normal(rng, 1, 1, 36, 3, dtype=np.float64))
+    got, want = _gradients(causal64, args, [normal(rng, 1, 1, 30, 3, dtype=np.float64)])
     _check(got, want, args, tolerance=1e-10)

@@ -46,6 +46,9 @@ zeroed before the launch.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
@@ -121,16 +124,22 @@ class BackwardKernelWriter(CudaKernelSource):
         inside = " and ".join(f"0 <= {x} < site_{k}.shape[{a}]" for a, x in enumerate(index))
         w.line(f"if {inside}:")
         with w.indent():
-            same = " and ".join(f"{x} == {c}" for x, c in zip(index, current))
-            w.line(f"if {same}:")
-            with w.indent():
-                w.line(f"{acc} += ACC({contribution})")
-            w.line("else:")
-            with w.indent():
-                self.site_flush(k)
-                for x, c in zip(index, current):
-                    w.line(f"{c} = {x}")
-                w.line(f"{acc} = ACC({contribution})")
+            self.site_run(k, index, f"ACC({contribution})")
+
+    def site_run(self, k: int, index: list[str], value: str, as_index: str = "{}") -> None:
+        """``value`` into site ``k``'s open run when ``index`` is the run's, else the run flushed
+        (:meth:`site_flush`) and a new one opened at ``index`` (each written as ``as_index``)."""
+        w = self.w
+        rank, acc, current = self.sites[k]
+        w.line(f"if {' and '.join(f'{x} == {c}' for x, c in zip(index, current))}:")
+        with w.indent():
+            w.line(f"{acc} += {value}")
+        w.line("else:")
+        with w.indent():
+            self.site_flush(k)
+            for x, c in zip(index, current):
+                w.line(f"{c} = {as_index.format(x)}")
+            w.line(f"{acc} = {value}")
 
     def site_flush(self, k: int) -> None:
         w = self.w
@@ -332,17 +341,25 @@ class BackwardKernelWriter(CudaKernelSource):
         self.function()
         return w.text()
 
-    def function(self) -> None:
-        """The kernel function."""
-        t, p, w = self.t, self.plan, self.w
+    @contextlib.contextmanager
+    def kernel_body(self, lanes: int, unit: str) -> Iterator[None]:
+        """The kernel's def line and first lines, then (inside the block) its body: each thread's
+        ``unit`` (a key, or a query row) and its lane ``g`` among ``lanes``."""
+        w = self.w
         w.line("@cuda.jit(cache=True)")
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line(f"ACC = {self.acc}")
             w.line(f"G = {self.group}")
             w.line("tid = cuda.threadIdx.x")
-            w.line(f"c = tid // {p.lanes}")
-            w.line(f"g = tid - c * {p.lanes}")
+            w.line(f"{unit} = tid // {lanes}")
+            w.line(f"g = tid - {unit} * {lanes}")
+            yield
+
+    def function(self) -> None:
+        """The kernel function."""
+        t, p, w = self.t, self.plan, self.w
+        with self.kernel_body(p.lanes, "c"):
             self.key_block(p.keys, p.parts)
             w.line(f"k_tile = cuda.shared.array(({p.keys}, {p.head_pitch}), {self.acc})")
             w.line(f"v_tile = cuda.shared.array(({p.keys}, {p.value_pitch}), {self.acc})")

@@ -140,21 +140,12 @@ class DeterministicBackwardWriter(BackwardKernelWriter):
         """Staged element ``(rr, cc)`` of site ``k`` into thread 0's run for its index; a new index adds
         the run to the block's slice."""
         w = self.w
-        rank, acc, current = self.sites[k]
+        rank = self.sites[k][0]
         for a in range(rank):
             w.line(f"x_{k}_{a} = sx_tile_{k}_{a}[rr, cc]")
         w.line(f"if x_{k}_0 >= 0:")
         with w.indent():
-            same = " and ".join(f"x_{k}_{a} == {c}" for a, c in enumerate(current))
-            w.line(f"if {same}:")
-            with w.indent():
-                w.line(f"{acc} += sv_tile_{k}[rr, cc]")
-            w.line("else:")
-            with w.indent():
-                self.site_flush(k)
-                for a, c in enumerate(current):
-                    w.line(f"{c} = np.int64(x_{k}_{a})")
-                w.line(f"{acc} = sv_tile_{k}[rr, cc]")
+            self.site_run(k, [f"x_{k}_{a}" for a in range(rank)], f"sv_tile_{k}[rr, cc]", "np.int64({})")
 
     def site_flush(self, k: int) -> None:
         """Thread 0's run of a staged site into the block's slice (no other thread writes it)."""

@@ -139,14 +139,7 @@ class DqKernelWriter(BackwardKernelWriter):
 
     def write(self, func_name: str = "") -> str:
         t, p, w = self.t, self.plan, self.w
-        w.line("@cuda.jit(cache=True)")
-        w.line(f"def {self.name}({', '.join(self.params())}):")
-        with w.indent():
-            w.line(f"ACC = {self.acc}")
-            w.line(f"G = {self.group}")
-            w.line("tid = cuda.threadIdx.x")
-            w.line(f"rr = tid // {p.lanes}")
-            w.line(f"g = tid - rr * {p.lanes}")
+        with self.kernel_body(p.lanes, "rr"):
             self.query_block()
             w.line(f"q_tile = cuda.shared.array(({p.rows}, {p.head_pitch}), {self.acc})")
             w.line(f"o_tile = cuda.shared.array(({p.rows}, {p.value_pitch}), {self.acc})")
