@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import Dim, dim
@@ -107,6 +108,18 @@ UNARY_MATH = {
 }
 
 
+def select_min(a: str, b: str) -> str:
+    """``min(a, b)`` as a conditional expression (a NaN ``b`` is taken): a select, with no call
+    or branch for LLVM's loop vectoriser to refuse, where Numba's builtin ``min`` of two scalars
+    is a loop over its arguments (as cheap on a GPU)."""
+    return f"({a} if {a} < {b} else {b})"
+
+
+def select_max(a: str, b: str) -> str:
+    """``max(a, b)`` as a conditional expression (see :func:`select_min`)."""
+    return f"({a} if {a} > {b} else {b})"
+
+
 class ScalarEmitter:
     """Writes 0-d ops as assignments; ``names`` maps values to expressions.
 
@@ -122,7 +135,7 @@ class ScalarEmitter:
         names: dict[Value, str],
         fresh: Callable[[str], str],
         array_ref: Callable[[Value], str],
-        functions: dict[str, str] | None = None,
+        functions: dict[Any, str] | None = None,
         reciprocals: dict[Value, str] | None = None,
     ):
         self.writer = writer
@@ -164,16 +177,16 @@ class ScalarEmitter:
             expr = self.typed(f"-{a[0]}", dtype)
         elif name == "ac.abs":
             expr = self.typed(f"abs({a[0]})", dtype)
-        elif name in self.functions:
-            expr = self.typed(f"{self.functions[name]}({a[0]})", dtype)
+        elif name in self.functions:  # a callable for the op in this type, else for the op
+            expr = self.typed(f"{self.functions.get((name, dtype), self.functions[name])}({a[0]})", dtype)
         elif name == "ac.rsqrt":
             expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
         elif name in ("ac.maximum", "ac.minimum"):
-            fn = "max" if name == "ac.maximum" else "min"
+            pick = select_max(a[0], a[1]) if name == "ac.maximum" else select_min(a[0], a[1])
             if is_float(dtype):  # NaN propagates, as in np.maximum
-                expr = self.typed(f"({a[0]} if {a[0]} != {a[0]} else {fn}({a[0]}, {a[1]}))", dtype)
+                expr = self.typed(f"({a[0]} if {a[0]} != {a[0]} else {pick})", dtype)
             else:
-                expr = self.typed(f"{fn}({a[0]}, {a[1]})", dtype)
+                expr = self.typed(pick, dtype)
         elif name == "ac.cmp":
             expr = f"({a[0]} {COMPARE[op.attrs['pred']]} {a[1]})"
         elif name == "ac.and":
@@ -209,8 +222,8 @@ class KernelSource:
     """What every kernel writer shares: the source lines, fresh local names, the
     kernel parameters standing for captured values, and 0-d ops as statements."""
 
-    #: math functions for the scalar code (None: Python's ``math``)
-    functions: dict[str, str] | None = None
+    #: math functions for the scalar code, by op name or by (op name, type) (None: Python's ``math``)
+    functions: dict[Any, str] | None = None
 
     def __init__(self, captured: dict[Value, str], dims: list[str]):
         self.captured = captured  # outside value -> kernel parameter name

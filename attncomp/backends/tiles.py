@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attncomp.backends.codegen import dim_expr, literal
+from attncomp.backends.codegen import dim_expr, literal, select_max, select_min
 from attncomp.errors import AttncompError
 from attncomp.ir.core import Block, Op, Value
 from attncomp.passes.patterns import producer
@@ -136,5 +136,5 @@ def element_expr(value: Value, names: dict[Value, str], row: str, col: str) -> s
     if op.name in binary:
         return f"({sub[0]} {binary[op.name]} {sub[1]})"
     if op.name in ("ac.minimum", "ac.maximum"):
-        return f"{'min' if op.name == 'ac.minimum' else 'max'}({sub[0]}, {sub[1]})"
+        return (select_min if op.name == "ac.minimum" else select_max)(sub[0], sub[1])
     raise LoweringError(f"cannot lower {op.name} on an index tile")

@@ -49,6 +49,7 @@ from attncomp.backends.numba_cpu.tile_math import (
     softmax_by_keys,
     softmax_by_rows,
     tanh,
+    tanh_f32,
     transpose_into,
 )
 

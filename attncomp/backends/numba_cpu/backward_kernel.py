@@ -83,6 +83,12 @@ class BackwardKernelWriter(KernelSource):
         w.line("gemm(0, 0, nq, nk, n_d, qs, kt, 0.0, s)")
         w.line("gemm(0, 0, nq, nk, n_e, dos, vt, 0.0, dp)")
         batch = [self.scalar().ref(v) for v in tile.score.operands[:-3]]
+        grad_batch = [self.scalar().ref(v) for v in tile.gradient.operands[:-4]]
+        # A site whose index is the same for every element of the tile (a per-head slope) is summed
+        # in a local and added once: an add to memory per element would keep the loop scalar.
+        tile_sums: dict[int, str] = {}
+        for k in range(len(self.t.site_ranks)):
+            w.line(f"site_{k} = ACC(0.0)")
         w.line("for r in range(nq):")
         with w.indent():
             i = self.fresh("i")
@@ -94,25 +100,28 @@ class BackwardKernelWriter(KernelSource):
                 j = self.fresh("j")
                 w.line(f"{j} = {element_expr(tile.score.operands[-2], self.names, '0', 'c')}")
                 (x,) = self.scalar().block(tile.score.regions[0], batch + [i, j, "s[r, c]"])
+                visible = None
                 if with_mask and tile.mask is not None:
                     mask_batch = [self.scalar().ref(v) for v in tile.mask.operands[:-2]]
                     (visible,) = self.scalar().block(tile.mask.regions[0], mask_batch + [i, j])
-                    w.line(f"if not {visible}:")
-                    with w.indent():
-                        w.line("pm[r, c] = ACC(0.0)")
-                        w.line("dsm[r, c] = ACC(0.0)")
-                        w.line("continue")
-                w.line(f"pv = EXP(ACC({x} - lse_r))")
+                # masked elements are selected away, not branched around, so the loop vectorises
+                hidden = "" if visible is None else f" if {visible} else ACC(0.0)"
+                w.line(f"pv = EXP(ACC({x} - lse_r)){hidden}")
                 w.line("dsv = pv * (dp[r, c] - delta_r)")
-                grad_batch = [self.scalar().ref(v) for v in tile.gradient.operands[:-4]]
                 grads = self.scalar().block(tile.gradient.regions[0], grad_batch + [i, j, "s[r, c]", "dsv"])
                 w.line("pm[r, c] = pv")
-                w.line(f"dsm[r, c] = {grads[0]}")
+                w.line(f"dsm[r, c] = {grads[0]}{hidden}")
                 at = 1
                 for k, rank in enumerate(self.t.site_ranks):
-                    index = "".join(f", {x}" for x in grads[at + 1 : at + 1 + rank])
-                    w.line(f"part_{k}[slot{index}] += {grads[at]}")
+                    index = grads[at + 1 : at + 1 + rank]
+                    if all(name in grad_batch or name.isdigit() for name in index):
+                        tile_sums[k] = "".join(f", {x}" for x in index)
+                        w.line(f"site_{k} += {grads[at]}{hidden}")
+                    else:
+                        w.line(f"part_{k}[slot{''.join(f', {x}' for x in index)}] += {grads[at]}{hidden}")
                     at += 1 + rank
+        for k, index in tile_sums.items():
+            w.line(f"part_{k}[slot{index}] += site_{k}")
         w.line("gemm(1, 0, nk, n_e, nq, pm, dos, 1.0, dv_acc)")
         w.line("gemm(1, 0, nk, n_d, nq, dsm, qs, 1.0, dk_acc)")
         w.line(f"gemm(0, 0, nq, n_d, nk, dsm, ks, 1.0, {self.rows_of(tile.q_load, 'i0', 'nq', 'out_dq')})")

@@ -54,8 +54,9 @@ SERIAL_WORK = 1 << 15
 
 
 #: the scalar code's math functions that the shared tile code replaces (``tile_math``: a float32
-#: tanh that vectorises; other types keep NumPy's)
-FUNCTIONS = {"ac.tanh": "tanh"}
+#: tanh that vectorises, called by its own name so that it is inlined into the loop; other types
+#: keep NumPy's)
+FUNCTIONS = {"ac.tanh": "tanh", ("ac.tanh", "f32"): "tanh_f32"}
 
 
 class KernelWriter(KernelSource):

@@ -124,8 +124,10 @@ class Jit:
 
     signature: str | None = None
     parallel: bool = False
-    #: the options every kernel function takes (``FASTMATH`` is a constant of the generated module)
-    options: tuple[str, ...] = ("fastmath=set(FASTMATH)", "cache=True", "nogil=True")
+    #: the options every kernel function takes (``FASTMATH`` is a constant of the generated module).
+    #: NumPy's error model: a division by zero gives inf or nan, as in NumPy and the interpreter,
+    #: rather than a check that raises, whose exit would keep the loop around it from vectorising.
+    options: tuple[str, ...] = ("fastmath=set(FASTMATH)", "error_model='numpy'", "cache=True", "nogil=True")
 
     def typed(self, signature: str, parallel: bool = False) -> Jit:
         """This decorator with ``signature`` (and ``parallel``)."""

@@ -40,8 +40,11 @@ EXP_C = (
 @njit(fastmath=FASTMATH, inline="always")
 def exp2_f32(y):
     """2**y in float32 for y < 128; below -126 the result is 0."""
-    n = np.floor(max(y, np.float32(-126.0)))
-    f = max(y, np.float32(-126.0)) - n
+    # clamped by a conditional expression, not ``max``: Numba's builtin keeps loops scalar; NaN
+    # passes through (the comparison is false)
+    y_low = np.float32(-126.0) if y < np.float32(-126.0) else y
+    n = np.floor(y_low)
+    f = y_low - n
     p = np.float32(EXP_C[6])
     p = p * f + np.float32(EXP_C[5])
     p = p * f + np.float32(EXP_C[4])
@@ -82,7 +85,8 @@ def tanh_f32(x):
     above (:func:`exp2_f32`; no cancellation there, as 2 / (e**(2|x|) + 1) < 0.54); both are
     computed and one selected, so LLVM vectorises it (libm's ``tanhf`` is scalar).  |x| is
     clamped at 10, where tanh rounds to 1; NaN stays NaN."""
-    a = min(abs(x), np.float32(10.0))
+    a = abs(x)
+    a = np.float32(10.0) if a > np.float32(10.0) else a  # not ``min``, which keeps loops scalar
     z = a * a
     p = np.float32(TANH_C[5])
     p = p * z + np.float32(TANH_C[4])
