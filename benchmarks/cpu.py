@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
         f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
     )
+    print(peers.blas_kernels())
     if args.serving_only:
         for line in serving_rows(args.quick, args.repeats):
             print(line)

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    print(peers.blas_kernels())
     for line in float_type_rows(args.quick, args.repeats):
         print(line)
 
