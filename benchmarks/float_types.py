@@ -4,14 +4,16 @@
     python -m benchmarks.float_types --quick
 
 Ratios are attncomp's time over the peer's, the two called alternately, the median of
-the per-pair ratios.  The decode row compares a bf16 decoder step with a float32 one
-over the same cache (half the bytes).
+the per-pair ratios.  The decode rows compare a bf16 decoder step with a float32 one
+over the same cache (half the bytes): alternated as they are, then with the CPU's caches
+flushed before each step (each cache read from memory, as in a model of many layers).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import ml_dtypes
 import numpy as np
@@ -72,10 +74,31 @@ def decode_rows(quick: bool, repeats: int) -> list[str]:
 
         steps[name] = (step, sum(c.nbytes for c in dec.cache.values()))
     mine, peer, ratio = paired(steps["bf16"][0], steps["f32"][0], repeats * 5)
+    cold_mine, cold_peer, cold_ratio = paired_cold(steps["bf16"][0], steps["f32"][0], repeats * 5)
     return [
         f"  decode step GQA 32/8 D=128, {cache} cached: bf16 {mine * 1e3:.2f} ms ({steps['bf16'][1] / 1e6:.0f} MB "
-        f"cached), f32 {peer * 1e3:.2f} ms ({steps['f32'][1] / 1e6:.0f} MB), ratio bf16/f32 {ratio:.2f}"
+        f"cached), f32 {peer * 1e3:.2f} ms ({steps['f32'][1] / 1e6:.0f} MB), ratio bf16/f32 {ratio:.2f}",
+        f"    the same, each step's cache read from memory (the CPU's caches flushed before each step): "
+        f"bf16 {cold_mine * 1e3:.2f} ms, f32 {cold_peer * 1e3:.2f} ms, ratio {cold_ratio:.2f}",
     ]
+
+
+def paired_cold(ours, theirs, repeats: int) -> tuple[float, float, float]:
+    """As ``timing.paired``, with the CPU's caches flushed (a read of 96 MB, untimed) before each
+    call: what a step costs in a model of many layers, whose caches do not stay in L3 between
+    one layer's step and the next.  Without the flush a cache that fits in L3 (bf16's 17 MB here,
+    not float32's 34) is read from there."""
+    flush = np.ones(96 * 2**20 // 8)
+    ours(), theirs()
+    mine, peer = [], []
+    for _ in range(repeats):
+        for call, times in ((ours, mine), (theirs, peer)):
+            flush.sum()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    ratios = np.array(mine) / np.array(peer)
+    return float(np.median(mine)), float(np.median(peer)), float(np.median(ratios))
 
 
 def float_type_rows(quick: bool, repeats: int) -> list[str]:

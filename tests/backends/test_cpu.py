@@ -275,3 +275,29 @@ def test_the_backward_computes_delta_in_one_pass():
     _, want = ac.compile(pass_specs.causal, backend="interp").vjp(q, k, v)
     for got, ref in zip(pull(d_out), want(d_out)):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_imported_after_a_cpu_call_keeps_its_own_openmp_runtime():
+    """A CPU call starts Numba's OpenMP pool (the system's libgomp); torch imported afterwards
+    must load the runtime its wheel carries, not share that one (which made its SDPA five times
+    slower): the pool's start loads torch's runtime first (``numba_cpu/openmp.py``)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from attncomp.backends.numba_cpu.openmp import torch_openmp_path
+
+    if not sys.platform.startswith("linux") or torch_openmp_path() is None:
+        pytest.skip("no torch wheel with its own OpenMP runtime here")
+    script = (
+        "import numpy as np, attncomp as ac\n"
+        "from tests.passes import specs\n"
+        "q = np.ones((1, 1, 4, 8), np.float32)\n"
+        "ac.compile(specs.causal, backend='cpu')(q, q, q)\n"
+        "import torch\n"
+        "torch.ones(4).sum()\n"
+        "print(sorted({line.split()[-1] for line in open('/proc/self/maps') if 'libgomp' in line}))\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert torch_openmp_path() in out, out

@@ -144,6 +144,9 @@ def _thread_count() -> Callable[[], int]:
     from numba import get_num_threads
     from numba.np.ufunc import parallel
 
+    from attncomp.backends.numba_cpu.openmp import load_torch_openmp
+
+    load_torch_openmp()  # before the pool's runtime loads (openmp.py)
     get_num_threads()  # starts the pool
     fast = getattr(parallel, "_get_num_threads", None)
     return fast if callable(fast) else get_num_threads
