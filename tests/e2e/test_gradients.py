@@ -210,6 +210,29 @@ def test_cpu_gradients_with_small_ragged_tiles():
 
 
 @ac.spec
+def infinite_beyond_the_mask(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "E"], slopes: ac.f32["H"]
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = s + slopes[h] / (i - j + 1)  # a division by zero at j = i + 1, where the mask hides it
+    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+
+
+def test_cpu_gradients_where_masked_elements_are_not_finite():
+    """The backward selects masked elements away rather than branching around them (the loop
+    vectorises): their inf scores and 0 * inf site terms must not reach the slopes' gradient."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 40, 8)).astype(np.float32) for _ in range(3))
+    slopes = np.array([0.5, -0.25], np.float32)
+    d_out = rng.standard_normal((1, 2, 40, 8)).astype(np.float32)
+    want = ac.compile(infinite_beyond_the_mask, backend="interp").vjp(q, k, v, slopes)[1](d_out)
+    got = ac.compile(infinite_beyond_the_mask, backend="cpu").vjp(q, k, v, slopes)[1](d_out)
+    for g, w in zip(got, want):
+        assert np.isfinite(g).all() and relative_error(g, w) < 1e-5
+
+
+@ac.spec
 def causal64(q: ac.f64["B", "H", "T", "D"], k: ac.f64["B", "H", "S", "D"], v: ac.f64["B", "H", "S", "E"]):
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)
