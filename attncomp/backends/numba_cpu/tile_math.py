@@ -40,8 +40,8 @@ EXP_C = (
 @njit(fastmath=FASTMATH, inline="always")
 def exp2_f32(y):
     """2**y in float32 for y < 128; below -126 the result is 0."""
-    # clamped by a conditional expression, not ``max``: Numba's builtin keeps loops scalar; NaN
-    # passes through (the comparison is false)
+    # clamped by a conditional expression, a select (Numba's builtin ``max`` of two scalars is a
+    # loop of its own inside the caller's); NaN passes through (the comparison is false)
     y_low = np.float32(-126.0) if y < np.float32(-126.0) else y
     n = np.floor(y_low)
     f = y_low - n
@@ -86,7 +86,7 @@ def tanh_f32(x):
     computed and one selected, so LLVM vectorises it (libm's ``tanhf`` is scalar).  |x| is
     clamped at 10, where tanh rounds to 1; NaN stays NaN."""
     a = abs(x)
-    a = np.float32(10.0) if a > np.float32(10.0) else a  # not ``min``, which keeps loops scalar
+    a = np.float32(10.0) if a > np.float32(10.0) else a  # a select, as in exp2_f32
     z = a * a
     p = np.float32(TANH_C[5])
     p = p * z + np.float32(TANH_C[4])
