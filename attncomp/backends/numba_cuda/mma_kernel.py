@@ -31,7 +31,6 @@ from attncomp.backends.codegen import dim_expr
 from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel import AttentionKernelWriter
-from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
@@ -68,13 +67,8 @@ class MmaKernelWriter(AttentionKernelWriter):
         plan: MmaPlan,
         out_bits: bool = False,
     ):
-        self.name = name
-        self.t = tiled
+        super().__init__(name, tiled, captured, dims, plan, out_bits=out_bits)  # float32 accumulators
         self.mp = plan
-        self.out_bits = out_bits  # the output stored as bf16 patterns (``kernel.py``'s ``narrow``)
-        self.acc = "np.float32"
-        self.lanes, self.threads = 1, plan.threads
-        CudaKernelSource.__init__(self, captured, dims)
         #: a loaded pair of elements -> one register; two float32 -> one register
         self.pack_loaded = {"f16": "pack_halves", "bits": "pack_bits"}.get(plan.storage, f"pack_{plan.element}x2")
         self.pack = f"pack_{plan.element}x2"

@@ -81,6 +81,12 @@ class MmaPlan:
         return self.warps * WARP
 
     @property
+    def lanes(self) -> int:
+        """Lanes per query row as the scalar kernel counts them: one (a row's accumulators are in
+        its lanes' fragments); the split merge the writers share reads it."""
+        return 1
+
+    @property
     def k_pitch(self) -> int:
         """Words per row of the shared key tile."""
         return (self.head_dim if self.tf32 else self.head_dim // 2) + PAD_WORDS
