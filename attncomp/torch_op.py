@@ -13,10 +13,11 @@ Both have a fake function (shapes from the IR's result types, symbolic sizes bou
 from the input tensors' sizes, which may be ``SymInt``s), so ``torch.compile``
 traces them, dynamic shapes included; the forward's autograd saves its inputs and
 residuals and calls the backward op, so the forward is never run twice.  The
-callable that ``to_torch`` returns hides the residuals.
+callable that ``to_torch`` returns hides the residuals; its eager calls skip the
+dispatcher (``attncomp/torch_eager.py``) and compute the same.
 
-Tensors cross into numpy without copies: a contiguous CPU tensor is read through
-``.numpy()`` and results are wrapped with ``torch.from_numpy``.  Argument checks are
+Tensors cross into numpy without copies: a CPU tensor is read through ``.numpy()``
+(strided, as it is) and results are wrapped with ``torch.from_numpy``.  Argument checks are
 the binding's own (``attncomp/ir/binding.py``), so a tensor of the wrong dtype or size
 raises the same ``TypeError`` / ``ShapeError`` as a numpy array.
 
@@ -26,7 +27,6 @@ torch is imported only when ``to_torch`` is called: ``import attncomp`` never lo
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from attncomp.errors import ShapeError
 from attncomp.gradients import backward_of, saving_forward_of
 from attncomp.ir.binding import bind_arguments, check_dtype
 from attncomp.ir.types import NUMPY_DTYPES, is_float
+from attncomp.torch_eager import BF16, EagerAutograd, EagerPlan, any_autocast, eager_dtypes, from_numpy, owned
 
 if TYPE_CHECKING:
     import torch
@@ -105,32 +106,34 @@ class TorchFunction:
 
     def __init__(self, fn: CompiledFunction, name: str):
         torch = require_torch()
+        self.torch = torch
         self.fn = fn
         self.name = name
+        #: the device type the backend's tensors are on
+        self.device = BACKEND_DEVICES[fn.backend]
         #: id of a compilation -> its saving forward and backward (one per float type of a generic spec;
         #: the function's family keeps the compilations alive)
         self._members: dict[int, tuple[Compilation, Compilation]] = {}
-        #: the arguments' dtypes -> their member (generic specs; the float type read once per dtypes)
-        self._by_dtypes: dict[tuple, tuple[Compilation, Compilation]] = {}
-        #: the same for the plain forward (the spec's results alone)
-        self._plain_by_dtypes: dict[tuple, Compilation] = {}
+        #: the arguments' dtypes -> what eager calls with them share (``torch_eager.EagerPlan``)
+        self._plans: dict[tuple, EagerPlan] = {}
         #: the arguments a generic spec's call takes in its float type (``ac.floating``)
         self._generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
         #: the shapes of the forward op's outputs: every float type's member must have them
         self._layout = [str(v.type.shape) for v in dict.fromkeys(saving_forward_of(fn.compilation).func.results)]
         forward, backward = self.member(())
         self._arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
-        self._floating = [is_float(a.type.dtype) for a in fn.func.args]
+        #: per argument: whether it is of a float type (and has a gradient)
+        self.floating = [is_float(a.type.dtype) for a in fn.func.args]
         # Each distinct IR value the saving forward returns is one output of the op; a result that is
         # also a residual (the attention's output) is returned once and read twice.
         values = list(forward.func.results)
         distinct = list(dict.fromkeys(values))
-        self._outputs = distinct
-        self._slots = [distinct.index(v) for v in values]
+        slots = [distinct.index(v) for v in values]
         n_results = len(fn.func.results)
-        self._result_slots, self._saved_slots = self._slots[:n_results], self._slots[n_results:]
+        #: the op's output (slot) of each result, and of each residual the backward reads
+        self.result_slots, self.saved_slots = slots[:n_results], slots[n_results:]
         #: the forward's result positions of the op's outputs (each distinct value once)
-        self._first = [self._slots.index(k) for k in range(len(self._outputs))]
+        self.first = [slots.index(k) for k in range(len(distinct))]
 
         params = ", ".join(f"Tensor {n}" for n in self._arg_names)
         self.op = torch.library.custom_op(
@@ -149,15 +152,9 @@ class TorchFunction:
         #: (compilation, dtype and device per tensor) combinations already checked
         self._checked: set[tuple] = set()
 
-    def member(self, tensors: Sequence[Any], dtypes: tuple | None = None) -> tuple[Compilation, Compilation]:
+    def member(self, tensors: Sequence[Any]) -> tuple[Compilation, Compilation]:
         """The saving forward and the backward for the float type of ``tensors`` (a generic spec's
-        member for it; a spec of declared types has one).  ``dtypes``: the tensors' dtypes, by which
-        a generic spec's answer is kept (its float type is read from the tensors once per dtypes)."""
-        if dtypes is not None and self._generic_args:
-            found = self._by_dtypes.get(dtypes)
-            if found is None:
-                found = self._by_dtypes[dtypes] = self.member(tensors)
-            return found
+        member for it; a spec of declared types has one)."""
         c = self.fn.for_args(tensors).compilation if tensors and self._generic_args else self.fn.compilation
         if id(c) not in self._members:  # checked once per float type
             forward = saving_forward_of(c)
@@ -177,29 +174,52 @@ class TorchFunction:
                 f"@{self.fn.func.name} takes {len(self._arg_names)} arguments ({', '.join(self._arg_names)}), "
                 f"got {len(tensors)}"
             )
-        tensors = self._autocast(tensors)
-        dtypes = eager_dtypes(require_torch(), tensors, BACKEND_DEVICES[self.fn.backend])
-        outputs = self._eager(tensors, dtypes) if dtypes is not None else self.op(*tensors)
+        torch = self.torch
+        if self._generic_args:
+            tensors = self._autocast(tensors)
+        dtypes = eager_dtypes(torch, tensors, self.device)
+        slots = self.result_slots
+        if dtypes is None:
+            outputs = self.op(*tensors)
+        else:  # the short path (torch_eager.py)
+            plan = self._plans.get(dtypes)
+            if plan is None:
+                plan = self.plan(tensors, dtypes)
+            if not torch.is_grad_enabled() or not any([t.requires_grad for t in tensors]):
+                return plan.call(tensors)
+            outputs = EagerAutograd.apply(plan, *tensors)
+            if len(slots) == 1:
+                return outputs
+            slots = plan.result_positions
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        slots = self._result_slots
         return outputs[slots[0]] if len(slots) == 1 else tuple([outputs[slot] for slot in slots])
 
-    def _eager(self, tensors: tuple[torch.Tensor, ...], dtypes: tuple) -> Any:
-        """The op's forward and autograd without the dispatcher's round trip (``eager_dtypes``): the
-        forward's implementation, and, when a gradient is wanted, an ``autograd.Function`` that saves
-        what the registered autograd saves and runs the same backward.  ``dtypes``: the tensors'
-        (on the backend's device, as ``eager_dtypes`` found)."""
-        if require_torch().is_grad_enabled():
-            for t in tensors:
-                if t.requires_grad:
-                    return _EagerAutograd.apply(self, dtypes, *tensors)
-        return self._forward_plain(tensors, dtypes)
+    def plan(self, tensors: Sequence[torch.Tensor], dtypes: tuple) -> EagerPlan:
+        """The eager calls' plan for ``dtypes`` (the tensors' dtypes), made and kept on first use."""
+        plan = EagerPlan(self, tensors, dtypes)
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[dtypes] = plan
+        return plan
+
+    def plain_member(self, tensors: Sequence[torch.Tensor]) -> Compilation:
+        """The forward without residuals for the float type of ``tensors``."""
+        return self.fn.for_args(tensors).compilation if self._generic_args else self.fn.compilation
+
+    def check_tensors(self, compiled: Compilation, tensors: Sequence[torch.Tensor]) -> None:
+        """Each tensor's device and dtype against ``compiled``'s arguments: ``ValueError`` or the
+        binding's ``TypeError``, naming the argument, before any conversion (``.numpy()`` refuses
+        some dtypes itself)."""
+        names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
+        for t, name, arg in zip(tensors, names, compiled.func.args):
+            check_device(name, t.device, self.fn.backend)
+            check_dtype(np.empty(0, numpy_dtype(t, arg.type.dtype, name)), arg.type.dtype, name)
 
     def _autocast(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
         """Under ``torch.autocast`` a generic spec runs in the autocast type: its ``ac.floating``
         arguments are cast to it.  A spec of declared types keeps them (as PyTorch's float32 ops do)."""
-        torch = require_torch()
-        if not self._generic_args or not tensors or not _any_autocast(torch):
+        torch = self.torch
+        if not self._generic_args or not tensors or not any_autocast(torch):
             return tensors
         device = tensors[0].device.type
         if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
@@ -213,7 +233,7 @@ class TorchFunction:
         return f"<attncomp torch op attncomp::{self.name} ({self.fn.backend})>"
 
     # running ----------------------------------------------------------------------------------
-    def _run(
+    def run_tensors(
         self,
         compiled: Compilation,
         tensors: Sequence[torch.Tensor],
@@ -222,17 +242,13 @@ class TorchFunction:
     ) -> list[torch.Tensor]:
         """Run ``compiled`` on ``tensors`` (checked as numpy arguments are); give its ``picked`` results.
         ``dtypes``: the tensors' dtypes, all of them known to be on the backend's device."""
-        torch = require_torch()
+        torch = self.torch
         if dtypes is None:
             key: tuple = (id(compiled), *[(t.dtype, t.is_cpu, t.is_cuda) for t in tensors])
         else:
             key = (id(compiled), dtypes)
         if key not in self._checked:  # devices and dtypes checked once per combination
-            names = [a.name or f"arg{k}" for k, a in enumerate(compiled.func.args)]
-            for t, name, arg in zip(tensors, names, compiled.func.args):
-                check_device(name, t.device, self.fn.backend)
-                # the binding's TypeError before any conversion (.numpy() refuses some dtypes itself)
-                check_dtype(np.empty(0, numpy_dtype(t, arg.type.dtype, name)), arg.type.dtype, name)
+            self.check_tensors(compiled, tensors)
             if len(self._checked) > 256:
                 self._checked.clear()
             self._checked.add(key)
@@ -241,38 +257,23 @@ class TorchFunction:
             inputs = [t.detach().contiguous() if t.requires_grad or not t.is_contiguous() else t for t in tensors]
             outputs = _run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
-        arrays = []  # one loop, no helper calls: a small call's microseconds are these lines
+        arrays = []
         bf16 = torch.bfloat16
         for t in tensors:
             if t.requires_grad:  # .numpy() refuses tensors that require grad
                 t = t.detach()
-            if not t.is_contiguous():
-                t = t.contiguous()
             arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is bf16 else t.numpy())
         outputs = compiled.run(arrays)
         outputs = outputs if picked is None else [outputs[k] for k in picked]
-        return [from_numpy(torch, a) for a in _owned(outputs, arrays)]
+        return [from_numpy(torch, a) for a in owned(outputs, arrays)]
 
-    def _forward_plain(self, tensors: Sequence[torch.Tensor], dtypes: tuple | None = None) -> Any:
-        """The spec's results alone (no residuals): an eager call that wants no gradient."""
-        if not self._generic_args:
-            compiled = self.fn.compilation
-        elif dtypes is None:
-            compiled = self.fn.for_args(tensors).compilation
-        else:
-            compiled = self._plain_by_dtypes.get(dtypes)
-            if compiled is None:
-                compiled = self._plain_by_dtypes[dtypes] = self.fn.for_args(tensors).compilation
-        return _tuple_or_one(self._run(compiled, tensors, None, dtypes))
-
-    def _forward_impl(self, *tensors: torch.Tensor, dtypes: tuple | None = None) -> Any:
+    def _forward_impl(self, *tensors: torch.Tensor) -> Any:
         """The op's outputs: the results and the residuals, each distinct value once."""
-        return _tuple_or_one(self._run(self.member(tensors, dtypes)[0], tensors, self._first, dtypes))
+        return _tuple_or_one(self.run_tensors(self.member(tensors)[0], tensors, self.first))
 
-    def _backward_impl(self, *tensors: torch.Tensor, dtypes: tuple | None = None) -> Any:
-        n = len(self._arg_names)
-        backward = self.member(tensors[:n], None if dtypes is None else dtypes[:n])[1]
-        return _tuple_or_one(self._run(backward, tensors, None, dtypes))
+    def _backward_impl(self, *tensors: torch.Tensor) -> Any:
+        backward = self.member(tensors[: len(self._arg_names)])[1]
+        return _tuple_or_one(self.run_tensors(backward, tensors))
 
     # fake (shape-only) functions: what torch.compile and opcheck trace --------------------------
     def _sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
@@ -317,7 +318,7 @@ class TorchFunction:
         args = tensors[: len(self._arg_names)]
         grads = [
             torch.empty_like(t, dtype=getattr(torch, np.dtype(NUMPY_DTYPES[a.type.dtype]).name))
-            for t, a, floating in zip(args, self.member(args)[0].func.args, self._floating)
+            for t, a, floating in zip(args, self.member(args)[0].func.args, self.floating)
             if floating
         ]
         return _tuple_or_one(grads)
@@ -325,141 +326,28 @@ class TorchFunction:
     # autograd -------------------------------------------------------------------------------------
     def _setup_context(self, ctx: Any, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs, *(outputs[slot] for slot in self._saved_slots))
+        ctx.save_for_backward(*inputs, *(outputs[slot] for slot in self.saved_slots))
 
-    def _backward_rule(
-        self, ctx: Any, *grads: torch.Tensor | None, eager: bool = False
-    ) -> tuple[torch.Tensor | None, ...]:
-        """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns.
-        ``eager``: called by the eager path's ``autograd.Function``, which calls the backward's
-        implementation directly when the tensors are where an eager call may take them."""
-        torch = require_torch()
+    def _backward_rule(self, ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The gradients from the compiled backward: inputs and residuals were saved, nothing reruns."""
+        torch = self.torch
         saved = ctx.saved_tensors
         inputs, residuals = saved[: len(self._arg_names)], saved[len(self._arg_names) :]
         cotangents, seen = [], set()
-        forward = self.member(inputs, tuple(t.dtype for t in inputs) if eager else None)[0]
-        for slot, value in zip(self._result_slots, forward.func.results):
+        forward = self.member(inputs)[0]
+        for slot, value in zip(self.result_slots, forward.func.results):
             grad = grads[slot] if slot not in seen else None  # a result returned twice: its grad once
             seen.add(slot)
             if grad is None:  # an unused result: a zero cotangent, as pullback(None) gives
                 grad = torch.zeros_like(self._empty(value, self._sizes(inputs), inputs[0]))
             cotangents.append(grad)
-        arguments = (*inputs, *residuals, *cotangents)
-        dtypes = eager_dtypes(torch, arguments, BACKEND_DEVICES[self.fn.backend]) if eager else None
-        if dtypes is not None:
-            out = self._backward_impl(*arguments, dtypes=dtypes)
-        else:
-            out = self.backward_op(*arguments)
+        out = self.backward_op(*inputs, *residuals, *cotangents)
         floating = iter(out if isinstance(out, tuple) else (out,))
         grads_out = []
-        for t, is_floating in zip(inputs, self._floating):
+        for t, is_floating in zip(inputs, self.floating):
             g = next(floating) if is_floating else None
             grads_out.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
         return tuple(grads_out)
-
-
-def eager_dtypes(torch: Any, tensors: Sequence[Any], device: str) -> tuple | None:
-    """The tensors' dtypes where a call may skip the dispatcher, else None: plain tensors (or
-    ``nn.Parameter``s) on the backend's ``device``, outside ``torch.compile``, with no torch
-    function or dispatch mode and no functorch transform active.  Anything else (meta or fake
-    tensors, tracing, ``vmap``, a mode that watches ops, a tensor on another device, which the op's
-    checks name) goes through the registered custom op."""
-    if torch.compiler.is_compiling():
-        return None
-    plain = (torch.Tensor, torch.nn.Parameter)  # a parameter is a tensor whose torch functions are a tensor's
-    cpu = device == "cpu"
-    for t in tensors:
-        if type(t) not in plain or not (t.is_cpu if cpu else t.is_cuda):
-            return None
-    modes = _mode_checks()
-    if modes is None:
-        return None
-    function_mode, functorch, dispatch_mode = modes
-    if function_mode() or functorch() or dispatch_mode():
-        return None
-    return tuple([t.dtype for t in tensors])
-
-
-def _any_autocast(torch: Any) -> bool:
-    """Whether autocast is on for any device (a cheap first test before asking per device; a torch
-    without torch's internal check asks per device every time)."""
-    if not _ANY_AUTOCAST:
-        _ANY_AUTOCAST.append(getattr(importlib.import_module("torch._C"), "_is_any_autocast_enabled", None))
-    check = _ANY_AUTOCAST[0]
-    return True if check is None else bool(check())
-
-
-_ANY_AUTOCAST: list[Any] = []
-
-
-_MODE_CHECKS: list[Any] = []
-
-
-def _mode_checks() -> tuple[Any, ...] | None:
-    """The functions that tell whether a torch function mode, a functorch transform or a dispatch
-    mode is active (None: this torch lacks one of them, and calls always dispatch).
-
-    They are torch's internal checks, looked up by name so that a torch without them only loses
-    the eager path."""
-    if not _MODE_CHECKS:
-        try:
-            found = [
-                getattr(importlib.import_module(module), name)
-                for module, name in (
-                    ("torch._C", "_is_torch_function_mode_enabled"),
-                    ("torch._C", "_are_functorch_transforms_active"),
-                    ("torch.utils._python_dispatch", "_get_current_dispatch_mode"),
-                )
-            ]
-            function_mode, functorch, dispatch_mode = found
-            _MODE_CHECKS.append((function_mode, functorch, lambda: dispatch_mode() is not None))
-        except (AttributeError, ImportError):
-            _MODE_CHECKS.append(None)
-    return _MODE_CHECKS[0]
-
-
-def _eager_autograd(torch: Any) -> type:
-    """The ``autograd.Function`` of eager calls that want gradients (made once torch is imported)."""
-
-    class EagerAutograd(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, op: TorchFunction, dtypes: tuple, *tensors: torch.Tensor) -> Any:
-            outputs = op._forward_impl(*tensors, dtypes=dtypes)
-            ctx.op = op
-            op._setup_context(ctx, tensors, outputs)
-            return outputs
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-            return (None, None, *ctx.op._backward_rule(ctx, *grads, eager=True))
-
-    return EagerAutograd
-
-
-class _LazyEagerAutograd:
-    """``apply`` of the eager ``autograd.Function``, defined on first use (torch is optional)."""
-
-    function: type | None = None
-
-    @classmethod
-    def apply(cls, *args: Any) -> Any:
-        if cls.function is None:
-            cls.function = _eager_autograd(require_torch())
-        return cls.function.apply(*args)
-
-
-_EagerAutograd = _LazyEagerAutograd
-
-
-def from_numpy(torch: Any, a: np.ndarray) -> torch.Tensor:
-    """A numpy array as a CPU tensor sharing its memory (bfloat16 through a 16-bit view)."""
-    if a.dtype == BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-BF16 = np.dtype(NUMPY_DTYPES["bf16"])
 
 
 def _returns(values: Sequence[Any]) -> str:
@@ -468,25 +356,6 @@ def _returns(values: Sequence[Any]) -> str:
 
 def _tuple_or_one(tensors: list[Any]) -> Any:
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
-
-
-def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """``outputs``, each writable, contiguous and sharing memory with no input and no other output.
-
-    A custom op's outputs must not alias its inputs or each other; a spec that returns an argument
-    as it is (or a backward whose gradient is a cotangent) would otherwise hand one buffer out twice.
-    """
-    owned: list[np.ndarray] = []
-    for out in outputs:
-        flags = out.flags
-        if flags.owndata and flags.c_contiguous and flags.writeable and all(out is not o for o in owned):
-            owned.append(out)  # a buffer the call allocated: no input or other output is in it
-            continue
-        shared = any(np.may_share_memory(out, other) for other in (*inputs, *owned))
-        if shared or not (out.flags.writeable and out.flags.c_contiguous):
-            out = np.array(out, order="C", copy=True)
-        owned.append(out)
-    return owned
 
 
 def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -37,6 +37,7 @@ LAYERS = {
     "chunked": 5,
     "serving": 5,
     "torch_op": 5,
+    "torch_eager": 5,
     "api": 6,
     "plot": 6,
     "attncomp": 7,

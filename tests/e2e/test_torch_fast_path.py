@@ -58,5 +58,44 @@ def test_bad_tensors_after_good_calls_get_the_same_errors(op):
     with pytest.raises(ShapeError, match="k"):
         op(q, k[:, :1], v, slopes)
     with pytest.raises(ValueError, match="q: a meta tensor"):
-        op._run(op.fn.compilation, [q.to("meta"), k, v, slopes])
+        op.run_tensors(op.fn.compilation, [q.to("meta"), k, v, slopes])
     np.testing.assert_allclose(op(*tensors(T=9)).shape, (1, 2, 9, 8))  # a new shape after the errors
+
+
+def test_eager_gradients_of_strided_inputs_and_a_broadcast_cotangent(op):
+    """Strided views go in as they are (no copy first); ``.sum().backward()`` gives a zero-stride cotangent."""
+    base = tensors(requires_grad=True)
+    x = torch.randn((1, 6, 2, 8), generator=torch.Generator().manual_seed(5), requires_grad=True)
+    strided = [x.transpose(1, 2), *base[1:]]  # q as a transposed view
+    op(*strided).sum().backward()
+    plain = [x.detach().transpose(1, 2).contiguous().requires_grad_(), *tensors(requires_grad=True)[1:]]
+    op.op(*plain)[0].sum().backward()
+    np.testing.assert_allclose(x.grad.transpose(1, 2).numpy(), plain[0].grad.numpy(), rtol=1e-6, atol=1e-7)
+    for a, b in zip(base[1:], plain[1:]):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@ac.spec
+def out_twice(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"]):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    o = ac.softmax(s, axis=-1) @ v
+    return o, o
+
+
+def test_a_result_returned_twice_takes_both_cotangents_once_each():
+    fn = ac.compile(out_twice, backend="cpu")
+    twice = fn.to_torch()
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn((1, 2, 5, 8), generator=g) for _ in range(2)]
+    for eager in (True, False):  # the short path, and the registered op (its outputs: distinct values)
+        args = [t.requires_grad_() for t in tensors(T=5)[:3]]
+        if eager:
+            a, b = twice(*args)
+        else:
+            outputs = twice.op(*args)
+            a, b = (outputs[slot] for slot in twice.result_slots)
+        assert a.data_ptr() == b.data_ptr()  # one value, one tensor
+        ((a * weights[0]).sum() + (b * weights[1]).sum()).backward()
+        _, pullback = fn.vjp(*(t.detach().numpy() for t in args))
+        for t, want in zip(args, pullback(weights[0].numpy(), weights[1].numpy())):
+            np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-5, atol=1e-6)

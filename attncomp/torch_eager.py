@@ -1,0 +1,242 @@
+"""Eager calls of ``fn.to_torch()``: the short path past PyTorch's dispatcher (docs/api.md section 6).
+
+A call on plain tensors on the backend's device, outside ``torch.compile`` and with no mode or
+transform watching (:func:`eager_dtypes`), computes what the registered custom op computes
+without the dispatcher's round trip.  What such calls share for one key of argument dtypes is an
+:class:`EagerPlan`, derived (and checked) on the first call with that key: the compilations,
+which outputs are results and which are saved for the backward.  A later call converts its
+tensors, runs, and wraps the outputs; the compiled function's binding still checks every shape
+by its key, so a bad tensor after good calls gets the same error as on the first.
+
+With a gradient wanted, :class:`EagerAutograd` (an ``autograd.Function``) saves what the
+registered autograd saves and runs the same compiled backward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attncomp.ir.types import NUMPY_DTYPES
+
+if TYPE_CHECKING:
+    import torch
+
+    from attncomp.compilation import Compilation
+    from attncomp.torch_op import TorchFunction
+
+BF16 = np.dtype(NUMPY_DTYPES["bf16"])
+
+
+class EagerPlan:
+    """The work eager calls with one key of argument dtypes share, derived on the first of them.
+
+    ``forward`` and ``backward``: the saving forward and the backward of the float type the
+    dtypes pick; ``plain``: the forward without residuals (made on the first call that wants no
+    gradient).  Constructing a plan checks each tensor's dtype against the spec (the binding's
+    ``TypeError``, naming the argument), so a plan exists only for dtypes a call may take.
+    """
+
+    def __init__(self, op: TorchFunction, tensors: Sequence[torch.Tensor], dtypes: tuple):
+        self.op = op
+        self.dtypes = dtypes
+        self.forward, self.backward = op.member(tensors)
+        op.check_tensors(self.forward, tensors)
+        self.plain: Compilation | None = None
+        self.cpu = op.fn.backend != "cuda"
+        self.n_args = len(tensors)
+        self.first = op.first
+        self.result_slots = op.result_slots
+        self.saved_slots = op.saved_slots
+        self.floating = op.floating
+        #: the op's outputs that are results, each once: the eager autograd function's outputs
+        self.outputs = sorted(set(op.result_slots))
+        #: per result: its position among ``outputs``
+        self.result_positions = [self.outputs.index(slot) for slot in op.result_slots]
+        #: the results' cotangents are the outputs' gradients as they are (no result is returned twice)
+        self.distinct_results = self.result_positions == list(range(len(self.outputs)))
+
+    def run(self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None) -> list:
+        """Run ``compiled`` on ``tensors`` (of this plan's dtypes, on the backend's device); its
+        ``picked`` results (all when None) as tensors that alias no input and no other result."""
+        if not self.cpu:
+            return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
+        torch = self.op.torch
+        bf16 = torch.bfloat16
+        arrays = []
+        for t in tensors:
+            if t.requires_grad:  # .numpy() refuses tensors that require grad
+                t = t.detach()
+            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is bf16 else t.numpy())
+        outputs = compiled.run(arrays)
+        if picked is not None:
+            outputs = [outputs[k] for k in picked]
+        return [from_numpy(torch, a) for a in owned(outputs, arrays)]
+
+    def call(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """The spec's results, no gradient wanted."""
+        if self.plain is None:
+            self.plain = self.op.plain_member(tensors)
+        results = self.run(self.plain, tensors, None)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def cotangents(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """One cotangent per result from the gradients of the eager function's outputs: a result
+        returned twice takes its output's gradient once, and zeros for its other places."""
+        if self.distinct_results:
+            return grads
+        seen: set[int] = set()
+        cotangents = []
+        for k in self.result_positions:
+            grad = grads[k]
+            cotangents.append(grad if k not in seen else grad.new_zeros(grad.shape))
+            seen.add(k)
+        return cotangents
+
+    def gradients(self, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> list:
+        """The backward's results as one gradient per argument (None for those not floating), in
+        each argument's dtype (``inputs``: the arguments, then anything, which is not read)."""
+        floating = iter(out)
+        grads: list[Any] = []
+        for t, is_floating in zip(inputs, self.floating):
+            g = next(floating) if is_floating else None
+            grads.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
+        return grads
+
+
+def owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``outputs``, each writable, contiguous and sharing memory with no input and no other output.
+
+    A custom op's outputs must not alias its inputs or each other; a spec that returns an argument
+    as it is (or a backward whose gradient is a cotangent) would otherwise hand one buffer out twice.
+    """
+    kept: list[np.ndarray] = []
+    for out in outputs:
+        if out.base is None and all(out is not o for o in kept):
+            flags = out.flags
+            if flags.c_contiguous and flags.writeable:
+                kept.append(out)  # a buffer the call allocated: no input or other output is in it
+                continue
+        shared = any(np.may_share_memory(out, other) for other in (*inputs, *kept))
+        if shared or not (out.flags.writeable and out.flags.c_contiguous):
+            out = np.array(out, order="C", copy=True)
+        kept.append(out)
+    return kept
+
+
+def from_numpy(torch: Any, a: np.ndarray) -> torch.Tensor:
+    """A numpy array as a CPU tensor sharing its memory (bfloat16 through a 16-bit view)."""
+    if a.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def eager_dtypes(torch: Any, tensors: Sequence[Any], device: str) -> tuple | None:
+    """The tensors' dtypes where a call may skip the dispatcher, else None: plain tensors (or
+    ``nn.Parameter``s) on the backend's ``device``, outside ``torch.compile``, with no torch
+    function or dispatch mode and no functorch transform active.  Anything else (meta or fake
+    tensors, tracing, ``vmap``, a mode that watches ops, a tensor on another device, which the op's
+    checks name) goes through the registered custom op."""
+    if torch.compiler.is_compiling():
+        return None
+    plain = (torch.Tensor, torch.nn.Parameter)  # a parameter is a tensor whose torch functions are a tensor's
+    cpu = device == "cpu"
+    for t in tensors:
+        if type(t) not in plain or not (t.is_cpu if cpu else t.is_cuda):
+            return None
+    modes = mode_checks()
+    if modes is None:
+        return None
+    function_mode, functorch, dispatch_mode = modes
+    if function_mode() or functorch() or dispatch_mode():
+        return None
+    return tuple([t.dtype for t in tensors])
+
+
+def any_autocast(torch: Any) -> bool:
+    """Whether autocast is on for any device (a cheap first test before asking per device; a torch
+    without torch's internal check asks per device every time)."""
+    if not _ANY_AUTOCAST:
+        _ANY_AUTOCAST.append(getattr(importlib.import_module("torch._C"), "_is_any_autocast_enabled", None))
+    check = _ANY_AUTOCAST[0]
+    return True if check is None else bool(check())
+
+
+_ANY_AUTOCAST: list[Any] = []
+
+
+_MODE_CHECKS: list[Any] = []
+
+
+def mode_checks() -> tuple[Any, ...] | None:
+    """The functions that tell whether a torch function mode, a functorch transform or a dispatch
+    mode is active (None: this torch lacks one of them, and calls always dispatch).
+
+    They are torch's internal checks, looked up by name so that a torch without them only loses
+    the eager path."""
+    if not _MODE_CHECKS:
+        try:
+            found = [
+                getattr(importlib.import_module(module), name)
+                for module, name in (
+                    ("torch._C", "_is_torch_function_mode_enabled"),
+                    ("torch._C", "_are_functorch_transforms_active"),
+                    ("torch.utils._python_dispatch", "_get_current_dispatch_mode"),
+                )
+            ]
+            function_mode, functorch, dispatch_mode = found
+            _MODE_CHECKS.append((function_mode, functorch, lambda: dispatch_mode() is not None))
+        except (AttributeError, ImportError):
+            _MODE_CHECKS.append(None)
+    return _MODE_CHECKS[0]
+
+
+def _eager_autograd(torch: Any) -> type:
+    """The ``autograd.Function`` of eager calls that want gradients (made once torch is imported).
+
+    Its outputs are the op's outputs that are results (each distinct value once); residuals that
+    are no result are saved, not returned, so autograd keeps no gradient slot for them.
+    """
+
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        plan = ctx.plan
+        saved = ctx.saved_tensors
+        out = plan.run(plan.backward, (*saved, *plan.cotangents(grads)), None)
+        return (None, *plan.gradients(saved, out))
+
+    # Under create_graph a second derivative must fail where it is taken (as torch's
+    # once_differentiable makes it); a plain backward skips that wrapper's grad-mode switch.
+    checked_backward = torch.autograd.function.once_differentiable(backward)
+
+    class EagerAutograd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, plan: EagerPlan, *tensors: torch.Tensor) -> Any:
+            outputs = plan.run(plan.forward, tensors, plan.first)
+            ctx.plan = plan
+            ctx.save_for_backward(*tensors, *[outputs[slot] for slot in plan.saved_slots])
+            results = [outputs[slot] for slot in plan.outputs]
+            return results[0] if len(results) == 1 else tuple(results)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            if torch.is_grad_enabled():
+                return checked_backward(ctx, *grads)
+            return backward(ctx, *grads)
+
+    return EagerAutograd
+
+
+class EagerAutograd:
+    """``apply(plan, *tensors)`` of the eager ``autograd.Function``, defined on first use (torch
+    is optional): the results, each distinct value once (``EagerPlan.outputs``)."""
+
+    function: type | None = None
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        if cls.function is None:
+            cls.function = _eager_autograd(importlib.import_module("torch"))
+        return cls.function.apply(*args)
