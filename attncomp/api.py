@@ -19,6 +19,7 @@ from attncomp.gradients import backward_of, saving_forward_of, vjp
 from attncomp.ir import parser
 from attncomp.ir.core import Module
 from attncomp.ir.interpreter import interpret_func
+from attncomp.passes.manager import default_pipeline
 from attncomp.passes.pipeline import deterministic_pipeline
 from attncomp.serving.decoder import PagedDecoder
 
@@ -249,14 +250,17 @@ def compile(
 ) -> CompiledFunction:
     """Trace (with ``constants``), run the pass pipeline, and build for ``backend``.
 
-    ``pipeline=None`` is the default optimising pipeline, ``""`` runs no pass,
+    ``pipeline=None`` is the backend's default optimising pipeline (``passes.default_pipeline``:
+    on ``cpu``, key blocks of 128), ``""`` runs no pass,
     and a string such as ``"cse,dce"`` runs exactly the passes it names.
     ``deterministic=True`` gives the pipeline's flash-tiling ``deterministic=true``: gradients
     bit-identical from run to run (a no-op where the backend's sums are ordered already).
     """
     check_backend(backend)  # before any pass runs
     if deterministic:
-        pipeline = deterministic_pipeline(pipeline, tiled=backend != "interp")
+        pipeline = deterministic_pipeline(
+            default_pipeline(backend) if pipeline is None else pipeline, tiled=backend != "interp"
+        )
     module = _module_of(target, constants)
     name = target.name if isinstance(target, Spec) else module.main.name
     compilation = Compilation.build(module, backend, pipeline, name)

@@ -29,7 +29,7 @@ from attncomp.ir.core import Func, Module
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.ir.verifier import verify_module
 from attncomp.passes.base import Pass
-from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, run_pipeline
+from attncomp.passes.manager import Stage, default_pipeline, run_pipeline
 from attncomp.passes.pipeline import make_pass, pipeline_passes, pipeline_text
 
 #: ops a compiled backend runs only once flash-tiling has tiled them
@@ -57,8 +57,8 @@ class Compilation:
 
     @classmethod
     def build(cls, module: Module, backend: str, pipeline: str | list[Pass] | None, name: str) -> Compilation:
-        """Run ``pipeline`` (None: the default) on ``module``, verify, and build for ``backend``."""
-        text = DEFAULT_PIPELINE if pipeline is None else pipeline
+        """Run ``pipeline`` (None: the backend's default) on ``module``, verify, and build for ``backend``."""
+        text = default_pipeline(backend) if pipeline is None else pipeline
         passes = pipeline_passes(text)
         text = text if isinstance(text, str) else pipeline_text(passes)
         remarks: list[str] = []

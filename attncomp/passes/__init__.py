@@ -13,7 +13,7 @@ from attncomp.passes import (
     softmax_fusion,
 )
 from attncomp.passes.base import PASSES, Pass, register_pass
-from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, parse_pipeline, run_pipeline
+from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, default_pipeline, parse_pipeline, run_pipeline
 
 __all__ = [
     "DEFAULT_PIPELINE",
@@ -25,6 +25,7 @@ __all__ = [
     "chunk_pairs",
     "cse",
     "dce",
+    "default_pipeline",
     "flash_tiling",
     "kv_cache_reuse",
     "mask_elimination",
