@@ -3,7 +3,8 @@
 import pytest
 
 import attncomp as ac
-from attncomp.passes import PASSES, parse_pipeline
+from attncomp.passes import DEFAULT_PIPELINE, PASSES, default_pipeline, parse_pipeline
+from attncomp.passes.manager import CPU_PIPELINE
 from tests.passes.specs import causal
 
 
@@ -87,5 +88,14 @@ def test_flash_tiling_precision_is_on_the_tile_grid():
 
 
 def test_cpu_computes_float32_whatever_the_precision():
-    pipeline = "cse,softmax-fusion,flash-tiling{precision=tf32},mask-elimination,canonicalize,cse,dce"
+    pipeline = "cse,softmax-fusion,flash-tiling{block_k=128,precision=tf32},mask-elimination,canonicalize,cse,dce"
     assert ac.compile(causal, backend="cpu", pipeline=pipeline).source == ac.compile(causal, backend="cpu").source
+
+
+def test_default_pipelines():
+    """cpu tiles 128 keys a block by default; the other backends the pass's defaults (64)."""
+    cpu = ac.compile(causal, backend="cpu")
+    assert cpu.pipeline == CPU_PIPELINE and "block_k = 128" in cpu.ir()
+    assert ac.compile(causal, backend="interp").pipeline == DEFAULT_PIPELINE
+    assert "block_k = 64" in ac.compile(causal, backend="interp").ir()
+    assert default_pipeline("cuda") == DEFAULT_PIPELINE
