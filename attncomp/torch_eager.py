@@ -46,6 +46,7 @@ class EagerPlan:
         self.forward, self.backward = op.member(tensors)
         op.check_tensors(self.forward, tensors)
         self.plain: Compilation | None = None
+        self.plain_bf16 = False
         self.cpu = op.fn.backend != "cuda"
         self.n_args = len(tensors)
         self.first = op.first
@@ -58,19 +59,37 @@ class EagerPlan:
         self.result_positions = [self.outputs.index(slot) for slot in op.result_slots]
         #: the results' cotangents are the outputs' gradients as they are (no result is returned twice)
         self.distinct_results = self.result_positions == list(range(len(self.outputs)))
+        #: whether bf16 crosses into or out of the forward, the backward (16-bit views): a bf16 tensor
+        #: (also one an f32 argument takes, which widens it without loss) or a bf16 argument or result
+        self.bf16_in = op.torch.bfloat16 in dtypes
+        self.forward_bf16 = self.bf16_in or crosses_bf16(self.forward)
+        self.backward_bf16 = self.bf16_in or crosses_bf16(self.backward)
+        #: the backward's results are the gradients as they are: every argument floating, each
+        #: gradient of its argument's dtype
+        self.plain_gradients = all(self.floating) and [
+            np.dtype(NUMPY_DTYPES[v.type.dtype]).name for v in self.backward.func.results
+        ] == [str(d).removeprefix("torch.") for d in dtypes]
 
-    def run(self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None) -> list:
+    def run(
+        self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None, bf16: bool
+    ) -> list:
         """Run ``compiled`` on ``tensors`` (of this plan's dtypes, on the backend's device); its
-        ``picked`` results (all when None) as tensors that alias no input and no other result."""
+        ``picked`` results (all when None) as tensors that alias no input and no other result.
+        ``bf16``: whether a bf16 tensor goes in or comes out (read and wrapped as 16-bit views)."""
         if not self.cpu:
             return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
         torch = self.op.torch
-        bf16 = torch.bfloat16
+        if not bf16:  # .numpy() refuses tensors that require grad
+            arrays = [t.detach().numpy() if t.requires_grad else t.numpy() for t in tensors]
+            outputs = compiled.run(arrays)
+            if picked is not None:
+                outputs = [outputs[k] for k in picked]
+            return [torch.from_numpy(a) for a in owned(outputs, arrays)]
         arrays = []
         for t in tensors:
-            if t.requires_grad:  # .numpy() refuses tensors that require grad
+            if t.requires_grad:
                 t = t.detach()
-            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is bf16 else t.numpy())
+            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
         outputs = compiled.run(arrays)
         if picked is not None:
             outputs = [outputs[k] for k in picked]
@@ -80,7 +99,8 @@ class EagerPlan:
         """The spec's results, no gradient wanted."""
         if self.plain is None:
             self.plain = self.op.plain_member(tensors)
-        results = self.run(self.plain, tensors, None)
+            self.plain_bf16 = self.bf16_in or crosses_bf16(self.plain)
+        results = self.run(self.plain, tensors, None, self.plain_bf16)
         return results[0] if len(results) == 1 else tuple(results)
 
     def cotangents(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
@@ -99,12 +119,19 @@ class EagerPlan:
     def gradients(self, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> list:
         """The backward's results as one gradient per argument (None for those not floating), in
         each argument's dtype (``inputs``: the arguments, then anything, which is not read)."""
+        if self.plain_gradients:
+            return out
         floating = iter(out)
         grads: list[Any] = []
         for t, is_floating in zip(inputs, self.floating):
             g = next(floating) if is_floating else None
             grads.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
         return grads
+
+
+def crosses_bf16(compiled: Compilation) -> bool:
+    """Whether any argument or result of ``compiled`` is bf16 (numpy knows it only as ml_dtypes')."""
+    return any(v.type.dtype == "bf16" for v in (*compiled.func.args, *compiled.func.results))
 
 
 def owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -204,7 +231,7 @@ def _eager_autograd(torch: Any) -> type:
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         plan = ctx.plan
         saved = ctx.saved_tensors
-        out = plan.run(plan.backward, (*saved, *plan.cotangents(grads)), None)
+        out = plan.run(plan.backward, (*saved, *plan.cotangents(grads)), None, plan.backward_bf16)
         return (None, *plan.gradients(saved, out))
 
     # Under create_graph a second derivative must fail where it is taken (as torch's
@@ -214,11 +241,12 @@ def _eager_autograd(torch: Any) -> type:
     class EagerAutograd(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, plan: EagerPlan, *tensors: torch.Tensor) -> Any:
-            outputs = plan.run(plan.forward, tensors, plan.first)
+            outputs = plan.run(plan.forward, tensors, plan.first, plan.forward_bf16)
             ctx.plan = plan
             ctx.save_for_backward(*tensors, *[outputs[slot] for slot in plan.saved_slots])
-            results = [outputs[slot] for slot in plan.outputs]
-            return results[0] if len(results) == 1 else tuple(results)
+            if len(plan.outputs) == 1:
+                return outputs[plan.outputs[0]]
+            return tuple([outputs[slot] for slot in plan.outputs])
 
         @staticmethod
         def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
