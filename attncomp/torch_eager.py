@@ -79,8 +79,8 @@ class EagerPlan:
         if not self.cpu:
             return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
         torch = self.op.torch
-        if not bf16:  # .numpy() refuses tensors that require grad
-            arrays = [t.detach().numpy() if t.requires_grad else t.numpy() for t in tensors]
+        if not bf16:  # .numpy() refuses tensors that require grad; torch copies strided ones faster
+            arrays = [(t.detach() if t.requires_grad else t).contiguous().numpy() for t in tensors]
             outputs = compiled.run(arrays)
             if picked is not None:
                 outputs = [outputs[k] for k in picked]
@@ -89,6 +89,8 @@ class EagerPlan:
         for t in tensors:
             if t.requires_grad:
                 t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
             arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
         outputs = compiled.run(arrays)
         if picked is not None:
@@ -241,6 +243,8 @@ def _eager_autograd(torch: Any) -> type:
     class EagerAutograd(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, plan: EagerPlan, *tensors: torch.Tensor) -> Any:
+            if plan.cpu:  # strided tensors copied once: the backward reads the copies
+                tensors = tuple([t if t.is_contiguous() else t.contiguous() for t in tensors])
             outputs = plan.run(plan.forward, tensors, plan.first, plan.forward_bf16)
             ctx.plan = plan
             ctx.save_for_backward(*tensors, *[outputs[slot] for slot in plan.saved_slots])

@@ -16,8 +16,8 @@ residuals and calls the backward op, so the forward is never run twice.  The
 callable that ``to_torch`` returns hides the residuals; its eager calls skip the
 dispatcher (``attncomp/torch_eager.py``) and compute the same.
 
-Tensors cross into numpy without copies: a CPU tensor is read through ``.numpy()``
-(strided, as it is) and results are wrapped with ``torch.from_numpy``.  Argument checks are
+Tensors cross into numpy without copies: a contiguous CPU tensor is read through
+``.numpy()`` and results are wrapped with ``torch.from_numpy``.  Argument checks are
 the binding's own (``attncomp/ir/binding.py``), so a tensor of the wrong dtype or size
 raises the same ``TypeError`` / ``ShapeError`` as a numpy array.
 
@@ -262,6 +262,8 @@ class TorchFunction:
         for t in tensors:
             if t.requires_grad:  # .numpy() refuses tensors that require grad
                 t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
             arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is bf16 else t.numpy())
         outputs = compiled.run(arrays)
         outputs = outputs if picked is None else [outputs[k] for k in picked]

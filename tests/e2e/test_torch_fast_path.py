@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import attncomp as ac
+from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
 from tests.passes import specs
 
@@ -62,12 +63,28 @@ def test_bad_tensors_after_good_calls_get_the_same_errors(op):
     np.testing.assert_allclose(op(*tensors(T=9)).shape, (1, 2, 9, 8))  # a new shape after the errors
 
 
-def test_eager_gradients_of_strided_inputs_and_a_broadcast_cotangent(op):
-    """Strided views go in as they are (no copy first); ``.sum().backward()`` gives a zero-stride cotangent."""
+def test_eager_gradients_of_strided_inputs_and_a_broadcast_cotangent(op, monkeypatch):
+    """A strided view is copied once (the backward reads the copy); ``.sum().backward()`` gives a
+    zero-stride cotangent."""
     base = tensors(requires_grad=True)
     x = torch.randn((1, 6, 2, 8), generator=torch.Generator().manual_seed(5), requires_grad=True)
     strided = [x.transpose(1, 2), *base[1:]]  # q as a transposed view
+    runs = []
+    run = Compilation.run
+
+    def recording_run(self, args, *rest, **kw):
+        runs.append((self.name, list(args)))
+        return run(self, args, *rest, **kw)
+
+    monkeypatch.setattr(Compilation, "run", recording_run)
     op(*strided).sum().backward()
+    monkeypatch.undo()
+    (name, forward_args), (backward_name, backward_args) = runs
+    assert not name.endswith("_backward") and backward_name.endswith("_backward")
+    assert forward_args[0].flags.c_contiguous and not np.shares_memory(forward_args[0], x.detach().numpy())
+    assert backward_args[0] is not forward_args[0] and np.shares_memory(backward_args[0], forward_args[0]), (
+        "the backward reads the forward's copy of q, not a second one"
+    )
     plain = [x.detach().transpose(1, 2).contiguous().requires_grad_(), *tensors(requires_grad=True)[1:]]
     op.op(*plain)[0].sum().backward()
     np.testing.assert_allclose(x.grad.transpose(1, 2).numpy(), plain[0].grad.numpy(), rtol=1e-6, atol=1e-7)
