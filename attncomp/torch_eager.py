@@ -34,19 +34,19 @@ BF16 = np.dtype(NUMPY_DTYPES["bf16"])
 class EagerPlan:
     """The work eager calls with one key of argument dtypes share, derived on the first of them.
 
-    ``forward`` and ``backward``: the saving forward and the backward of the float type the
-    dtypes pick; ``plain``: the forward without residuals (made on the first call that wants no
-    gradient).  Constructing a plan checks each tensor's dtype against the spec (the binding's
-    ``TypeError``, naming the argument), so a plan exists only for dtypes a call may take.
+    ``plain``: the forward without residuals; ``forward`` and ``backward``: the saving forward and
+    the backward of the float type the dtypes pick, made by :meth:`saving` on the first call that
+    wants a gradient (a call that wants none never makes them: a generic spec whose float type
+    fuses otherwise than float32 still runs).  Constructing a plan checks each tensor's dtype
+    against the spec (the binding's ``TypeError``, naming the argument), so a plan exists only for
+    dtypes a call may take.
     """
 
     def __init__(self, op: TorchFunction, tensors: Sequence[torch.Tensor], dtypes: tuple):
         self.op = op
         self.dtypes = dtypes
-        self.forward, self.backward = op.member(tensors)
-        op.check_tensors(self.forward, tensors)
-        self.plain: Compilation | None = None
-        self.plain_bf16 = False
+        self.plain = op.plain_member(tensors)
+        op.check_tensors(self.plain, tensors)
         self.cpu = op.fn.backend != "cuda"
         self.n_args = len(tensors)
         self.first = op.first
@@ -59,16 +59,25 @@ class EagerPlan:
         self.result_positions = [self.outputs.index(slot) for slot in op.result_slots]
         #: the results' cotangents are the outputs' gradients as they are (no result is returned twice)
         self.distinct_results = self.result_positions == list(range(len(self.outputs)))
-        #: whether bf16 crosses into or out of the forward, the backward (16-bit views): a bf16 tensor
-        #: (also one an f32 argument takes, which widens it without loss) or a bf16 argument or result
+        #: whether bf16 crosses into or out of a compilation (16-bit views): a bf16 tensor (also one
+        #: an f32 argument takes, which widens it without loss) or a bf16 argument or result
         self.bf16_in = op.torch.bfloat16 in dtypes
-        self.forward_bf16 = self.bf16_in or crosses_bf16(self.forward)
-        self.backward_bf16 = self.bf16_in or crosses_bf16(self.backward)
+        self.plain_bf16 = self.bf16_in or crosses_bf16(self.plain)
+        self.forward: Compilation | None = None
+        self.backward: Compilation | None = None
+        self.forward_bf16 = self.backward_bf16 = self.plain_gradients = False
+
+    def saving(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Make the saving forward and the backward (the first call that wants a gradient)."""
+        forward, backward = self.op.member(tensors)
+        self.forward_bf16 = self.bf16_in or crosses_bf16(forward)
+        self.backward_bf16 = self.bf16_in or crosses_bf16(backward)
         #: the backward's results are the gradients as they are: every argument floating, each
         #: gradient of its argument's dtype
         self.plain_gradients = all(self.floating) and [
-            np.dtype(NUMPY_DTYPES[v.type.dtype]).name for v in self.backward.func.results
-        ] == [str(d).removeprefix("torch.") for d in dtypes]
+            np.dtype(NUMPY_DTYPES[v.type.dtype]).name for v in backward.func.results
+        ] == [str(d).removeprefix("torch.") for d in self.dtypes]
+        self.forward, self.backward = forward, backward
 
     def run(
         self, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None, bf16: bool
@@ -99,9 +108,6 @@ class EagerPlan:
 
     def call(self, tensors: Sequence[torch.Tensor]) -> Any:
         """The spec's results, no gradient wanted."""
-        if self.plain is None:
-            self.plain = self.op.plain_member(tensors)
-            self.plain_bf16 = self.bf16_in or crosses_bf16(self.plain)
         results = self.run(self.plain, tensors, None, self.plain_bf16)
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -129,6 +135,12 @@ class EagerPlan:
             g = next(floating) if is_floating else None
             grads.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
         return grads
+
+
+def copy_to_save(t: torch.Tensor) -> torch.Tensor:
+    """A strided tensor's contiguous copy, to run on and keep for the backward; an expanded one
+    (a zero stride: GQA's ``k.expand(...)``) as it is, whose copy would hold more than the view."""
+    return t if 0 in t.stride() else t.contiguous()
 
 
 def crosses_bf16(compiled: Compilation) -> bool:
@@ -236,29 +248,56 @@ def _eager_autograd(torch: Any) -> type:
         out = plan.run(plan.backward, (*saved, *plan.cotangents(grads)), None, plan.backward_bf16)
         return (None, *plan.gradients(saved, out))
 
-    # Under create_graph a second derivative must fail where it is taken (as torch's
-    # once_differentiable makes it); a plain backward skips that wrapper's grad-mode switch.
-    checked_backward = torch.autograd.function.once_differentiable(backward)
-
     class EagerAutograd(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, plan: EagerPlan, *tensors: torch.Tensor) -> Any:
-            if plan.cpu:  # strided tensors copied once: the backward reads the copies
-                tensors = tuple([t if t.is_contiguous() else t.contiguous() for t in tensors])
+            if plan.forward is None:
+                plan.saving(tensors)
+            saved = tensors
+            if plan.cpu:  # a strided tensor copied once, and the backward reads the copy
+                saved = tuple([t if t.is_contiguous() else copy_to_save(t) for t in tensors])
+                tensors = tuple([s if s.is_contiguous() else s.contiguous() for s in saved])
             outputs = plan.run(plan.forward, tensors, plan.first, plan.forward_bf16)
             ctx.plan = plan
-            ctx.save_for_backward(*tensors, *[outputs[slot] for slot in plan.saved_slots])
+            ctx.save_for_backward(*saved, *[outputs[slot] for slot in plan.saved_slots])
             if len(plan.outputs) == 1:
                 return outputs[plan.outputs[0]]
             return tuple([outputs[slot] for slot in plan.outputs])
 
         @staticmethod
         def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-            if torch.is_grad_enabled():
-                return checked_backward(ctx, *grads)
+            if torch.is_grad_enabled():  # create_graph: the gradients are not differentiable again
+                with torch.no_grad():
+                    return not_differentiable(torch, backward(ctx, *grads))
             return backward(ctx, *grads)
 
     return EagerAutograd
+
+
+def not_differentiable(torch: Any, gradients: tuple) -> tuple:
+    """``gradients`` (None where an argument has none), each given a derivative that raises when
+    a second backward reaches it: the compiled backward has no derivative of its own.
+
+    Unlike torch's ``once_differentiable``, which does this only when an incoming gradient needs
+    one, always: the backward reads the saved inputs, so ``autograd.grad(..., create_graph=True)``
+    of a loss whose cotangent needs no gradient (``out.sum()``) would otherwise give gradients that
+    silently lack their second-order terms.  Without torch's ``DelayedError`` (an internal, looked
+    up by name), the backward raises at once.
+    """
+    functions = getattr(importlib.import_module("torch._C"), "_functions", None)
+    delayed = getattr(functions, "DelayedError", None)
+    message = "attncomp ops have no second derivative: their gradients come from the compiled backward"
+    if delayed is None:
+        raise RuntimeError(f"{message} (a backward with create_graph=True)")
+    error = delayed(message.encode(), len(gradients))
+    fake = []
+    for g in gradients:
+        if g is not None:
+            g = g.detach()
+            g.requires_grad = True
+        fake.append(g)
+    out = error(*fake)
+    return out if isinstance(out, tuple) else (out,)
 
 
 class EagerAutograd:

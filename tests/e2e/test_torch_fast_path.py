@@ -1,6 +1,7 @@
 """Eager calls of ``fn.to_torch()`` skip the dispatcher's round trip; they compute what the registered
 custom op computes, gradients included, and a bad tensor after good calls gets the same error."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -43,11 +44,71 @@ def test_eager_gradients_equal_the_registered_autograd(op):
     op.op(*dispatched)[0].backward(cotangent)
     for a, b in zip(eager, dispatched):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-6, atol=1e-7)
-    for call in (op, lambda *args: op.op(*args)[0]):  # no second derivative, on either path
+    for call, message in ((op, "no second derivative"), (lambda *args: op.op(*args)[0], "no autograd formula")):
+        # no second derivative, on either path: an error where one is taken, even when the cotangent
+        # (of out.sum()) needs no gradient, never a gradient penalty silently dropped
         args = tensors(requires_grad=True)
-        with pytest.raises(RuntimeError):
-            (grad,) = torch.autograd.grad(call(*args).sum(), args[0], create_graph=True)
-            grad.sum().backward()
+        out = call(*args)
+        (grad,) = torch.autograd.grad(out.sum(), args[0], create_graph=True)
+        with pytest.raises(RuntimeError, match=message):
+            (out.sum() + grad.pow(2).sum()).backward()
+
+
+@ac.spec
+def bias_in_f32(q: ac.floating["T", "D"], k: ac.floating["S", "D"], v: ac.floating["S", "D"], bias: ac.f32["T", "S"]):
+    return ac.softmax(q @ k.mT + bias) @ v
+
+
+@ac.spec
+def key_in_f32(q: ac.floating["T", "D"], k: ac.f32["S", "D"], v: ac.floating["S", "D"]):
+    return ac.softmax(q @ k.mT) @ v
+
+
+def test_a_call_wanting_no_gradient_needs_no_backward():
+    """bf16 q, k, v with an f32 bias make f32 scores, which do not fuse as in float32: the op has no
+    gradient for that float type, but its calls that want none run (as ``fn`` on numpy arrays)."""
+    fn = ac.compile(bias_in_f32, backend="cpu")
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn((n, 8), generator=g).bfloat16() for n in (5, 6, 6))
+    bias = torch.randn((5, 6), generator=g)
+    want = fn(*(t.float().numpy() for t in (q, k, v)), bias.numpy())
+    with torch.no_grad():
+        got = fn.to_torch()(q, k, v, bias)
+    np.testing.assert_allclose(got.float().numpy(), want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(TypeError, match="does not fuse in bf16 as in float32"):
+        fn.to_torch()(q.requires_grad_(), k, v, bias)
+
+
+def test_a_bf16_value_with_an_f32_key_on_cpu():
+    """Values widened from bf16 while keys are read as float32: the kernel stages the values alone."""
+    fn = ac.compile(key_in_f32, backend="cpu")
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((n, 8)).astype(np.float32) for n in (70, 140, 140))
+    q16, v16 = (x.astype(ml_dtypes.bfloat16) for x in (q, v))
+    want = ac.compile(key_in_f32, backend="interp")(q16, k, v16).astype(np.float64)  # float64 inside
+    np.testing.assert_allclose(fn(q16, k, v16).astype(np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+def test_expanded_inputs_are_saved_as_views():
+    """GQA written with ``k.expand(...)``: the backward keeps the views, not full-size copies."""
+    op = ac.compile(specs.causal, backend="cpu").to_torch()
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn((2, 4, 16, 8), generator=g, requires_grad=True)
+    k, v = (torch.randn((1, 1, 16, 8), generator=g, requires_grad=True) for _ in range(2))
+    held = []
+
+    def pack(t):
+        held.append(t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = op(q, k.expand(2, 4, 16, 8), v.expand(2, 4, 16, 8))
+    assert sorted(held)[:2] == [k.untyped_storage().nbytes()] * 2, held
+    out.sum().backward()
+    plain = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    op.op(plain[0], plain[1].expand(2, 4, 16, 8), plain[2].expand(2, 4, 16, 8))[0].sum().backward()
+    for a, b in zip((q, k, v), plain):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_tensors_after_good_calls_get_the_same_errors(op):

@@ -368,7 +368,9 @@ class KernelWriter(KernelSource):
         for row in ("mx", "m_safe", "row_sum"):
             w.line(f"{row} = np.empty(BQ, dtype=ACC)")
         w.line("acc = np.empty((G, BQ, n_e), dtype=ACC)")
-        if self.staged(t.masked.k_load):  # key and value tiles gathered from pages, or widened
+        # key and value tiles gathered from pages, or widened (either may be: a bf16 v with an f32 k)
+        staged = self.staged(t.masked.k_load) or self.staged(t.masked.v_load)
+        if staged:
             w.line("k_staged = np.empty((BK, n_d), dtype=ACC)")
             w.line("v_staged = np.empty((BK, n_e), dtype=ACC)")
             if t.masked.k_load.operands[0] in self.bits or t.masked.v_load.operands[0] in self.bits:
@@ -379,7 +381,7 @@ class KernelWriter(KernelSource):
             w.line("unit = task // n_split")
             w.line("split = task % n_split")
             self.unit_start(nb)
-            if self.staged(t.masked.k_load):  # no key block staged yet for this unit
+            if staged:  # no key block staged yet for this unit
                 w.line("k_staged_at = np.int64(-1)")
                 w.line("v_staged_at = np.int64(-1)")
             w.line("m[:, :nq] = -np.inf")
