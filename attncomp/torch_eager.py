@@ -87,24 +87,7 @@ class EagerPlan:
         ``bf16``: whether a bf16 tensor goes in or comes out (read and wrapped as 16-bit views)."""
         if not self.cpu:
             return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
-        torch = self.op.torch
-        if not bf16:  # .numpy() refuses tensors that require grad; torch copies strided ones faster
-            arrays = [(t.detach() if t.requires_grad else t).contiguous().numpy() for t in tensors]
-            outputs = compiled.run(arrays)
-            if picked is not None:
-                outputs = [outputs[k] for k in picked]
-            return [torch.from_numpy(a) for a in owned(outputs, arrays)]
-        arrays = []
-        for t in tensors:
-            if t.requires_grad:
-                t = t.detach()
-            if not t.is_contiguous():
-                t = t.contiguous()
-            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
-        outputs = compiled.run(arrays)
-        if picked is not None:
-            outputs = [outputs[k] for k in picked]
-        return [from_numpy(torch, a) for a in owned(outputs, arrays)]
+        return run_numpy(self.op.torch, compiled, tensors, picked, bf16)
 
     def call(self, tensors: Sequence[torch.Tensor]) -> Any:
         """The spec's results, no gradient wanted."""
@@ -127,14 +110,43 @@ class EagerPlan:
     def gradients(self, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> list:
         """The backward's results as one gradient per argument (None for those not floating), in
         each argument's dtype (``inputs``: the arguments, then anything, which is not read)."""
-        if self.plain_gradients:
-            return out
-        floating = iter(out)
-        grads: list[Any] = []
-        for t, is_floating in zip(inputs, self.floating):
-            g = next(floating) if is_floating else None
-            grads.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
-        return grads
+        return list(out) if self.plain_gradients else argument_gradients(inputs, self.floating, out)
+
+
+def argument_gradients(inputs: Sequence[Any], floating: Sequence[bool], out: Sequence[Any]) -> list:
+    """A backward's results (one per floating argument) as one gradient per argument: None for an
+    argument not floating, else its gradient in the argument's dtype."""
+    results = iter(out)
+    grads: list[Any] = []
+    for t, is_floating in zip(inputs, floating):
+        g = next(results) if is_floating else None
+        grads.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
+    return grads
+
+
+def run_numpy(
+    torch: Any, compiled: Compilation, tensors: Sequence[torch.Tensor], picked: Sequence[int] | None, bf16: bool = True
+) -> list:
+    """Run ``compiled`` (a backend of host arrays) on CPU ``tensors`` read as numpy views (a strided
+    one made contiguous by torch, faster than numpy's copy); its ``picked`` results (all when None)
+    as tensors that alias no input and no other result.  ``bf16``: whether a bf16 tensor may go in
+    or come out (read and wrapped as 16-bit views); without one the tensors convert in one pass."""
+    if not bf16:  # .numpy() refuses tensors that require grad
+        arrays = [(t.detach() if t.requires_grad else t).contiguous().numpy() for t in tensors]
+    else:
+        arrays = []
+        for t in tensors:
+            if t.requires_grad:
+                t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
+    outputs = compiled.run(arrays)
+    if picked is not None:
+        outputs = [outputs[k] for k in picked]
+    if not bf16:
+        return [torch.from_numpy(a) for a in owned(outputs, arrays)]
+    return [from_numpy(torch, a) for a in owned(outputs, arrays)]
 
 
 def copy_to_save(t: torch.Tensor) -> torch.Tensor:
@@ -256,8 +268,7 @@ def _eager_autograd(torch: Any) -> type:
             saved = tensors
             if plan.cpu:  # a strided tensor copied once, and the backward reads the copy
                 saved = tuple([t if t.is_contiguous() else copy_to_save(t) for t in tensors])
-                tensors = tuple([s if s.is_contiguous() else s.contiguous() for s in saved])
-            outputs = plan.run(plan.forward, tensors, plan.first, plan.forward_bf16)
+            outputs = plan.run(plan.forward, saved, plan.first, plan.forward_bf16)
             ctx.plan = plan
             ctx.save_for_backward(*saved, *[outputs[slot] for slot in plan.saved_slots])
             if len(plan.outputs) == 1:

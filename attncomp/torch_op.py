@@ -38,7 +38,15 @@ from attncomp.errors import ShapeError
 from attncomp.gradients import backward_of, saving_forward_of
 from attncomp.ir.binding import bind_arguments, check_dtype
 from attncomp.ir.types import NUMPY_DTYPES, is_float
-from attncomp.torch_eager import BF16, EagerAutograd, EagerPlan, any_autocast, eager_dtypes, from_numpy, owned
+from attncomp.torch_eager import (
+    EagerAutograd,
+    EagerPlan,
+    any_autocast,
+    argument_gradients,
+    eager_dtypes,
+    from_numpy,
+    run_numpy,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -257,17 +265,7 @@ class TorchFunction:
             inputs = [t.detach().contiguous() if t.requires_grad or not t.is_contiguous() else t for t in tensors]
             outputs = _run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
-        arrays = []
-        bf16 = torch.bfloat16
-        for t in tensors:
-            if t.requires_grad:  # .numpy() refuses tensors that require grad
-                t = t.detach()
-            if not t.is_contiguous():
-                t = t.contiguous()
-            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is bf16 else t.numpy())
-        outputs = compiled.run(arrays)
-        outputs = outputs if picked is None else [outputs[k] for k in picked]
-        return [from_numpy(torch, a) for a in owned(outputs, arrays)]
+        return run_numpy(torch, compiled, tensors, picked)
 
     def _forward_impl(self, *tensors: torch.Tensor) -> Any:
         """The op's outputs: the results and the residuals, each distinct value once."""
@@ -344,12 +342,7 @@ class TorchFunction:
                 grad = torch.zeros_like(self._empty(value, self._sizes(inputs), inputs[0]))
             cotangents.append(grad)
         out = self.backward_op(*inputs, *residuals, *cotangents)
-        floating = iter(out if isinstance(out, tuple) else (out,))
-        grads_out = []
-        for t, is_floating in zip(inputs, self.floating):
-            g = next(floating) if is_floating else None
-            grads_out.append(g if g is None or g.dtype == t.dtype else g.to(t.dtype))
-        return tuple(grads_out)
+        return tuple(argument_gradients(inputs, self.floating, out if isinstance(out, tuple) else (out,)))
 
 
 def _returns(values: Sequence[Any]) -> str:
@@ -396,7 +389,7 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
             result = torch.as_tensor(out, device=device)
         if value.type.dtype == "bf16":  # rounded to the declared type, on the device
             result = result.to(torch.bfloat16)
-        if result.untyped_storage().data_ptr() in taken:  # as in _owned: outputs alias nothing
+        if result.untyped_storage().data_ptr() in taken:  # as in torch_eager.owned: outputs alias nothing
             result = result.clone()
         taken.add(result.untyped_storage().data_ptr())
         results.append(result)
