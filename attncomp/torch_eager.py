@@ -62,10 +62,31 @@ class EagerPlan:
         #: whether bf16 crosses into or out of a compilation (16-bit views): a bf16 tensor (also one
         #: an f32 argument takes, which widens it without loss) or a bf16 argument or result
         self.bf16_in = op.torch.bfloat16 in dtypes
+        #: per key of (compilation, element types and shapes) of contiguous arguments: the sizes
+        #: they bound and the results' element types
+        self.sizes: dict[tuple, tuple[dict[str, int], list[Any]]] = {}
         self.plain_bf16 = self.bf16_in or crosses_bf16(self.plain)
         self.forward: Compilation | None = None
         self.backward: Compilation | None = None
         self.forward_bf16 = self.backward_bf16 = self.plain_gradients = False
+
+    def execute(self, compiled: Compilation, arrays: Sequence[np.ndarray]) -> Sequence[Any]:
+        """``compiled``'s outputs on C-contiguous ``arrays`` (:func:`numpy_views` of tensors of this
+        plan's dtypes).  The first call with a key of element types and shapes goes the checked way
+        (errors name the argument; a first call compiles); later ones reuse the sizes it bound."""
+        key = (id(compiled), *[(a.dtype, a.shape) for a in arrays])
+        known = self.sizes.get(key)
+        if known is None:
+            outputs = compiled.run(arrays)
+            if compiled.program.runs_host_arrays:
+                if len(self.sizes) > 64:
+                    self.sizes.clear()
+                result_types = [NUMPY_DTYPES[v.type.dtype] for v in compiled.func.results]
+                self.sizes[key] = (compiled.binding().bind(arrays)[1], result_types)
+            return outputs
+        sizes, result_types = known
+        outputs = compiled.program.run_bound(arrays, dict(sizes))
+        return [np.asarray(o, dtype=t) for o, t in zip(outputs, result_types)]
 
     def saving(self, tensors: Sequence[torch.Tensor]) -> None:
         """Make the saving forward and the backward (the first call that wants a gradient)."""
@@ -87,7 +108,9 @@ class EagerPlan:
         ``bf16``: whether a bf16 tensor goes in or comes out (read and wrapped as 16-bit views)."""
         if not self.cpu:
             return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
-        return run_numpy(self.op.torch, compiled, tensors, picked, bf16)
+        torch = self.op.torch
+        arrays = numpy_views(torch, tensors, bf16)
+        return wrap(torch, owned(picked_outputs(self.execute(compiled, arrays), picked), arrays), bf16)
 
     def call(self, tensors: Sequence[torch.Tensor]) -> Any:
         """The spec's results, no gradient wanted."""
@@ -131,22 +154,34 @@ def run_numpy(
     one made contiguous by torch, faster than numpy's copy); its ``picked`` results (all when None)
     as tensors that alias no input and no other result.  ``bf16``: whether a bf16 tensor may go in
     or come out (read and wrapped as 16-bit views); without one the tensors convert in one pass."""
+    arrays = numpy_views(torch, tensors, bf16)
+    return wrap(torch, owned(picked_outputs(compiled.run(arrays), picked), arrays), bf16)
+
+
+def numpy_views(torch: Any, tensors: Sequence[torch.Tensor], bf16: bool) -> list[np.ndarray]:
+    """CPU ``tensors`` as C-contiguous numpy arrays sharing their memory (a strided one copied by
+    torch; bf16 through a 16-bit view when ``bf16``)."""
     if not bf16:  # .numpy() refuses tensors that require grad
-        arrays = [(t.detach() if t.requires_grad else t).contiguous().numpy() for t in tensors]
-    else:
-        arrays = []
-        for t in tensors:
-            if t.requires_grad:
-                t = t.detach()
-            if not t.is_contiguous():
-                t = t.contiguous()
-            arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
-    outputs = compiled.run(arrays)
-    if picked is not None:
-        outputs = [outputs[k] for k in picked]
+        return [(t.detach() if t.requires_grad else t).contiguous().numpy() for t in tensors]
+    arrays = []
+    for t in tensors:
+        if t.requires_grad:
+            t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        arrays.append(t.view(torch.int16).numpy().view(BF16) if t.dtype is torch.bfloat16 else t.numpy())
+    return arrays
+
+
+def picked_outputs(outputs: Sequence[Any], picked: Sequence[int] | None) -> Sequence[Any]:
+    return outputs if picked is None else [outputs[k] for k in picked]
+
+
+def wrap(torch: Any, arrays: Sequence[np.ndarray], bf16: bool) -> list:
+    """Arrays as CPU tensors sharing their memory."""
     if not bf16:
-        return [torch.from_numpy(a) for a in owned(outputs, arrays)]
-    return [from_numpy(torch, a) for a in owned(outputs, arrays)]
+        return [torch.from_numpy(a) for a in arrays]
+    return [from_numpy(torch, a) for a in arrays]
 
 
 def copy_to_save(t: torch.Tensor) -> torch.Tensor:
@@ -256,8 +291,14 @@ def _eager_autograd(torch: Any) -> type:
 
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         plan = ctx.plan
-        saved = ctx.saved_tensors
-        out = plan.run(plan.backward, (*saved, *plan.cotangents(grads)), None, plan.backward_bf16)
+        saved = ctx.saved_tensors  # torch's check that nothing saved was modified in place since
+        cotangents = plan.cotangents(grads)
+        if ctx.arrays is None:
+            out = plan.run(plan.backward, (*saved, *cotangents), None, plan.backward_bf16)
+        else:  # the forward's numpy views of what was saved, not converted again
+            bf16 = plan.backward_bf16
+            arrays = [*ctx.arrays, *numpy_views(torch, cotangents, bf16)]
+            out = wrap(torch, owned(plan.execute(plan.backward, arrays), arrays), bf16)
         return (None, *plan.gradients(saved, out))
 
     class EagerAutograd(torch.autograd.Function):
@@ -265,11 +306,21 @@ def _eager_autograd(torch: Any) -> type:
         def forward(ctx: Any, plan: EagerPlan, *tensors: torch.Tensor) -> Any:
             if plan.forward is None:
                 plan.saving(tensors)
-            saved = tensors
+            ctx.plan = plan
+            ctx.arrays = None
             if plan.cpu:  # a strided tensor copied once, and the backward reads the copy
                 saved = tuple([t if t.is_contiguous() else copy_to_save(t) for t in tensors])
-            outputs = plan.run(plan.forward, saved, plan.first, plan.forward_bf16)
-            ctx.plan = plan
+                bf16 = plan.forward_bf16
+                arrays = numpy_views(torch, saved, bf16)
+                kept = owned(picked_outputs(plan.execute(plan.forward, arrays), plan.first), arrays)
+                outputs = wrap(torch, kept, bf16)
+                # the backward reads these arrays as they are, unless an expanded input's was a copy
+                # (saved as the view, its copy made again: a copy kept would hold more than the view)
+                if plan.backward_bf16 == bf16 and all([t.is_contiguous() for t in saved]):
+                    ctx.arrays = [*arrays, *[kept[slot] for slot in plan.saved_slots]]
+            else:
+                saved = tensors
+                outputs = plan.run(plan.forward, saved, plan.first, plan.forward_bf16)
             ctx.save_for_backward(*saved, *[outputs[slot] for slot in plan.saved_slots])
             if len(plan.outputs) == 1:
                 return outputs[plan.outputs[0]]

@@ -42,6 +42,8 @@ from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, gemm, maximum_f3
 from attncomp.backends.numba_cpu.tile_math import (
     exp2_f32,
     exp_nonpositive_f32,
+    group_scores,
+    group_values,
     rows_scores,
     rows_scores_bf16,
     rows_values,

@@ -169,6 +169,107 @@ def rows_values_bf16(s, vs, acc, nq, nk):  # rows_values of values held as bf16 
                 acc[r, e] += weight * bf16_to_f32(vs[rest, e])
 
 
+# Grouped-query decoding: the query heads of a group read one key/value tile.  Multiplying
+# four of their rows in one pass over the tile reads (and, for bf16, widens) each element once
+# per four rows instead of once per row.
+def as_float(x):
+    """An element of a key or value tile as a float: bf16 bits (uint16) widened, floats as they are."""
+    raise NotImplementedError("as_float is for compiled code")
+
+
+@overload(as_float, inline="always")
+def _as_float(x):
+    if x == types.uint16:
+        return lambda x: bf16_to_f32(x)
+    return lambda x: x
+
+
+@njit(inline="always")
+def row(x, k, nq):  # row k of a group's rows (head k // nq, query row k % nq)
+    return x[k // nq, k % nq]
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def group_scores(qt, ks, sg, n_heads, nq, nk):
+    """``sg[g, r, :nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
+    (keys in float, or bf16 bits widened as read): four rows per pass over the keys."""
+    n_rows = n_heads * nq
+    k = 0
+    while k + 4 <= n_rows:
+        q0, q1, q2, q3 = row(qt, k, nq), row(qt, k + 1, nq), row(qt, k + 2, nq), row(qt, k + 3, nq)
+        s0, s1, s2, s3 = row(sg, k, nq), row(sg, k + 1, nq), row(sg, k + 2, nq), row(sg, k + 3, nq)
+        for c in range(nk):
+            t0 = t1 = t2 = t3 = s0.dtype.type(0.0)
+            for d in range(ks.shape[1]):
+                x = as_float(ks[c, d])
+                t0 += q0[d] * x
+                t1 += q1[d] * x
+                t2 += q2[d] * x
+                t3 += q3[d] * x
+            s0[c], s1[c], s2[c], s3[c] = t0, t1, t2, t3
+        k += 4
+    for rest in range(k, n_rows):
+        q, s = row(qt, rest, nq), row(sg, rest, nq)
+        for c in range(nk):
+            total = s.dtype.type(0.0)
+            for d in range(ks.shape[1]):
+                total += q[d] * as_float(ks[c, d])
+            s[c] = total
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def group_values(sg, vs, acc, active, n_heads, nq, nk):
+    """``acc[g, r] += sg[g, r, :nk] @ vs[:nk]`` for the heads ``g < n_heads`` with ``active[g]``
+    and rows ``r < nq`` (values in float, or bf16 bits): four rows per pass over the values, two
+    keys per pass over the rows."""
+    rows = np.empty(n_heads * nq, dtype=np.int64)
+    n_rows = 0
+    for g in range(n_heads):
+        if active[g]:
+            for r in range(nq):
+                rows[n_rows] = g * nq + r
+                n_rows += 1
+    k = 0
+    while k + 4 <= n_rows:
+        i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
+        w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
+        a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
+        c = 0
+        while c + 2 <= nk:
+            p0, p1, p2, p3 = w0[c], w1[c], w2[c], w3[c]
+            n0, n1, n2, n3 = w0[c + 1], w1[c + 1], w2[c + 1], w3[c + 1]
+            for e in range(a0.shape[0]):
+                x = as_float(vs[c, e])
+                y = as_float(vs[c + 1, e])
+                a0[e] += p0 * x + n0 * y
+                a1[e] += p1 * x + n1 * y
+                a2[e] += p2 * x + n2 * y
+                a3[e] += p3 * x + n3 * y
+            c += 2
+        for last in range(c, nk):
+            p0, p1, p2, p3 = w0[last], w1[last], w2[last], w3[last]
+            for e in range(a0.shape[0]):
+                x = as_float(vs[last, e])
+                a0[e] += p0 * x
+                a1[e] += p1 * x
+                a2[e] += p2 * x
+                a3[e] += p3 * x
+        k += 4
+    for rest in range(k, n_rows):  # one row: four keys per pass over it (as rows_values)
+        w, a = row(sg, rows[rest], nq), row(acc, rows[rest], nq)
+        c = 0
+        while c + 4 <= nk:
+            p0, p1, p2, p3 = w[c], w[c + 1], w[c + 2], w[c + 3]
+            for e in range(a.shape[0]):
+                pair = p0 * as_float(vs[c, e]) + p1 * as_float(vs[c + 1, e])
+                a[e] += pair + (p2 * as_float(vs[c + 2, e]) + p3 * as_float(vs[c + 3, e]))
+            c += 4
+        for last in range(c, nk):
+            p = w[last]
+            for e in range(a.shape[0]):
+                a[e] += p * as_float(vs[last, e])
+
+
 # The backward multiplies tiles with ``gemm`` (BLAS in place, accumulating).  OpenBLAS's small
 # products are fast as q @ k and slow as q @ kᵀ, so each key/value tile is transposed once.
 @njit(cache=True, nogil=True)
