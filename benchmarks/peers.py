@@ -37,9 +37,9 @@ def blas_kernels() -> str:
     on it (Haswell's 256-bit kernels or SkylakeX's 512-bit ones on an AVX-512 CPU)."""
     import ctypes
 
-    from attncomp.backends.numba_cpu import runtime
+    from attncomp.backends.numba_cpu.intrinsics import scipy_openblas
 
-    lib = runtime.blas_one_thread.lib
+    lib = scipy_openblas()
     if lib is None or not hasattr(lib, "scipy_openblas_get_corename"):
         return "SciPy's BLAS: unknown kernels"
     corename = lib.scipy_openblas_get_corename

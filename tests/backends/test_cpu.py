@@ -301,3 +301,34 @@ def test_torch_imported_after_a_cpu_call_keeps_its_own_openmp_runtime():
     root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=root).stdout
     assert torch_openmp_path() in out, out
+
+
+def test_kernels_keep_scipys_blas_on_one_thread_and_restore_it():
+    """A kernel's driver sets SciPy's OpenBLAS to one thread (its tasks call BLAS from every worker)
+    and back to the count it had when it ends."""
+    from numba import njit
+
+    from attncomp.backends.numba_cpu import intrinsics
+
+    lib = intrinsics.scipy_openblas()
+    if lib is None:
+        pytest.skip("SciPy's OpenBLAS is not found: the kernels leave BLAS threads alone")
+
+    @njit
+    def pinned():
+        saved = intrinsics.pin_blas_threads()
+        inside = np.int64(intrinsics.pin_blas_threads())  # the count while pinned (pinning again: 1)
+        intrinsics.restore_blas_threads(saved)
+        return saved, inside
+
+    before = lib.scipy_openblas_get_num_threads()
+    try:
+        lib.scipy_openblas_set_num_threads(2)
+        assert pinned() == (2, 1)
+        assert lib.scipy_openblas_get_num_threads() == 2
+        fn = ac.compile(pass_specs.causal, backend="cpu")
+        q = np.random.default_rng(0).standard_normal((1, 2, 80, 8)).astype(np.float32)
+        fn(q, q, q)  # BLAS tiles (80 rows), then the count the kernel found
+        assert lib.scipy_openblas_get_num_threads() == 2
+    finally:
+        lib.scipy_openblas_set_num_threads(before)

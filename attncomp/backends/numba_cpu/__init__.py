@@ -38,7 +38,15 @@ import numpy as np
 from numba import get_num_threads, njit, prange, types
 
 from attncomp.backends.numba_cpu import runtime as rt
-from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, gemm, maximum_f32, maximum_f64, task_caller
+from attncomp.backends.numba_cpu.intrinsics import (
+    bf16_to_f32,
+    gemm,
+    maximum_f32,
+    maximum_f64,
+    pin_blas_threads,
+    restore_blas_threads,
+    task_caller,
+)
 from attncomp.backends.numba_cpu.tile_math import (
     exp2_f32,
     exp_nonpositive_f32,

@@ -197,6 +197,7 @@ class BackwardKernelWriter(KernelSource):
         w.line(str(jit.typed(driver_signature, parallel=True)))
         w.line(f"def {self.name}(slot_at, {params}):")
         with w.indent():
+            w.line("blas_threads = pin_blas_threads()  # the slots' BLAS calls run on their own thread")
             # a small call runs its slots in order on the calling thread (the same sums: each slot
             # adds its units in the same order), without starting the parallel workers
             w.line(f"if n_slots == 1 or out_dq.size * out_dk.shape[{nb}] * 3 < SERIAL_WORK:")
@@ -209,6 +210,7 @@ class BackwardKernelWriter(KernelSource):
                 w.line("for slot in prange(n_slots):")
                 with w.indent():
                     w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+            w.line("restore_blas_threads(blas_threads)")
         sig.declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
         return w.text()
 

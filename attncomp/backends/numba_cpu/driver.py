@@ -209,10 +209,8 @@ class DriverWriter:
         acc = accumulation_dtype(op.results[0].type.dtype)
         args = self.kernel_args(op, captured, acc)
         dims = [dim_var(d) for d in self.dim_names()]
-        self.w.line("with rt.blas_one_thread:")
-        with self.w.indent():
-            tasks = [f"*{kernel.upper()}_TASKS"]  # the task functions, called through pointers
-            self.w.line(f"{kernel}({', '.join(tasks + outs + args + dims + ['rt.num_threads()'])})")
+        tasks = [f"*{kernel.upper()}_TASKS"]  # the task functions, called through pointers
+        self.w.line(f"{kernel}({', '.join(tasks + outs + args + dims + ['rt.num_threads()'])})")
         for result in op.results:
             self.w.line(f"{self.names[result]} = rt.cast({self.names[result]}, {result.type.dtype!r})")
 
@@ -246,9 +244,7 @@ class DriverWriter:
             self.w.line(f"{parts[-1]} = np.zeros(({slots}, *{shape_expr(result)}), dtype={dtype})")
         dims = [dim_var(d) for d in self.dim_names()]
         args = outs + parts + self.kernel_args(op, captured, acc) + dims + [slots]
-        self.w.line("with rt.blas_one_thread:")
-        with self.w.indent():
-            self.w.line(f"{kernel}(*{kernel.upper()}_TASKS, {', '.join(args)})")
+        self.w.line(f"{kernel}(*{kernel.upper()}_TASKS, {', '.join(args)})")
         for result in op.results[3:]:
             self.w.line(f"{self.names[result]} = {self.names[result]}.sum(axis=0)")
         for result in op.results:

@@ -7,9 +7,15 @@ compare-and-branch chain (a 3x slower score pass).  ``float_from_bits`` is a
 bit cast, so that ``exp`` can build ``2**n`` from its exponent bits.  ``gemm`` is
 BLAS's matrix product with its transposes, leading dimensions and ``beta``, which
 ``np.dot`` hides: it multiplies tiles in place and accumulates without a temporary.
+``pin_blas_threads``/``restore_blas_threads`` keep that BLAS to one thread while a kernel runs.
 """
 
 from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from typing import Any
 
 from llvmlite import binding as llvm
 from llvmlite import ir
@@ -141,6 +147,77 @@ def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
     if not isinstance(beta, (types.Integer, types.Float)):
         return None
     return types.void(trans_a, trans_b, m, n, k, a, b, beta, c), _gemm_codegen(a.dtype)
+
+
+# BLAS threads ----------------------------------------------------------------------------
+# Kernels call BLAS from every worker of their ``prange``; a BLAS that also starts threads
+# oversubscribes the cores (measured: 10x slower tiles).  A kernel's parallel driver sets SciPy's
+# OpenBLAS to one thread as it starts and back as it ends: two calls in compiled code, where a
+# Python ``with`` around the kernel cost three ctypes calls (1.5 us) per kernel call.
+def scipy_openblas() -> Any:
+    """SciPy's OpenBLAS library (ctypes), or None where it is not found."""
+    try:
+        import scipy
+
+        pattern = os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "libscipy_openblas*")
+        for path in glob.glob(pattern):
+            lib = ctypes.CDLL(path)
+            if hasattr(lib, "scipy_openblas_set_num_threads"):
+                return lib
+    except Exception:  # an optional speed-up: never fail for it
+        return None
+    return None
+
+
+_BLAS = scipy_openblas()
+#: without SciPy's OpenBLAS, functions that report one thread and set nothing (ctypes callbacks:
+#: kept here, alive, as long as the kernels that call them)
+_NO_BLAS = (ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1), ctypes.CFUNCTYPE(None, ctypes.c_int)(lambda n: None))
+for _name, _found, _fallback in (
+    ("attncomp_blas_threads", "scipy_openblas_get_num_threads", _NO_BLAS[0]),
+    ("attncomp_set_blas_threads", "scipy_openblas_set_num_threads", _NO_BLAS[1]),
+):
+    _function = getattr(_BLAS, _found) if _BLAS is not None else _fallback
+    llvm.add_symbol(_name, ctypes.cast(_function, ctypes.c_void_p).value)
+
+
+def _blas_threads(builder: ir.IRBuilder, value: ir.Value | None = None) -> ir.Value:
+    """A call of the BLAS's thread count (``value`` None) or of its setter (to ``value``)."""
+    i32 = ir.IntType(32)
+    if value is None:
+        fnty, name, args = ir.FunctionType(i32, []), "attncomp_blas_threads", []
+    else:
+        fnty, name, args = ir.FunctionType(ir.VoidType(), [i32]), "attncomp_set_blas_threads", [value]
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+@intrinsic
+def pin_blas_threads(typingctx):
+    """Set SciPy's OpenBLAS to one thread; give the count it had (for :func:`restore_blas_threads`)."""
+
+    def codegen(context, builder, signature, args):
+        saved = _blas_threads(builder)
+        one = ir.Constant(saved.type, 1)
+        with builder.if_then(builder.icmp_signed("!=", saved, one)):
+            _blas_threads(builder, one)
+        return builder.sext(saved, ir.IntType(64))
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def restore_blas_threads(typingctx, saved):
+    """Set SciPy's OpenBLAS back to ``saved`` threads (what :func:`pin_blas_threads` gave)."""
+    if not isinstance(saved, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        count = builder.trunc(args[0], ir.IntType(32)) if args[0].type.width > 32 else args[0]
+        with builder.if_then(builder.icmp_signed("!=", count, ir.Constant(count.type, 1))):
+            _blas_threads(builder, count)
+        return context.get_dummy_value()
+
+    return types.void(saved), codegen
 
 
 # Calling a task through its address --------------------------------------------------------

@@ -352,6 +352,7 @@ class KernelWriter(KernelSource):
         w.line(f"def {self.name}(task_at, {params}):")
         with w.indent():
             self.header()
+            w.line("blas_threads = pin_blas_threads()  # the tasks' BLAS calls run on their own thread")
             # Too few units to fill the cores (decoding one token for few heads): split each
             # unit's keys into chunks done in parallel, merged by their log-sum-exp (flash-decoding).
             w.line("n_split = 1")
@@ -381,6 +382,7 @@ class KernelWriter(KernelSource):
             w.line("if n_split > 1:")
             with w.indent():
                 w.line(f"CALL_{signature}(task_at, np.int64(0), np.int64(1), 1, {shared})")
+            w.line("restore_blas_threads(blas_threads)")
         sig.declare_addresses(w, self.name, signature, [f"{self.name}_task"])
         return w.text()
 

@@ -97,47 +97,6 @@ def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:
     return (np.minimum if kind == "min" else np.maximum).reduceat(x, starts, axis=axis)
 
 
-class _ScipyBlasThreads:
-    """Pins the BLAS the kernels call (SciPy's OpenBLAS: Numba's ``np.dot``, ``intrinsics.gemm``) to one thread.
-
-    Kernels call BLAS from every worker of their ``prange``; a BLAS that also
-    starts threads oversubscribes the cores (measured: 10x slower tiles).
-    Without SciPy's OpenBLAS library found, this does nothing.
-    """
-
-    def __init__(self) -> None:
-        self.lib = None
-        try:
-            import ctypes
-            import glob
-            import os
-
-            import scipy
-
-            pattern = os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "libscipy_openblas*")
-            for path in glob.glob(pattern):
-                lib = ctypes.CDLL(path)
-                if hasattr(lib, "scipy_openblas_set_num_threads"):
-                    self.lib = lib
-                    break
-        except Exception:  # an optional speed-up: never fail a call for it
-            self.lib = None
-        self.saved = 1
-
-    def __enter__(self) -> None:
-        if self.lib is not None:
-            self.saved = self.lib.scipy_openblas_get_num_threads()
-            if self.saved != 1:
-                self.lib.scipy_openblas_set_num_threads(1)
-
-    def __exit__(self, *exc) -> None:
-        if self.lib is not None and self.saved != 1:
-            self.lib.scipy_openblas_set_num_threads(self.saved)
-
-
-blas_one_thread = _ScipyBlasThreads()
-
-
 def _thread_count() -> Callable[[], int]:
     """``numba.get_num_threads`` as the drivers call it on every kernel call: once Numba's thread
     pool is started, its C function reads the calling thread's count in a fifth of the time."""
