@@ -5,11 +5,13 @@ transform watching (:func:`eager_dtypes`), computes what the registered custom o
 without the dispatcher's round trip.  What such calls share for one key of argument dtypes is an
 :class:`EagerPlan`, derived (and checked) on the first call with that key: the compilations,
 which outputs are results and which are saved for the backward.  A later call converts its
-tensors, runs, and wraps the outputs; the compiled function's binding still checks every shape
-by its key, so a bad tensor after good calls gets the same error as on the first.
+tensors, runs, and wraps the outputs.  The first call with a key of element types and shapes
+binds them the checked way; later ones of that key reuse the sizes it bound, so a bad tensor
+after good calls (a new key) gets the same error as on the first.
 
 With a gradient wanted, :class:`EagerAutograd` (an ``autograd.Function``) saves what the
-registered autograd saves and runs the same compiled backward.
+registered autograd saves and runs the same compiled backward, on the numpy views of the saved
+tensors its forward made.
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ def numpy_views(torch: Any, tensors: Sequence[torch.Tensor], bf16: bool) -> list
 
 
 def picked_outputs(outputs: Sequence[Any], picked: Sequence[int] | None) -> Sequence[Any]:
+    """The ``picked`` outputs (all when None)."""
     return outputs if picked is None else [outputs[k] for k in picked]
 
 
