@@ -153,7 +153,8 @@ def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
 # Kernels call BLAS from every worker of their ``prange``; a BLAS that also starts threads
 # oversubscribes the cores (measured: 10x slower tiles).  A kernel's parallel driver sets SciPy's
 # OpenBLAS to one thread as it starts and back as it ends: two calls in compiled code, where a
-# Python ``with`` around the kernel cost three ctypes calls (1.5 us) per kernel call.
+# Python ``with`` around the kernel cost three ctypes calls (1.5 us) per kernel call.  A task
+# that raises (Numba's MemoryError) leaves it at one thread: slower BLAS after, never wrong.
 def scipy_openblas() -> Any:
     """SciPy's OpenBLAS library (ctypes), or None where it is not found."""
     try:
