@@ -114,64 +114,10 @@ def _tanh(x):
     return lambda x: np.tanh(x)
 
 
-# A few query rows (decoding) are matrix-vector work: plain loops on row-major scores beat a
-# BLAS call's overhead.
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
-def rows_scores(q, ks, s, nq, nk):  # s[:nq, :nk] = q[:nq] @ ks[:nk].T
-    for r in range(nq):
-        for c in range(nk):
-            total = q.dtype.type(0.0)
-            for d in range(q.shape[1]):
-                total += q[r, d] * ks[c, d]
-            s[r, c] = total
-
-
-# The values' loops take four keys per pass over an accumulator row: its loads and stores,
-# not the multiplies, bound the one-key loop (half the time, float32 and bf16 alike).
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
-def rows_values(s, vs, acc, nq, nk):  # acc[:nq] += s[:nq, :nk] @ vs[:nk]
-    for r in range(nq):
-        c = 0
-        while c + 4 <= nk:
-            w0, w1, w2, w3 = s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3]
-            for e in range(acc.shape[1]):
-                acc[r, e] += (w0 * vs[c, e] + w1 * vs[c + 1, e]) + (w2 * vs[c + 2, e] + w3 * vs[c + 3, e])
-            c += 4
-        for rest in range(c, nk):
-            weight = s[r, rest]
-            for e in range(acc.shape[1]):
-                acc[r, e] += weight * vs[rest, e]
-
-
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
-def rows_scores_bf16(q, ks, s, nq, nk):  # rows_scores of keys held as bf16 bits, widened as they are read
-    for r in range(nq):
-        for c in range(nk):
-            total = q.dtype.type(0.0)
-            for d in range(q.shape[1]):
-                total += q[r, d] * bf16_to_f32(ks[c, d])
-            s[r, c] = total
-
-
-@njit(fastmath=FASTMATH, cache=True, nogil=True)
-def rows_values_bf16(s, vs, acc, nq, nk):  # rows_values of values held as bf16 bits
-    for r in range(nq):
-        c = 0
-        while c + 4 <= nk:
-            w0, w1, w2, w3 = s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3]
-            for e in range(acc.shape[1]):
-                pair = w0 * bf16_to_f32(vs[c, e]) + w1 * bf16_to_f32(vs[c + 1, e])
-                acc[r, e] += pair + (w2 * bf16_to_f32(vs[c + 2, e]) + w3 * bf16_to_f32(vs[c + 3, e]))
-            c += 4
-        for rest in range(c, nk):
-            weight = s[r, rest]
-            for e in range(acc.shape[1]):
-                acc[r, e] += weight * bf16_to_f32(vs[rest, e])
-
-
-# Grouped-query decoding: the query heads of a group read one key/value tile.  Multiplying
-# four of their rows in one pass over the tile reads (and, for bf16, widens) each element once
-# per four rows instead of once per row.
+# A few query rows (decoding) are matrix-vector work: loops on row-major scores beat a BLAS
+# call's overhead.  The query heads of a group (grouped-query attention) read one key/value
+# tile: multiplying four of their rows in one pass over it reads (and, for bf16, widens) each
+# element once per four rows instead of once per row.
 def as_float(x):
     """An element of a key or value tile as a float: bf16 bits (uint16) widened, floats as they are."""
     raise NotImplementedError("as_float is for compiled code")
@@ -255,7 +201,9 @@ def group_values(sg, vs, acc, active, n_heads, nq, nk):
                 a2[e] += p2 * x
                 a3[e] += p3 * x
         k += 4
-    for rest in range(k, n_rows):  # one row: four keys per pass over it (as rows_values)
+    # one row: four keys per pass over it (its accumulator's loads and stores, not the
+    # multiplies, bound a one-key loop: half the time, float32 and bf16 alike)
+    for rest in range(k, n_rows):
         w, a = row(sg, rows[rest], nq), row(acc, rows[rest], nq)
         c = 0
         while c + 4 <= nk:
