@@ -110,9 +110,12 @@ class EagerPlan:
         ``bf16``: whether a bf16 tensor goes in or comes out (read and wrapped as 16-bit views)."""
         if not self.cpu:
             return self.op.run_tensors(compiled, tensors, picked, self.dtypes)
-        torch = self.op.torch
-        arrays = numpy_views(torch, tensors, bf16)
-        return wrap(torch, owned(picked_outputs(self.execute(compiled, arrays), picked), arrays), bf16)
+        arrays = numpy_views(self.op.torch, tensors, bf16)
+        return wrap(self.op.torch, self.run_arrays(compiled, arrays, picked), bf16)
+
+    def run_arrays(self, compiled: Compilation, arrays: Sequence[np.ndarray], picked: Sequence[int] | None) -> list:
+        """:meth:`execute`'s ``picked`` outputs (all when None), each aliasing no input and no other."""
+        return owned(picked_outputs(self.execute(compiled, arrays), picked), arrays)
 
     def call(self, tensors: Sequence[torch.Tensor]) -> Any:
         """The spec's results, no gradient wanted."""
@@ -301,7 +304,7 @@ def _eager_autograd(torch: Any) -> type:
         else:  # the forward's numpy views of what was saved, not converted again
             bf16 = plan.backward_bf16
             arrays = [*ctx.arrays, *numpy_views(torch, cotangents, bf16)]
-            out = wrap(torch, owned(plan.execute(plan.backward, arrays), arrays), bf16)
+            out = wrap(torch, plan.run_arrays(plan.backward, arrays, None), bf16)
         return (None, *plan.gradients(saved, out))
 
     class EagerAutograd(torch.autograd.Function):
@@ -315,7 +318,7 @@ def _eager_autograd(torch: Any) -> type:
                 saved = tuple([t if t.is_contiguous() else copy_to_save(t) for t in tensors])
                 bf16 = plan.forward_bf16
                 arrays = numpy_views(torch, saved, bf16)
-                kept = owned(picked_outputs(plan.execute(plan.forward, arrays), plan.first), arrays)
+                kept = plan.run_arrays(plan.forward, arrays, plan.first)
                 outputs = wrap(torch, kept, bf16)
                 # the backward reads these arrays as they are, unless an expanded input's was a copy
                 # (saved as the view, its copy made again: a copy kept would hold more than the view)
