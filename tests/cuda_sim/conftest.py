@@ -19,5 +19,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     # The simulator runs each CUDA thread as a Python thread and polls them from the main
     # thread; switching threads every 0.5 ms instead of every 5 ms halves its run time.
     sys.setswitchinterval(5e-4)
+    from tests.cuda_sim import sim_memory
+
+    sim_memory.install()
 elif os.environ.get("ATTNCOMP_TEST_GPU") != "1":
     collect_ignore_glob = ["test_*.py"]
