@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from attncomp.backends.cache import stamp_helpers_by_runtime
+
+stamp_helpers_by_runtime()  # before any compiled helper of attncomp.backends is decorated
+
 if TYPE_CHECKING:
     from attncomp.backends.base import Program
     from attncomp.ir.core import Module

@@ -3,7 +3,9 @@
 Generated kernels import these instead of carrying their own copies, so a new
 spec compiles only what is its own (score, mask, loop bounds, tile loads);
 these compile once per element type and machine (Numba's cache, beside this
-file) and are linked into each kernel.
+file, keyed by attncomp's code: ``cache.stamp_helpers_by_runtime``) and are
+linked into each kernel.  A decode step's grouped rows run on the explicit
+vector loops of ``vector_loops.py``.
 
 The online softmax keeps scores and maxima in base 2 (the score times
 log2(e)), so its exponentials are ``2**x``.  In float32 that is a polynomial
@@ -17,6 +19,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, float_from_bits, prefer_wide_vectors
+from attncomp.backends.numba_cpu.vector_loops import HAS_BF16_DOT, KEYS, WIDTH, axpy4, dots4, f32_bits, prefetch_row
 
 #: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -135,16 +138,80 @@ def row(x, k, nq):  # row k of a group's rows (head k // nq, query row k % nq)
     return x[k // nq, k % nq]
 
 
+def bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+    """:func:`group_scores` on the CPU's bf16 dot products (``vector_loops.dots4``) where they give the same
+    products: bf16 keys, query rows that are bf16 values (exactly: their float32 bits end in 16
+    zeros), rows of a multiple of 32, the CPU's instruction.  Returns whether it computed them."""
+    raise NotImplementedError("bf16_group_scores is for compiled code")
+
+
+@overload(bf16_group_scores, fastmath=FASTMATH)
+def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+    if not (HAS_BF16_DOT and ks.dtype == types.uint16 and qt.dtype == types.float32):
+        return lambda qt, ks, sg, n_heads, nq, nk: False
+
+    def impl(qt, ks, sg, n_heads, nq, nk):
+        n_rows = n_heads * nq
+        n_d = ks.shape[1]
+        if n_rows < 2 or n_d % WIDTH != 0 or ks.strides[1] != 2:
+            return False
+        qb = np.empty((-(-n_rows // 4) * 4, n_d), dtype=np.uint16)
+        qb[n_rows:] = 0  # rows past n_rows: their sums go to ``spare``
+        low = np.uint32(0)  # the low bits of every query element: zero when all are bf16 values
+        for k in range(n_rows):
+            q = row(qt, k, nq)
+            for d in range(n_d):
+                bits = f32_bits(q[d])
+                low |= bits
+                qb[k, d] = np.uint16(bits >> np.uint32(16))
+        if low & np.uint32(0xFFFF):
+            return False  # not bf16 values: the float32 loops keep their precision
+        spare = np.empty(nk, dtype=sg.dtype)  # where the rows past n_rows go
+        for k in range(0, qb.shape[0], 4):
+            s0 = row(sg, k, nq)
+            s1 = spare
+            if k + 1 < n_rows:
+                s1 = row(sg, k + 1, nq)
+            s2 = spare
+            if k + 2 < n_rows:
+                s2 = row(sg, k + 2, nq)
+            s3 = spare
+            if k + 3 < n_rows:
+                s3 = row(sg, k + 3, nq)
+            c = 0
+            while c + KEYS <= nk:
+                t = dots4(qb, k, ks, c, nk)
+                s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
+                s1[c], s1[c + 1], s1[c + 2], s1[c + 3] = t[4], t[5], t[6], t[7]
+                s2[c], s2[c + 1], s2[c + 2], s2[c + 3] = t[8], t[9], t[10], t[11]
+                s3[c], s3[c + 1], s3[c + 2], s3[c + 3] = t[12], t[13], t[14], t[15]
+                c += KEYS
+        for last in range(c, nk):  # the last keys, fewer than KEYS
+            for k in range(n_rows):
+                q, s = row(qt, k, nq), row(sg, k, nq)
+                total = np.float32(0.0)
+                for d in range(n_d):
+                    total += q[d] * bf16_to_f32(ks[last, d])
+                s[last] = total
+        return True
+
+    return impl
+
+
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
 def group_scores(qt, ks, sg, n_heads, nq, nk):
     """``sg[g, r, :nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
-    (keys in float, or bf16 bits widened as read): four rows per pass over the keys."""
+    (keys in float, or bf16 bits widened as read): four rows per pass over the keys, on the CPU's
+    bf16 dot products where :func:`bf16_group_scores` can use them."""
+    if bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+        return
     n_rows = n_heads * nq
     k = 0
     while k + 4 <= n_rows:
         q0, q1, q2, q3 = row(qt, k, nq), row(qt, k + 1, nq), row(qt, k + 2, nq), row(qt, k + 3, nq)
         s0, s1, s2, s3 = row(sg, k, nq), row(sg, k + 1, nq), row(sg, k + 2, nq), row(sg, k + 3, nq)
         for c in range(nk):
+            prefetch_row(ks, c + nk)  # the next tile's row, while this one's are multiplied
             t0 = t1 = t2 = t3 = s0.dtype.type(0.0)
             for d in range(ks.shape[1]):
                 x = as_float(ks[c, d])
@@ -163,11 +230,39 @@ def group_scores(qt, ks, sg, n_heads, nq, nk):
             s[c] = total
 
 
+def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
+    """``group_values``' fours of ``rows`` on :func:`vector_loops.axpy4` where it applies: float32
+    accumulator rows of a multiple of 32, contiguous, and value rows of float32 or bf16 bits,
+    contiguous.  Returns how many of the rows it did (a multiple of four; none where it does not
+    apply)."""
+    raise NotImplementedError("vector_group_values is for compiled code")
+
+
+@overload(vector_group_values, fastmath=FASTMATH)
+def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
+    if not (vs.dtype in (types.uint16, types.float32) and acc.dtype == types.float32 and sg.dtype == types.float32):
+        return lambda sg, vs, acc, rows, n_rows, nq, nk: 0
+
+    def impl(sg, vs, acc, rows, n_rows, nq, nk):
+        if acc.shape[2] % WIDTH != 0 or acc.strides[2] != 4 or vs.strides[1] != vs.itemsize:
+            return 0
+        k = 0
+        while k + 4 <= n_rows:
+            i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
+            w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
+            a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
+            axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, nk)  # prefetching the next tile's rows
+            k += 4
+        return k
+
+    return impl
+
+
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
 def group_values(sg, vs, acc, active, n_heads, nq, nk):
     """``acc[g, r] += sg[g, r, :nk] @ vs[:nk]`` for the heads ``g < n_heads`` with ``active[g]``
-    and rows ``r < nq`` (values in float, or bf16 bits): four rows per pass over the values, two
-    keys per pass over the rows."""
+    and rows ``r < nq`` (values in float, or bf16 bits): four rows per pass over the values (on
+    :func:`vector_group_values` where it applies), two keys per pass over the rows."""
     rows = np.empty(n_heads * nq, dtype=np.int64)
     n_rows = 0
     for g in range(n_heads):
@@ -175,7 +270,7 @@ def group_values(sg, vs, acc, active, n_heads, nq, nk):
             for r in range(nq):
                 rows[n_rows] = g * nq + r
                 n_rows += 1
-    k = 0
+    k = vector_group_values(sg, vs, acc, rows, n_rows, nq, nk)
     while k + 4 <= n_rows:
         i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
         w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)

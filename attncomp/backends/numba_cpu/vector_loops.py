@@ -1,0 +1,264 @@
+"""The decode step's grouped-row loops as explicit vector code (LLVM IR), where Numba's loops fall short.
+
+A decode step multiplies four query rows (the heads of a GQA group and their new
+tokens) with each key and value tile (``tile_math.group_scores``,
+``group_values``).  Written as Numba loops, LLVM vectorises only the innermost
+loop: the scores reduce each key's products across a vector's lanes, and the
+values load and store the four accumulator rows for every pair of value rows.
+
+``dots4(qb, r, ks, c)`` runs the scores on AVX-512 BF16's ``vdpbf16ps``, which
+multiplies 32 pairs of bf16 elements and adds each pair's two products into
+one of 16 float32 lanes: twice the products of a float32 FMA, from 16-bit
+operands read as they are stored (no widening).  A product of two bf16 values
+is exact in float32, so this differs from widened floats only in the order of
+its float32 sums.  It takes four query rows and four key rows at a time (16
+independent sums hide the instruction's latency) and adds the lanes of the 16
+by a transposing tree.  ``HAS_BF16_DOT`` says whether the target Numba compiles
+for has the instruction (the host's CPU, or ``NUMBA_CPU_NAME`` and
+``NUMBA_CPU_FEATURES`` when set); without it the scores keep their float32
+loops.  Numba's cache keys each kernel by the CPU's name and features, so a
+cache built here is not loaded on a CPU without it.
+
+``axpy4(w0, .., w3, a0, .., a3, vs, nk)`` runs the values with 32 columns of
+the four accumulator rows in registers over all the value rows: one read (and,
+for bf16, widening) of a value row's 32 elements feeds eight float32 FMAs.
+It is plain vector code, for any CPU.
+"""
+
+from __future__ import annotations
+
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba.core import cgutils, config, types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+#: bf16 elements per ``vdpbf16ps`` (a 512-bit register)
+WIDTH = 32
+#: key rows per call: 16 independent sums hide the instruction's latency
+KEYS = 4
+
+
+def _target_features() -> str:
+    if config.CPU_NAME:
+        return config.CPU_FEATURES or ""
+    return llvm.get_host_cpu_features().flatten()
+
+
+#: whether the kernels are compiled for a CPU with AVX-512 BF16
+HAS_BF16_DOT = "+avx512bf16" in _target_features().split(",")
+
+
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no type for it): only named in the intrinsic's signature."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+_F32x16 = ir.VectorType(ir.FloatType(), 16)
+_I32x16 = ir.VectorType(ir.IntType(32), 16)
+_BF16x32 = ir.VectorType(_BFloat(), WIDTH)
+
+
+_I8P = ir.IntType(8).as_pointer()
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+
+
+def _const(value: int) -> ir.Constant:
+    return ir.Constant(_I64, value)
+
+
+def _view(context, builder, array_type, array) -> tuple[ir.Value, list[ir.Value], list[ir.Value]]:
+    """An array's data as an ``i8*``, its shape and its strides (bytes)."""
+    view = context.make_array(array_type)(context, builder, array)
+    shape = cgutils.unpack_tuple(builder, view.shape, array_type.ndim)
+    strides = cgutils.unpack_tuple(builder, view.strides, array_type.ndim)
+    return builder.bitcast(view.data, _I8P), shape, strides
+
+
+def _at(builder: ir.IRBuilder, base: ir.Value, *offsets: ir.Value) -> ir.Value:
+    """``base`` (an ``i8*``) moved on by the sum of ``offsets`` bytes."""
+    total = offsets[0]
+    for offset in offsets[1:]:
+        total = builder.add(total, offset)
+    return builder.gep(base, [total])
+
+
+def _load(builder: ir.IRBuilder, pointer: ir.Value, vector: ir.VectorType, align: int) -> ir.Value:
+    return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=align)
+
+
+def _prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
+    """Prefetch the cache line at ``pointer`` (an ``i8*``) into L2, for reading."""
+    fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32])
+    prefetch = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+    builder.call(prefetch, [pointer, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+
+
+def _pick(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
+
+
+def _sums(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]:
+    """The lane sums of 16 float32 vectors of 16 lanes, in their order, by a transposing tree: each
+    level adds pairs of vectors into one holding half as many partial sums of each (16 -> 8 -> 4
+    -> 2 -> 1 lanes a vector): 30 shuffles and 15 adds in all."""
+    per = 16  # partial sums of each original vector in a lane group
+    while len(vectors) > 1:
+        half = per // 2
+        groups = 16 // per  # original vectors a vector holds
+        lo = [g * per + i for g in range(groups) for i in range(half)]
+        hi = [g * per + half + i for g in range(groups) for i in range(half)]
+        merged = []
+        for a, b in zip(vectors[0::2], vectors[1::2]):
+            first = _pick(builder, a, b, lo + [16 + i for i in lo])
+            second = _pick(builder, a, b, hi + [16 + i for i in hi])
+            merged.append(builder.fadd(first, second))
+        vectors, per = merged, half
+    (total,) = vectors
+    return [builder.extract_element(total, ir.Constant(_I32, i)) for i in range(16)]
+
+
+def _bits_2d(name: str, array) -> None:
+    if not (isinstance(array, types.Array) and array.ndim == 2 and array.dtype == types.uint16):
+        raise TypingError(f"dots4: {name} must be a 2-d array of bf16 bits (uint16), got {array}")
+
+
+@intrinsic
+def dots4(typingctx, qb, r, ks, c, ahead):
+    """The dot products of rows ``r .. r + 3`` of ``qb`` with key rows ``c .. c + 3`` of ``ks``, in
+    float32: ``(qb[r] . ks[c], qb[r] . ks[c + 1], .., qb[r + 1] . ks[c], ..)``, 16 in all.  Both
+    hold bf16 bits (uint16) in rows of a multiple of 32 elements, contiguous within a row;
+    ``HAS_BF16_DOT`` must hold.  It prefetches key rows ``c + ahead .. c + ahead + 3`` (the next
+    tile's, in a cache whose rows follow one another)."""
+    _bits_2d("qb", qb)
+    _bits_2d("ks", ks)
+    result = types.UniTuple(types.float32, 4 * KEYS)
+
+    def codegen(context, builder, signature, args):
+        (q_base, q_shape, q_strides), _, (k_base, _, k_strides), _, _ = (
+            _view(context, builder, t, v) if isinstance(t, types.Array) else None for t, v in zip(signature.args, args)
+        )
+        r_i, c_i, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        queries = [builder.mul(builder.add(r_i, _const(k)), q_strides[0]) for k in range(4)]
+        keys = [builder.mul(builder.add(c_i, _const(j)), k_strides[0]) for j in range(KEYS)]
+        later = builder.mul(ahead_i, k_strides[0])
+        fnty = ir.FunctionType(_F32x16, [_F32x16, _BF16x32, _BF16x32])
+        dp = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.dpbf16ps.512")
+        sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * KEYS)]
+        for s in sums:
+            builder.store(ir.Constant(_F32x16, [0.0] * 16), s)
+        chunks = builder.udiv(q_shape[1], _const(WIDTH))
+        with cgutils.for_range(builder, chunks) as loop:
+            offset = builder.mul(loop.index, _const(2 * WIDTH))  # bytes: a chunk is one cache line
+
+            def bf16x32(base, row):
+                return builder.bitcast(_load(builder, _at(builder, base, row, offset), _I32x16, 2), _BF16x32)
+
+            k_chunks = [bf16x32(k_base, key) for key in keys]
+            for key in keys:  # this chunk of the rows ``ahead`` on
+                _prefetch(builder, _at(builder, k_base, key, later, offset))
+            for k, query in enumerate(queries):
+                q_chunk = bf16x32(q_base, query)
+                for j, k_chunk in enumerate(k_chunks):
+                    s = sums[KEYS * k + j]
+                    builder.store(builder.call(dp, [builder.load(s), q_chunk, k_chunk]), s)
+        return context.make_tuple(builder, result, _sums(builder, [builder.load(s) for s in sums]))
+
+    return result(qb, r, ks, c, ahead), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bits of the float32 ``x``, as a uint32."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _I32)
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
+    """``a_r[e] += sum(w_r[c] * vs[c, e] for c < nk)`` for the four float32 rows ``a_r`` (contiguous,
+    a multiple of 32 long) and their weights ``w_r``; ``vs`` holds float32 values or bf16 bits
+    (uint16), contiguous within a row.  It prefetches value rows ``ahead`` on (the next tile's)."""
+    for array in (w0, w1, w2, w3, a0, a1, a2, a3):
+        if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float32):
+            raise TypingError(f"axpy4: weights and rows must be 1-d float32 arrays, got {array}")
+    if not (isinstance(vs, types.Array) and vs.ndim == 2 and vs.dtype in (types.uint16, types.float32)):
+        raise TypingError(f"axpy4: vs must be a 2-d array of float32 or bf16 bits (uint16), got {vs}")
+    size = vs.dtype.bitwidth // 8  # bytes an element
+
+    def codegen(context, builder, signature, args):
+        f32x32 = ir.VectorType(ir.FloatType(), WIDTH)
+        weights = [_view(context, builder, t, v) for t, v in zip(signature.args[:4], args[:4])]
+        rows = [_view(context, builder, t, v) for t, v in zip(signature.args[4:8], args[4:8])]
+        v_base, _, v_strides = _view(context, builder, signature.args[8], args[8])
+        n_keys, ahead = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (9, 10))
+        later = builder.mul(ahead, v_strides[0])
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(f32x32, [f32x32] * 3), f"llvm.fmuladd.v{WIDTH}f32"
+        )
+        sums = [cgutils.alloca_once(builder, f32x32) for _ in range(4)]
+        with cgutils.for_range(builder, builder.udiv(rows[0][1][0], _const(WIDTH))) as chunk:
+            row_offset = builder.mul(chunk.index, _const(4 * WIDTH))  # bytes into a float32 row
+            places = [builder.bitcast(_at(builder, base, row_offset), f32x32.as_pointer()) for base, _, _ in rows]
+            for place, s in zip(places, sums):
+                builder.store(builder.load(place, align=4), s)
+            value_offset = builder.mul(chunk.index, _const(size * WIDTH))
+            with cgutils.for_range(builder, n_keys) as key:
+                at = builder.add(builder.mul(key.index, v_strides[0]), value_offset)
+                if size == 2:  # bf16: the bits, shifted to the top of float32s
+                    i32x32 = ir.VectorType(_I32, WIDTH)
+                    wide = builder.zext(
+                        _load(builder, _at(builder, v_base, at), ir.VectorType(ir.IntType(16), WIDTH), 2), i32x32
+                    )
+                    values = builder.bitcast(builder.shl(wide, ir.Constant(i32x32, [16] * WIDTH)), f32x32)
+                else:
+                    values = _load(builder, _at(builder, v_base, at), f32x32, 4)
+                for line in range(0, size * WIDTH, 64):  # this chunk of the row ``ahead`` on
+                    _prefetch(builder, _at(builder, v_base, at, later, _const(line)))
+                for (w_base, _, w_strides), s in zip(weights, sums):
+                    w = builder.load(
+                        builder.bitcast(
+                            _at(builder, w_base, builder.mul(key.index, w_strides[0])), ir.FloatType().as_pointer()
+                        )
+                    )
+                    splat = builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(f32x32, None), w, ir.Constant(_I32, 0)),
+                        ir.Constant(f32x32, None),
+                        ir.Constant(ir.VectorType(_I32, WIDTH), [0] * WIDTH),
+                    )
+                    builder.store(builder.call(fma, [splat, values, builder.load(s)]), s)
+            for place, s in zip(places, sums):
+                builder.store(builder.load(s), place, align=4)
+        return context.get_dummy_value()
+
+    return types.none(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead), codegen
+
+
+@intrinsic
+def prefetch_row(typingctx, array, index):
+    """Prefetch row ``index`` of a 2-d array (rows contiguous) into L2, a cache line at a time: the
+    next tile's rows, while the loops over this one's compute."""
+    if not (isinstance(array, types.Array) and array.ndim == 2):
+        raise TypingError(f"prefetch_row: a 2-d array, got {array}")
+    size = array.dtype.bitwidth // 8
+
+    def codegen(context, builder, signature, args):
+        base, shape, strides = _view(context, builder, signature.args[0], args[0])
+        at = builder.mul(context.cast(builder, args[1], signature.args[1], types.intp), strides[0])
+        with cgutils.for_range_slice(builder, _const(0), builder.mul(shape[1], _const(size)), _const(64)) as (line, _):
+            _prefetch(builder, _at(builder, base, at, line))
+        return context.get_dummy_value()
+
+    return types.none(array, index), codegen
