@@ -1,4 +1,4 @@
-"""The decode step's score loop on the CPU's bf16 dot products (``bf16_dot``), against float64."""
+"""The decode step's grouped-row loops (``vector_loops``, ``tile_math``) against float64."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from attncomp.backends.numba_cpu.vector_loops import HAS_BF16_DOT
 
 @njit(cache=True)
 def _on_bf16_dots(qt, ks, sg, n_heads, nq, nk):
-    return bf16_group_scores(qt, ks, sg, n_heads, nq, nk)
+    return bf16_group_scores(qt, ks, sg, n_heads, nq, nk, 0)
 
 
 def _case(n_heads, nq, n_keys, n_d, exact=True, seed=0):
@@ -35,7 +35,7 @@ def _case(n_heads, nq, n_keys, n_d, exact=True, seed=0):
 def test_grouped_scores_equal_float64_dot_products(n_heads, nq, n_keys, n_d):
     qt, ks, want = _case(n_heads, nq, n_keys, n_d)
     sg = np.full((n_heads, 4, n_keys + 2), np.nan, np.float32)
-    group_scores(qt, ks, sg, n_heads, nq, n_keys)
+    group_scores(qt, ks, sg, n_heads, nq, n_keys, n_keys)
     got = sg[:, :nq, :n_keys]
     scale = np.max(np.abs(want[:, :nq]))
     assert np.max(np.abs(got - want[:, :nq])) / scale < 1e-6
@@ -69,7 +69,7 @@ def test_grouped_values_equal_float64_sums(values, n_heads, nq, n_keys, n_e, ina
     start = rng.standard_normal((n_heads, 4, n_e)).astype(np.float32)
     acc = start.copy()
     active = np.array([g not in inactive for g in range(n_heads)], np.int64)
-    group_values(sg, vs, acc, active, n_heads, nq, n_keys)
+    group_values(sg, vs, acc, active, n_heads, nq, n_keys, 0)
     want = start.astype(np.float64)
     product = np.einsum("grk,ke->gre", sg[:, :nq, :n_keys].astype(np.float64), cache[1, 5:].astype(np.float64))
     want[:, :nq] += product * active[:, None, None]

@@ -145,3 +145,17 @@ def test_a_changed_backend_helper_gets_new_cache_entries(tmp_path, monkeypatch):
     assert second is not first and second.__name__ != first.__name__
     assert len(list(tmp_path.glob("attncomp_test_*.py"))) == 2
     assert cache.runtime_digest() == "a-different-attncomp"
+
+
+def test_attncomps_compiled_helpers_are_stamped_by_its_code(monkeypatch):
+    """``tile_math``'s functions call ``vector_loops``' intrinsics, which Numba bakes into their cached
+    code: their cache entries are stamped by attncomp's code as well as their own file, so a change
+    to a helper they call alone compiles them again."""
+    from attncomp.backends import cache
+    from attncomp.backends.numba_cpu import tile_math
+
+    locator = tile_math.group_values._cache._impl._locator
+    own_file, code = locator.get_source_stamp()
+    assert code == cache.runtime_digest()
+    monkeypatch.setattr(cache, "_RUNTIME", ["a-different-attncomp"])
+    assert locator.get_source_stamp() == (own_file, "a-different-attncomp")  # another stamp: a miss

@@ -149,8 +149,10 @@ def test_a_bf16_decoder_holds_half_the_bytes(generic_cpu, generic_interp):
         args = [x.astype(NUMPY[dtype]) for x in inputs]
         outs = [dec(*(x[:, :, a:b] for x in args[:3]), args[3]) for a, b in steps]
         caches[dtype] = sum(c.nbytes for c in dec.cache.values())
-        if dtype == "bf16":  # the kernel streams the cache's bf16 bits, widening them as it reads
-            assert "group_scores(qt, ks_bits" in dec.fn.source and "'bf16')" in dec.fn.source
+        if dtype == "bf16":  # the kernel streams the cache's bf16 bits, prefetching the next tile's
+            assert "group_scores(qt, ks_bits, sg, G, nq, nk, nk)" in dec.fn.source
+            assert "group_values(sg, vs_group, acc, active, G, nq, nk_group, nk_group)" in dec.fn.source
+            assert "'bf16')" in dec.fn.source
         got = np.concatenate(outs, axis=2)
         assert got.dtype == NUMPY[dtype]
         assert worst_error([got], exact_of(generic_interp, "bf16", inputs)) < TOLERANCE["bf16"]

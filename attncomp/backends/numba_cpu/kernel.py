@@ -219,7 +219,9 @@ class KernelWriter(KernelSource):
             # their values multiplied together after the last (task: group_values)
             w.line("if not scored:")
             with w.indent():
-                w.line(f"group_scores(qt, {keys}, sg, G, nq, nk)")
+                # a tile read in place: prefetch the next one's rows as this one's are multiplied
+                ahead = "nk" if self.page_view(compute.k_load) is None else "0"
+                w.line(f"group_scores(qt, {keys}, sg, G, nq, nk, {ahead})")
                 w.line("scored = True")
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
@@ -442,7 +444,8 @@ class KernelWriter(KernelSource):
                     self.loop_body()
                 w.line("if nq <= FEW_ROWS and scored:")
                 with w.indent():
-                    w.line("group_values(sg, vs_group, acc, active, G, nq, nk_group)")
+                    ahead = "nk_group" if self.page_view(t.masked.v_load) is None else "0"
+                    w.line(f"group_values(sg, vs_group, acc, active, G, nq, nk_group, {ahead})")
             w.line("if n_split == 1:")
             with w.indent():
                 w.line("for g in range(G):")

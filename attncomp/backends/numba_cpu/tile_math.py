@@ -138,7 +138,7 @@ def row(x, k, nq):  # row k of a group's rows (head k // nq, query row k % nq)
     return x[k // nq, k % nq]
 
 
-def bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+def bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
     """:func:`group_scores` on the CPU's bf16 dot products (``vector_loops.dots4``) where they give the same
     products: bf16 keys, query rows that are bf16 values (exactly: their float32 bits end in 16
     zeros), rows of a multiple of 32, the CPU's instruction.  Returns whether it computed them."""
@@ -146,11 +146,11 @@ def bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
 
 
 @overload(bf16_group_scores, fastmath=FASTMATH)
-def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
     if not (HAS_BF16_DOT and ks.dtype == types.uint16 and qt.dtype == types.float32):
-        return lambda qt, ks, sg, n_heads, nq, nk: False
+        return lambda qt, ks, sg, n_heads, nq, nk, ahead: False
 
-    def impl(qt, ks, sg, n_heads, nq, nk):
+    def impl(qt, ks, sg, n_heads, nq, nk, ahead):
         n_rows = n_heads * nq
         n_d = ks.shape[1]
         if n_rows < 2 or n_d % WIDTH != 0 or ks.strides[1] != 2:
@@ -180,7 +180,7 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
                 s3 = row(sg, k + 3, nq)
             c = 0
             while c + KEYS <= nk:
-                t = dots4(qb, k, ks, c, nk)
+                t = dots4(qb, k, ks, c, ahead)
                 s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
                 s1[c], s1[c + 1], s1[c + 2], s1[c + 3] = t[4], t[5], t[6], t[7]
                 s2[c], s2[c + 1], s2[c + 2], s2[c + 3] = t[8], t[9], t[10], t[11]
@@ -199,11 +199,13 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def group_scores(qt, ks, sg, n_heads, nq, nk):
+def group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
     """``sg[g, r, :nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
     (keys in float, or bf16 bits widened as read): four rows per pass over the keys, on the CPU's
-    bf16 dot products where :func:`bf16_group_scores` can use them."""
-    if bf16_group_scores(qt, ks, sg, n_heads, nq, nk):
+    bf16 dot products where :func:`bf16_group_scores` can use them.  The rows ``ahead`` on in
+    ``ks`` are prefetched: the next tile's, where ``ks`` is a view of a cache (``ahead = nk``);
+    0 where it is a staged copy, beyond which there is nothing to fetch."""
+    if bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
         return
     n_rows = n_heads * nq
     k = 0
@@ -211,7 +213,7 @@ def group_scores(qt, ks, sg, n_heads, nq, nk):
         q0, q1, q2, q3 = row(qt, k, nq), row(qt, k + 1, nq), row(qt, k + 2, nq), row(qt, k + 3, nq)
         s0, s1, s2, s3 = row(sg, k, nq), row(sg, k + 1, nq), row(sg, k + 2, nq), row(sg, k + 3, nq)
         for c in range(nk):
-            prefetch_row(ks, c + nk)  # the next tile's row, while this one's are multiplied
+            prefetch_row(ks, c + ahead)
             t0 = t1 = t2 = t3 = s0.dtype.type(0.0)
             for d in range(ks.shape[1]):
                 x = as_float(ks[c, d])
@@ -230,7 +232,7 @@ def group_scores(qt, ks, sg, n_heads, nq, nk):
             s[c] = total
 
 
-def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
+def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
     """``group_values``' fours of ``rows`` on :func:`vector_loops.axpy4` where it applies: float32
     accumulator rows of a multiple of 32, contiguous, and value rows of float32 or bf16 bits,
     contiguous.  Returns how many of the rows it did (a multiple of four; none where it does not
@@ -239,11 +241,11 @@ def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
 
 
 @overload(vector_group_values, fastmath=FASTMATH)
-def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
+def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
     if not (vs.dtype in (types.uint16, types.float32) and acc.dtype == types.float32 and sg.dtype == types.float32):
-        return lambda sg, vs, acc, rows, n_rows, nq, nk: 0
+        return lambda sg, vs, acc, rows, n_rows, nq, nk, ahead: 0
 
-    def impl(sg, vs, acc, rows, n_rows, nq, nk):
+    def impl(sg, vs, acc, rows, n_rows, nq, nk, ahead):
         if acc.shape[2] % WIDTH != 0 or acc.strides[2] != 4 or vs.strides[1] != vs.itemsize:
             return 0
         k = 0
@@ -251,7 +253,7 @@ def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
             i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
             w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
             a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
-            axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, nk)  # prefetching the next tile's rows
+            axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead)
             k += 4
         return k
 
@@ -259,10 +261,11 @@ def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def group_values(sg, vs, acc, active, n_heads, nq, nk):
+def group_values(sg, vs, acc, active, n_heads, nq, nk, ahead):
     """``acc[g, r] += sg[g, r, :nk] @ vs[:nk]`` for the heads ``g < n_heads`` with ``active[g]``
     and rows ``r < nq`` (values in float, or bf16 bits): four rows per pass over the values (on
-    :func:`vector_group_values` where it applies), two keys per pass over the rows."""
+    :func:`vector_group_values` where it applies), two keys per pass over the rows.  ``ahead``
+    as in :func:`group_scores`."""
     rows = np.empty(n_heads * nq, dtype=np.int64)
     n_rows = 0
     for g in range(n_heads):
@@ -270,7 +273,7 @@ def group_values(sg, vs, acc, active, n_heads, nq, nk):
             for r in range(nq):
                 rows[n_rows] = g * nq + r
                 n_rows += 1
-    k = vector_group_values(sg, vs, acc, rows, n_rows, nq, nk)
+    k = vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead)
     while k + 4 <= n_rows:
         i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
         w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
