@@ -124,6 +124,8 @@ def test_no_module_reads_another_modules_private_names():
                 continue  # a subclass using what its base class provides
             if isinstance(base, ast.Name) and base.id == "sys":
                 continue  # the standard library's own (sys._getframe)
+            if ast.unparse(node) == "caching.CacheImpl._locator_classes":
+                continue  # Numba has no public way to add a cache locator (backends/cache.py)
             if node.attr not in own:
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not wrong, "\n".join(wrong)
