@@ -71,33 +71,38 @@ def runtime_digest() -> str:
     return _RUNTIME[0]
 
 
+class _HelperStamp:
+    """A Numba cache locator's mixin: attncomp's own functions only, stamped by attncomp's code too."""
+
+    attncomp_helpers = True
+
+    def get_source_stamp(self):
+        return (super().get_source_stamp(), runtime_digest())
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not (py_func.__module__ or "").startswith("attncomp."):
+            return None
+        return super().from_function(py_func, py_file)
+
+
 def stamp_helpers_by_runtime() -> None:
     """Key the Numba cache of attncomp's own compiled helpers (``tile_math``, the page copies) by
     :func:`runtime_digest` as well as by their file.
 
     Numba stamps a cached function with a hash of the file that defines it, and bakes the functions
     it calls (``vector_loops``' intrinsics, say) into its code: a change to those alone would leave
-    the cached helper running the old code.  This locator, tried before Numba's own, stamps the
-    functions of attncomp's modules with both hashes.  Idempotent; installed by ``attncomp.backends``
-    before any of its modules defines a helper."""
+    the cached helper running the old code.  Numba's locators for a file's functions (the directory
+    ``NUMBA_CACHE_DIR`` names, else beside the file, else the user's cache), each with that stamp,
+    are tried before Numba's own.  Idempotent; installed by ``attncomp.backends`` before any of its
+    modules defines a helper."""
     from numba.core import caching
 
     if any(getattr(c, "attncomp_helpers", False) for c in caching.CacheImpl._locator_classes):
         return
-
-    class HelperCacheLocator(caching.InTreeCacheLocator):
-        attncomp_helpers = True
-
-        def get_source_stamp(self):
-            return (super().get_source_stamp(), runtime_digest())
-
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            if not (py_func.__module__ or "").startswith("attncomp."):
-                return None
-            return super().from_function(py_func, py_file)
-
-    caching.CacheImpl._locator_classes.insert(0, HelperCacheLocator)
+    bases = (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator, caching.UserWideCacheLocator)
+    stamped = [type(f"Helper{base.__name__}", (_HelperStamp, base), {}) for base in bases]
+    caching.CacheImpl._locator_classes[:0] = stamped
 
 
 def load_source(source: str, prefix: str) -> ModuleType:

@@ -167,6 +167,7 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
         if low & np.uint32(0xFFFF):
             return False  # not bf16 values: the float32 loops keep their precision
         spare = np.empty(nk, dtype=sg.dtype)  # where the rows past n_rows go
+        full = nk - nk % KEYS  # keys in whole calls of dots4
         for k in range(0, qb.shape[0], 4):
             s0 = row(sg, k, nq)
             s1 = spare
@@ -178,15 +179,13 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
             s3 = spare
             if k + 3 < n_rows:
                 s3 = row(sg, k + 3, nq)
-            c = 0
-            while c + KEYS <= nk:
+            for c in range(0, full, KEYS):
                 t = dots4(qb, k, ks, c, ahead)
                 s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
                 s1[c], s1[c + 1], s1[c + 2], s1[c + 3] = t[4], t[5], t[6], t[7]
                 s2[c], s2[c + 1], s2[c + 2], s2[c + 3] = t[8], t[9], t[10], t[11]
                 s3[c], s3[c + 1], s3[c + 2], s3[c + 3] = t[12], t[13], t[14], t[15]
-                c += KEYS
-        for last in range(c, nk):  # the last keys, fewer than KEYS
+        for last in range(full, nk):  # the last keys, fewer than KEYS
             for k in range(n_rows):
                 q, s = row(qt, k, nq), row(sg, k, nq)
                 total = np.float32(0.0)
