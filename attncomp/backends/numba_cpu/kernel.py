@@ -219,9 +219,7 @@ class KernelWriter(KernelSource):
             # their values multiplied together after the last (task: group_values)
             w.line("if not scored:")
             with w.indent():
-                # a tile read in place: prefetch the next one's rows as this one's are multiplied
-                ahead = "nk" if self.page_view(compute.k_load) is None else "0"
-                w.line(f"group_scores(qt, {keys}, sg, G, nq, nk, {ahead})")
+                w.line(f"group_scores(qt, {keys}, sg, G, nq, nk, {self.ahead(compute.k_load, 'nk')})")
                 w.line("scored = True")
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
@@ -233,6 +231,12 @@ class KernelWriter(KernelSource):
     def element(self, load_op, expr: str) -> str:
         """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
         return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
+
+    def ahead(self, load_op, n_keys: str) -> str:
+        """The rows past a tile that the grouped loops prefetch (``group_scores``): the next tile's,
+        ``n_keys`` on, where the tile is read in place from its source; none (0) where it is read
+        through pages into a staged copy, past which there is nothing to fetch."""
+        return n_keys if self.page_view(load_op) is None else "0"
 
     def staged(self, load_op) -> bool:
         """Whether a key or value tile is copied into a work buffer (read through pages, or widened
@@ -444,7 +448,7 @@ class KernelWriter(KernelSource):
                     self.loop_body()
                 w.line("if nq <= FEW_ROWS and scored:")
                 with w.indent():
-                    ahead = "nk_group" if self.page_view(t.masked.v_load) is None else "0"
+                    ahead = self.ahead(t.masked.v_load, "nk_group")
                     w.line(f"group_values(sg, vs_group, acc, active, G, nq, nk_group, {ahead})")
             w.line("if n_split == 1:")
             with w.indent():
