@@ -7,13 +7,24 @@ import numpy as np
 import pytest
 from numba import njit
 
-from attncomp.backends.numba_cpu.tile_math import bf16_group_scores, group_scores, group_values
+from attncomp.backends.numba_cpu.tile_math import bf16_group_scores, group_scores, group_values, query_bits
 from attncomp.backends.numba_cpu.vector_loops import HAS_BF16_DOT
 
 
 @njit(cache=True)
 def _on_bf16_dots(qt, ks, sg, n_heads, nq, nk):
-    return bf16_group_scores(qt, ks, sg, n_heads, nq, nk, 0)
+    qb = np.empty(((n_heads * nq + 3) // 4 * 4, qt.shape[2]), np.uint16)
+    spare = np.empty(nk, np.float32)
+    return query_bits(qt, qb, n_heads, nq) and bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, 0, 0)
+
+
+def _scores(qt, ks, sg, n_heads, nq, n_keys, ahead, at):
+    """``group_scores`` as a kernel calls it: the query rows' bits made once, then the tile."""
+    qb = np.full(((n_heads * nq + 3) // 4 * 4, qt.shape[2]), 0xFFFF, np.uint16)  # NaN until written
+    spare = np.empty(at + n_keys, np.float32)
+    q_bits = query_bits(qt, qb, n_heads, nq)
+    group_scores(qt, qb, q_bits, ks, sg, spare, n_heads, nq, n_keys, ahead, at)
+    return q_bits
 
 
 def _case(n_heads, nq, n_keys, n_d, exact=True, seed=0):
@@ -34,12 +45,15 @@ def _case(n_heads, nq, n_keys, n_d, exact=True, seed=0):
 )
 def test_grouped_scores_equal_float64_dot_products(n_heads, nq, n_keys, n_d):
     qt, ks, want = _case(n_heads, nq, n_keys, n_d)
-    sg = np.full((n_heads, 4, n_keys + 2), np.nan, np.float32)
-    group_scores(qt, ks, sg, n_heads, nq, n_keys, n_keys)
-    got = sg[:, :nq, :n_keys]
+    at = n_keys % 3  # where the rows begin in the tile (a page's run of it), 0 for a whole tile
+    sg = np.full((n_heads, 4, at + n_keys + 2), np.nan, np.float32)
+    on_dots = _scores(qt, ks, sg, n_heads, nq, n_keys, n_keys, at)
+    assert on_dots == (HAS_BF16_DOT and n_heads * nq >= 2 and n_d % 32 == 0)
+    got = sg[:, :nq, at : at + n_keys]
     scale = np.max(np.abs(want[:, :nq]))
     assert np.max(np.abs(got - want[:, :nq])) / scale < 1e-6
-    assert np.isnan(sg[:, nq:]).all() and np.isnan(sg[:, :, n_keys:]).all()  # nothing past the rows, keys
+    assert np.isnan(sg[:, nq:]).all() and np.isnan(sg[:, :, at + n_keys :]).all()  # nothing past the rows, keys
+    assert np.isnan(sg[:, :, :at]).all()  # nor before them
 
 
 @pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX-512 BF16 dot products")
@@ -63,15 +77,17 @@ def test_bf16_dots_are_used_where_they_give_the_same_products():
 )
 def test_grouped_values_equal_float64_sums(values, n_heads, nq, n_keys, n_e, inactive):
     rng = np.random.default_rng(n_heads * 100 + n_e)
-    sg = rng.random((n_heads, 4, n_keys + 2)).astype(np.float32)
+    at = n_keys % 3  # where the rows begin in the tile, as in the scores' test
+    sg = rng.random((n_heads, 4, at + n_keys + 2)).astype(np.float32)
     cache = rng.standard_normal((2, n_keys + 5, n_e)).astype(ml_dtypes.bfloat16)
     vs = cache.view(np.uint16)[1, 5:] if values == "bf16" else cache.astype(np.float32)[1, 5:]
     start = rng.standard_normal((n_heads, 4, n_e)).astype(np.float32)
     acc = start.copy()
     active = np.array([g not in inactive for g in range(n_heads)], np.int64)
-    group_values(sg, vs, acc, active, n_heads, nq, n_keys, 0)
+    group_values(sg, vs, acc, active, np.empty(n_heads * nq, np.int64), n_heads, nq, n_keys, 0, at)
     want = start.astype(np.float64)
-    product = np.einsum("grk,ke->gre", sg[:, :nq, :n_keys].astype(np.float64), cache[1, 5:].astype(np.float64))
+    weights = sg[:, :nq, at : at + n_keys].astype(np.float64)
+    product = np.einsum("grk,ke->gre", weights, cache[1, 5:].astype(np.float64))
     want[:, :nq] += product * active[:, None, None]
     assert np.max(np.abs(acc - want)) / np.max(np.abs(want)) < 1e-6
     for g in inactive:

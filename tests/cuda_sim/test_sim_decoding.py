@@ -137,6 +137,31 @@ def test_split_workspace_is_reused_and_grown_across_calls():
         q, k, v = _inputs(rng, (batch, 4, 1, 8), (batch, 2, keys, 8))
         got = as_list(impl.call(fn.func, [q, k, v], fn.constraints))
         assert worst_error(got, as_list(ac.interpret(pass_specs.spelled_gqa_lse, q, k, v))) < 5 * TOLERANCE["f32"]
+    from attncomp.backends.numba_cuda.runtime import stream_key
+
     buffers = impl.attention[0]._buffers
-    assert buffers[(0, np.float32)].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
-    assert not host(buffers[(3, np.int32)]).any()  # each unit's last split left its count at zero
+    assert buffers[(0, np.float32, stream_key())].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
+    assert not host(buffers[(3, np.int32, stream_key())]).any()  # each unit's last split left its count at zero
+
+
+def test_split_scratch_is_kept_per_stream():
+    """A split launch's partial states and counters live in buffers kept from call to call; two
+    streams may run at once, so each has its own."""
+    from numba import cuda
+
+    from attncomp.backends.numba_cuda import runtime
+
+    module = load_example("gqa")
+    q, k, v = module.make_inputs(np.random.default_rng(6), B=1, H=2, KV=1, T=1, S=70, D=8, E=8)
+    fn = ac.compile(module.grouped_query_attention, backend="cuda")
+    kernels = fn.compilation.program.attention[0]
+    want = module.numpy_reference(q, k, v)
+    np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
+    assert kernels.last_split > 1
+    default = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == runtime.stream_key()}
+    side = cuda.stream()
+    with runtime.on_stream(side):
+        np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
+        mine = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == runtime.stream_key()}
+    assert sorted(default) == sorted(mine) == [0, 1, 2, 3]
+    assert all(mine[slot] is not default[slot] for slot in default)

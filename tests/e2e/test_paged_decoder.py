@@ -110,9 +110,9 @@ def serve(case: Case, seed: int, page_size: int = 8, num_pages: int = 256, steps
     return srv
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_alibi_window_sequences_on_cpu(seed):
-    srv = serve(alibi_case("cpu"), seed)
+@pytest.mark.parametrize("seed,page_size", [(0, 8), (1, 24)])  # 24: key tiles begin and end inside pages
+def test_alibi_window_sequences_on_cpu(seed, page_size):
+    srv = serve(alibi_case("cpu"), seed, page_size)
     assert srv.cascades > 0
 
 
@@ -213,6 +213,10 @@ def test_the_cpu_kernel_reads_pages_in_place_and_checks_their_numbers_first():
     a = prompt(srv, rng, n=21)
     kernel = srv.paged.fn.source.split("def run(")[0]
     assert "k_staged[c, e] = " in kernel  # key tiles gathered through the table, not a copied sequence
+    # a few query rows (decoding) read each page's run of rows in place: no gathered copy
+    run = "arg_6[page, bi_1, slot:slot + run], sg, sg_spare, G, nq, run, 0, c0)"  # the scores from row c0 of sg
+    assert f"group_scores(qt, qt_bits, qt_is_bf16, {run}" in kernel
+    assert "group_values(sg, arg_7[page, v_at_1, slot:slot + run], acc, active, row_ids, G, nq, run, 0, c0)" in kernel
     q, _, _, slopes = tokens(rng)
     sizes = {"B_start": 0, "H_start": 0, "q_start": 0, "k_start": 0, "H": 2, "D": 8, "E": 8, "T": 1, "S": 22}
     keys, values = srv.pool.arrays

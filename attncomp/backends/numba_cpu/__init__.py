@@ -52,6 +52,8 @@ from attncomp.backends.numba_cpu.tile_math import (
     exp_nonpositive_f32,
     group_scores,
     group_values,
+    prefetch_rows,
+    query_bits,
     softmax_by_keys,
     softmax_by_rows,
     tanh,

@@ -26,7 +26,9 @@ a transposed operand is about 2x slower) and the softmax passes run down the row
 loops vectorised over the keys, which take the rows of all the heads of the group in one
 pass over the key tile (``group_scores``, at the first head computing it) and over the
 value tile (``group_values``, after the last): each element is read, and widened from
-bf16, once per four rows (a bf16 GQA decode step 20% faster than row by row).
+bf16, once per four rows (a bf16 GQA decode step 20% faster than row by row).  Tiles
+read through a page table are multiplied in place too, a page's run of rows at a
+time (``page_runs``); BLAS takes them gathered into a buffer.
 
 When there are fewer units than threads (one token decoded for few heads),
 each unit's key blocks are split into chunks computed in parallel, and a
@@ -191,20 +193,21 @@ class KernelWriter(KernelSource):
         w.line("nk = min(BK, n_keys - j0)")
         # Keys and values are read in place: C-contiguous rows, multiplied without a transpose.
         # bf16 rows in place are read as bits by the few-row loops (decoding streams half the
-        # bytes) and widened into float32 buffers for BLAS.
-        raw = {
-            load: self.page_view(load) is None and load.operands[0] in self.bits
-            for load in (compute.k_load, compute.v_load)
-        }
-        for name, load in (("ks", compute.k_load), ("vs", compute.v_load)):
+        # bytes) and widened into float32 buffers for BLAS.  Rows read through pages are read in
+        # place by the few-row loops too, a page's run of rows at a time, and gathered into
+        # float32 buffers for BLAS.
+        loads = (("ks", compute.k_load), ("vs", compute.v_load))
+        raw = {load: self.bits_in_place(load) for _, load in loads}
+        paged = {load: self.page_view(load) is not None for _, load in loads}
+        for name, load in loads:
             if raw[load]:
                 w.line(f"{name}_bits = {self.tile_rows(load)}")
-            else:
+            elif not paged[load]:
                 self.load_rows(name, load, f"{name[0]}_staged")
         w.line("if nq > FEW_ROWS:")
         with w.indent():
-            for name, load in (("ks", compute.k_load), ("vs", compute.v_load)):
-                if raw[load]:
+            for name, load in loads:
+                if raw[load] or paged[load]:
                     self.load_rows(name, load, f"{name[0]}_staged")
             w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
@@ -213,30 +216,69 @@ class KernelWriter(KernelSource):
             w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
-            keys = "ks_bits" if raw[compute.k_load] else "ks"
-            values = "vs_bits" if raw[compute.v_load] else "vs"
             # the rows of the group's heads scored together at the first head computing this tile,
             # their values multiplied together after the last (task: group_values)
             w.line("if not scored:")
             with w.indent():
-                w.line(f"group_scores(qt, {keys}, sg, G, nq, nk, {self.ahead(compute.k_load, 'nk')})")
+                if paged[compute.k_load]:
+                    self.page_runs(
+                        compute.k_load,
+                        "j0",
+                        "nk",
+                        lambda rows: f"group_scores(qt, qt_bits, qt_is_bf16, {rows}, sg, sg_spare, G, nq, run, 0, c0)",
+                    )
+                else:
+                    # the rows nk on are prefetched, the next tile's (a hint: past the end it fetches nothing)
+                    keys = "ks_bits" if raw[compute.k_load] else "ks"
+                    w.line(f"group_scores(qt, qt_bits, qt_is_bf16, {keys}, sg, sg_spare, G, nq, nk, nk, 0)")
                 w.line("scored = True")
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
             w.line("active[g] = 1")
-            w.line(f"vs_group = {values}")
+            if paged[compute.v_load]:  # where the values' pages are read from, after the heads
+                for k, v in enumerate(compute.v_load.operands[1:-1]):
+                    w.line(f"v_at_{k} = {self.scalar().ref(v)}")
+                w.line("j0_group = j0")
+            else:
+                w.line(f"vs_group = {'vs_bits' if raw[compute.v_load] else 'vs'}")
             w.line("nk_group = nk")
+
+    def page_runs(self, load_op, start: str, count: str, call, at: list[str] | None = None) -> None:
+        """Rows ``start .. start + count`` of a tile read through pages, in place, a page's run of rows
+        at a time: ``call(rows)`` gives the line that uses them (``rows``: a view of the pool; ``c0``
+        the run's first row in the tile, ``run`` its rows).  ``at``: names holding the load's batch
+        and head indices, where they are not its operands' own."""
+        w = self.w
+        view = self.page_view(load_op)
+        pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
+        batch, *heads = at or [self.scalar().ref(v) for v in load_op.operands[1:-1]]
+        entry = f"{batch}, " if view.operands[1].type.rank == 2 else ""
+        size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
+        w.line("c0 = np.int64(0)")
+        w.line(f"while c0 < {count}:  # the rows on one page: a contiguous run")
+        with w.indent():
+            w.line(f"at = {start} + c0")
+            w.line(f"page = {table}[{entry}at // {size}]")
+            w.line(f"slot = at % {size}")
+            w.line(f"run = min({count} - c0, {size} - slot)")
+            heads = "".join(f"{h}, " for h in heads)
+            # the next page's rows (this tile's next run, or the next tile's first), fetched while this
+            # run is multiplied: a page's rows are a few KB, where the CPU's prefetcher starts cold
+            w.line("if at + run < n_keys:")
+            with w.indent():
+                w.line(f"prefetch_rows({pages}[{table}[{entry}(at + run) // {size}], {heads}0:BK])")
+            w.line(call(f"{pages}[page, {heads}slot:slot + run]"))
+            w.line("c0 += run")
 
     def element(self, load_op, expr: str) -> str:
         """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
         return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
 
-    def ahead(self, load_op, n_keys: str) -> str:
-        """The rows past a tile that the grouped loops prefetch (``group_scores``): the next tile's,
-        ``n_keys`` on, where the tile is read in place from its source; none (0) where it is read
-        through pages into a staged copy, past which there is nothing to fetch."""
-        return n_keys if self.page_view(load_op) is None else "0"
+    def bits_in_place(self, load_op) -> bool:
+        """Whether a key or value tile's rows are bf16 bits the few-row loops read in place (not
+        through pages)."""
+        return self.page_view(load_op) is None and load_op.operands[0] in self.bits
 
     def staged(self, load_op) -> bool:
         """Whether a key or value tile is copied into a work buffer (read through pages, or widened
@@ -275,10 +317,7 @@ class KernelWriter(KernelSource):
             self.w.line(line)
 
     def no_rows(self, load_op) -> str:
-        """No rows of a value tile, of the type the few-row branch gives its rows (read through
-        pages: the staged buffer; else the source, in place)."""
-        if self.page_view(load_op) is not None:
-            return "v_staged[:0]"
+        """No rows of a value tile read in place, of the type the few-row branch gives its rows."""
         src = self.array_ref(load_op.operands[0])
         return f"{src}[{''.join('0, ' for _ in load_op.operands[1:-1])}0:0]"
 
@@ -397,7 +436,11 @@ class KernelWriter(KernelSource):
         w.line("acc = np.empty((G, BQ, n_e), dtype=ACC)")
         # a few rows: the scores of the group's rows, and which heads computed the key tile
         w.line("sg = np.empty((G, FEW_ROWS, BK), dtype=ACC)")
+        w.line("sg_spare = np.empty(BK, dtype=ACC)  # group_scores' rows past the group's, to a multiple of four")
         w.line("active = np.zeros(G, dtype=np.int64)")
+        w.line("row_ids = np.empty(G * FEW_ROWS, dtype=np.int64)  # group_values' work space")
+        # the group's query rows as bf16 bits, for the CPU's bf16 dot products with bf16 keys
+        w.line("qt_bits = np.empty(((G * FEW_ROWS + 3) // 4 * 4, n_d), dtype=np.uint16)")
         # key and value tiles gathered from pages, or widened (either may be: a bf16 v with an f32 k)
         staged = self.staged(t.masked.k_load) or self.staged(t.masked.v_load)
         if staged:
@@ -426,12 +469,22 @@ class KernelWriter(KernelSource):
                 lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
                 w.line(f"first = min(first, {lo})")
                 w.line(f"end = max(end, {hi})")
+            # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits
+            bits = "query_bits(qt, qt_bits, G, nq)" if t.masked.k_load.operands[0] in self.bits else "False"
+            w.line(f"qt_is_bf16 = nq <= FEW_ROWS and {bits}")
             w.line("if n_split > 1:")
             with w.indent():
                 w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
                 w.line("first = first + split * chunk")
                 w.line("end = min(end, first + chunk)")
-            w.line(f"vs_group = {self.no_rows(t.masked.v_load)}  # the values of the heads' key tile")
+            v_load = t.masked.v_load
+            v_paged = self.page_view(v_load) is not None
+            if v_paged:  # where the values of the heads' key tile are: its first row and indices
+                w.line("j0_group = np.int64(0)")
+                for k in range(len(v_load.operands) - 2):
+                    w.line(f"v_at_{k} = np.int64(0)")
+            else:
+                w.line(f"vs_group = {self.no_rows(v_load)}  # the values of the heads' key tile")
             w.line("nk_group = np.int64(0)")
             w.line("for kb in range(first, end):")
             with w.indent():
@@ -448,8 +501,16 @@ class KernelWriter(KernelSource):
                     self.loop_body()
                 w.line("if nq <= FEW_ROWS and scored:")
                 with w.indent():
-                    ahead = self.ahead(t.masked.v_load, "nk_group")
-                    w.line(f"group_values(sg, vs_group, acc, active, G, nq, nk_group, {ahead})")
+                    if v_paged:
+                        self.page_runs(
+                            v_load,
+                            "j0_group",
+                            "nk_group",
+                            lambda rows: f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0)",
+                            [f"v_at_{k}" for k in range(len(v_load.operands) - 2)],
+                        )
+                    else:  # the rows nk_group on prefetched: the next tile's
+                        w.line("group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)")
             w.line("if n_split == 1:")
             with w.indent():
                 w.line("for g in range(G):")

@@ -138,24 +138,25 @@ def row(x, k, nq):  # row k of a group's rows (head k // nq, query row k % nq)
     return x[k // nq, k % nq]
 
 
-def bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
-    """:func:`group_scores` on the CPU's bf16 dot products (``vector_loops.dots4``) where they give the same
-    products: bf16 keys, query rows that are bf16 values (exactly: their float32 bits end in 16
-    zeros), rows of a multiple of 32, the CPU's instruction.  Returns whether it computed them."""
-    raise NotImplementedError("bf16_group_scores is for compiled code")
+def bf16_query_rows(qt, qb, n_heads, nq):
+    """The group's query rows ``qt`` as bf16 bits in ``qb`` (``qb[k]`` = row ``k``; rows past them to
+    a multiple of four zeroed), for :func:`group_scores`' bf16 dot products.  Returns whether these
+    give the float32 loops' products: query rows that are bf16 values (exactly: their float32 bits
+    end in 16 zeros), at least two rows, of a multiple of 32, and the CPU's instruction.  Called once
+    per task, not per key tile."""
+    raise NotImplementedError("bf16_query_rows is for compiled code")
 
 
-@overload(bf16_group_scores, fastmath=FASTMATH)
-def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
-    if not (HAS_BF16_DOT and ks.dtype == types.uint16 and qt.dtype == types.float32):
-        return lambda qt, ks, sg, n_heads, nq, nk, ahead: False
+@overload(bf16_query_rows, fastmath=FASTMATH)
+def _bf16_query_rows(qt, qb, n_heads, nq):
+    if not (HAS_BF16_DOT and qt.dtype == types.float32):
+        return lambda qt, qb, n_heads, nq: False
 
-    def impl(qt, ks, sg, n_heads, nq, nk, ahead):
+    def impl(qt, qb, n_heads, nq):
         n_rows = n_heads * nq
-        n_d = ks.shape[1]
-        if n_rows < 2 or n_d % WIDTH != 0 or ks.strides[1] != 2:
+        n_d = qt.shape[2]
+        if n_rows < 2 or n_d % WIDTH != 0 or qb.shape[0] < -(-n_rows // 4) * 4 or qb.shape[1] != n_d:
             return False
-        qb = np.empty((-(-n_rows // 4) * 4, n_d), dtype=np.uint16)
         qb[n_rows:] = 0  # rows past n_rows: their sums go to ``spare``
         low = np.uint32(0)  # the low bits of every query element: zero when all are bf16 values
         for k in range(n_rows):
@@ -164,21 +165,47 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
                 bits = f32_bits(q[d])
                 low |= bits
                 qb[k, d] = np.uint16(bits >> np.uint32(16))
-        if low & np.uint32(0xFFFF):
-            return False  # not bf16 values: the float32 loops keep their precision
-        spare = np.empty(nk, dtype=sg.dtype)  # where the rows past n_rows go
+        return not (low & np.uint32(0xFFFF))  # else not bf16 values: the float32 loops keep their precision
+
+    return impl
+
+
+@njit(cache=True, nogil=True)
+def query_bits(qt, qb, n_heads, nq):
+    """:func:`bf16_query_rows`, compiled once."""
+    return bf16_query_rows(qt, qb, n_heads, nq)
+
+
+def bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
+    """:func:`group_scores` on the CPU's bf16 dot products (``vector_loops.dots4``), from the query rows
+    :func:`bf16_query_rows` wrote to ``qb``; rows past ``n_heads * nq`` to a multiple of four go to
+    ``spare``; ``at`` as in :func:`group_scores`.  Returns whether it computed them: bf16 keys,
+    contiguous within a row."""
+    raise NotImplementedError("bf16_group_scores is for compiled code")
+
+
+@overload(bf16_group_scores, fastmath=FASTMATH)
+def _bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
+    if not (HAS_BF16_DOT and ks.dtype == types.uint16):
+        return lambda qb, ks, sg, spare, n_heads, nq, nk, ahead, at: False
+
+    def impl(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
+        n_rows = n_heads * nq
+        n_d = ks.shape[1]
+        if ks.strides[1] != 2 or qb.shape[1] != n_d:
+            return False
         full = nk - nk % KEYS  # keys in whole calls of dots4
-        for k in range(0, qb.shape[0], 4):
-            s0 = row(sg, k, nq)
+        for k in range(0, n_rows, 4):
+            s0 = row(sg, k, nq)[at:]
             s1 = spare
             if k + 1 < n_rows:
-                s1 = row(sg, k + 1, nq)
+                s1 = row(sg, k + 1, nq)[at:]
             s2 = spare
             if k + 2 < n_rows:
-                s2 = row(sg, k + 2, nq)
+                s2 = row(sg, k + 2, nq)[at:]
             s3 = spare
             if k + 3 < n_rows:
-                s3 = row(sg, k + 3, nq)
+                s3 = row(sg, k + 3, nq)[at:]
             for c in range(0, full, KEYS):
                 t = dots4(qb, k, ks, c, ahead)
                 s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
@@ -187,10 +214,10 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
                 s3[c], s3[c + 1], s3[c + 2], s3[c + 3] = t[12], t[13], t[14], t[15]
         for last in range(full, nk):  # the last keys, fewer than KEYS
             for k in range(n_rows):
-                q, s = row(qt, k, nq), row(sg, k, nq)
+                s = row(sg, k, nq)[at:]
                 total = np.float32(0.0)
                 for d in range(n_d):
-                    total += q[d] * bf16_to_f32(ks[last, d])
+                    total += bf16_to_f32(qb[k, d]) * bf16_to_f32(ks[last, d])
                 s[last] = total
         return True
 
@@ -198,19 +225,23 @@ def _bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
-    """``sg[g, r, :nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
-    (keys in float, or bf16 bits widened as read): four rows per pass over the keys, on the CPU's
-    bf16 dot products where :func:`bf16_group_scores` can use them.  The rows ``ahead`` on in
-    ``ks`` are prefetched: the next tile's, where ``ks`` is a view of a cache (``ahead = nk``);
-    0 where it is a staged copy, beyond which there is nothing to fetch."""
-    if bf16_group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
+def group_scores(qt, qb, q_bits, ks, sg, spare, n_heads, nq, nk, ahead, at):
+    """``sg[g, r, at:at + nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
+    (keys in float, or bf16 bits widened as read): four rows per pass over the keys.  With
+    ``q_bits`` (:func:`query_bits` said yes, and wrote ``qb``) on the CPU's bf16 dot products
+    (:func:`bf16_group_scores`, ``spare`` a row of ``at + nk``).  ``at``: the tile's key index of
+    ``ks``' first row (a page's run of a tile's rows; 0 for a whole tile): ``sg`` stays whole and
+    C-contiguous (a view from ``at`` on would make every loop over it strided).  The rows
+    ``ahead`` on in ``ks`` are prefetched: the next tile's, where ``ks`` is a view of a cache
+    (``ahead = nk``); 0 where the next rows are on another page."""
+    if q_bits and bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
         return
     n_rows = n_heads * nq
     k = 0
     while k + 4 <= n_rows:
         q0, q1, q2, q3 = row(qt, k, nq), row(qt, k + 1, nq), row(qt, k + 2, nq), row(qt, k + 3, nq)
-        s0, s1, s2, s3 = row(sg, k, nq), row(sg, k + 1, nq), row(sg, k + 2, nq), row(sg, k + 3, nq)
+        s0, s1 = row(sg, k, nq)[at:], row(sg, k + 1, nq)[at:]
+        s2, s3 = row(sg, k + 2, nq)[at:], row(sg, k + 3, nq)[at:]
         for c in range(nk):
             prefetch_row(ks, c + ahead)
             t0 = t1 = t2 = t3 = s0.dtype.type(0.0)
@@ -223,7 +254,7 @@ def group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
             s0[c], s1[c], s2[c], s3[c] = t0, t1, t2, t3
         k += 4
     for rest in range(k, n_rows):
-        q, s = row(qt, rest, nq), row(sg, rest, nq)
+        q, s = row(qt, rest, nq), row(sg, rest, nq)[at:]
         for c in range(nk):
             total = s.dtype.type(0.0)
             for d in range(ks.shape[1]):
@@ -231,7 +262,15 @@ def group_scores(qt, ks, sg, n_heads, nq, nk, ahead):
             s[c] = total
 
 
-def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
+@njit(cache=True, nogil=True)
+def prefetch_rows(rows):
+    """Prefetch every row of a 2-d array (rows contiguous): a page's rows, while the run before
+    them is multiplied."""
+    for r in range(rows.shape[0]):
+        prefetch_row(rows, r)
+
+
+def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):
     """``group_values``' fours of ``rows`` on :func:`vector_loops.axpy4` where it applies: float32
     accumulator rows of a multiple of 32, contiguous, and value rows of float32 or bf16 bits,
     contiguous.  Returns how many of the rows it did (a multiple of four; none where it does not
@@ -240,17 +279,17 @@ def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
 
 
 @overload(vector_group_values, fastmath=FASTMATH)
-def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
+def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):
     if not (vs.dtype in (types.uint16, types.float32) and acc.dtype == types.float32 and sg.dtype == types.float32):
-        return lambda sg, vs, acc, rows, n_rows, nq, nk, ahead: 0
+        return lambda sg, vs, acc, rows, n_rows, nq, nk, ahead, at: 0
 
-    def impl(sg, vs, acc, rows, n_rows, nq, nk, ahead):
+    def impl(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):
         if acc.shape[2] % WIDTH != 0 or acc.strides[2] != 4 or vs.strides[1] != vs.itemsize:
             return 0
         k = 0
         while k + 4 <= n_rows:
             i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
-            w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
+            w0, w1, w2, w3 = row(sg, i0, nq)[at:], row(sg, i1, nq)[at:], row(sg, i2, nq)[at:], row(sg, i3, nq)[at:]
             a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
             axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead)
             k += 4
@@ -260,22 +299,22 @@ def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def group_values(sg, vs, acc, active, n_heads, nq, nk, ahead):
+def group_values(sg, vs, acc, active, rows, n_heads, nq, nk, ahead, at):
     """``acc[g, r] += sg[g, r, :nk] @ vs[:nk]`` for the heads ``g < n_heads`` with ``active[g]``
     and rows ``r < nq`` (values in float, or bf16 bits): four rows per pass over the values (on
-    :func:`vector_group_values` where it applies), two keys per pass over the rows.  ``ahead``
-    as in :func:`group_scores`."""
-    rows = np.empty(n_heads * nq, dtype=np.int64)
+    :func:`vector_group_values` where it applies), two keys per pass over the rows.  ``rows`` is
+    work space for ``n_heads * nq`` row numbers; ``ahead`` and ``at`` (the weights are
+    ``sg[g, r, at:at + nk]``) as in :func:`group_scores`."""
     n_rows = 0
     for g in range(n_heads):
         if active[g]:
             for r in range(nq):
                 rows[n_rows] = g * nq + r
                 n_rows += 1
-    k = vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead)
+    k = vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at)
     while k + 4 <= n_rows:
         i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
-        w0, w1, w2, w3 = row(sg, i0, nq), row(sg, i1, nq), row(sg, i2, nq), row(sg, i3, nq)
+        w0, w1, w2, w3 = row(sg, i0, nq)[at:], row(sg, i1, nq)[at:], row(sg, i2, nq)[at:], row(sg, i3, nq)[at:]
         a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
         c = 0
         while c + 2 <= nk:
@@ -301,7 +340,7 @@ def group_values(sg, vs, acc, active, n_heads, nq, nk, ahead):
     # one row: four keys per pass over it (its accumulator's loads and stores, not the
     # multiplies, bound a one-key loop: half the time, float32 and bf16 alike)
     for rest in range(k, n_rows):
-        w, a = row(sg, rows[rest], nq), row(acc, rows[rest], nq)
+        w, a = row(sg, rows[rest], nq)[at:], row(acc, rows[rest], nq)
         c = 0
         while c + 4 <= nk:
             p0, p1, p2, p3 = w[c], w[c + 1], w[c + 2], w[c + 3]

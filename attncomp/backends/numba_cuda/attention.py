@@ -83,7 +83,7 @@ class AttentionKernels:
         #: the key splits of the last launch (1: none)
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
-        self._buffers: dict[tuple[int, Any], Any] = {}
+        self._buffers: dict[tuple[int, Any, int], Any] = {}
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
 
     @property
@@ -162,13 +162,15 @@ class AttentionKernels:
 
         Reused from call to call: a decoding step would otherwise pay a device allocation
         and free for each scratch array.  Launches on one stream run in order, so a buffer is
-        never written while an earlier launch still reads it.
+        never written while an earlier launch still reads it; each stream has its own, as
+        launches on two streams may run at once.
         """
         size = int(np.prod(shape, dtype=np.int64))
-        buffer = self._buffers.get((slot, dtype))
+        key = (slot, dtype, rt.stream_key())
+        buffer = self._buffers.get(key)
         if buffer is None or buffer.size < size:
             buffer = rt.zeros((max(size, 1),), dtype) if zeroed else rt.scratch((max(size, 1),), dtype)
-            self._buffers[(slot, dtype)] = buffer
+            self._buffers[key] = buffer
         return buffer[:size].reshape(shape)
 
     def split_for(self, blocks: int, n_keys: int, threads: int, value_dim: int) -> int:

@@ -44,6 +44,16 @@ def stream() -> Any:
     return _STREAM.get()
 
 
+def stream_key() -> int:
+    """The current stream as a number: its handle (0, or a flag, for a default stream); under the
+    simulator, whose streams have none, the stream object's identity."""
+    current = stream()
+    try:
+        return int(current)
+    except TypeError:
+        return id(current)
+
+
 @contextlib.contextmanager
 def on_stream(cuda_stream: Any) -> Iterator[None]:
     """Run the calls inside on ``cuda_stream`` (a Numba stream, such as ``cuda.external_stream``
