@@ -332,3 +332,44 @@ def test_kernels_keep_scipys_blas_on_one_thread_and_restore_it():
         assert lib.scipy_openblas_get_num_threads() == 2
     finally:
         lib.scipy_openblas_set_num_threads(before)
+
+
+def test_a_kernel_that_raises_gives_blas_its_threads_back(monkeypatch):
+    """A task that raises (Numba's MemoryError) skips its driver's restore; the call's error path
+    sets SciPy's OpenBLAS back to the count the pin found."""
+    from numba import njit
+
+    from attncomp.backends.numba_cpu import intrinsics
+
+    lib = intrinsics.scipy_openblas()
+    if lib is None:
+        pytest.skip("SciPy's OpenBLAS is not found: the kernels leave BLAS threads alone")
+
+    @njit
+    def pinned_then_failing(n):
+        intrinsics.pin_blas_threads()
+        if n > 0:
+            raise MemoryError("a task's work buffer")
+        return n
+
+    class FailingModule:
+        @staticmethod
+        def run(*args):
+            return pinned_then_failing(1)
+
+    before = lib.scipy_openblas_get_num_threads()
+    try:
+        lib.scipy_openblas_set_num_threads(2)
+        fn = ac.compile(pass_specs.causal, backend="cpu")
+        q = np.random.default_rng(0).standard_normal((1, 2, 8, 8)).astype(np.float32)
+        fn(q, q, q)
+        monkeypatch.setattr(fn.compilation.program, "loaded_module", FailingModule)
+        with pytest.raises(MemoryError, match="work buffer"):
+            fn(q, q, q)
+        assert lib.scipy_openblas_get_num_threads() == 2  # not the one thread the kernel pinned
+        lib.scipy_openblas_set_num_threads(1)  # a user's own single thread stays as it is after errors
+        with pytest.raises(MemoryError):
+            fn(q, q, q)
+        assert lib.scipy_openblas_get_num_threads() == 1
+    finally:
+        lib.scipy_openblas_set_num_threads(before)

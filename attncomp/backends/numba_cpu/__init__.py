@@ -23,6 +23,7 @@ from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
+from attncomp.backends.numba_cpu.intrinsics import unpin_after_error
 from attncomp.backends.numba_cpu.kernel import FEW_ROWS, SERIAL_WORK, write_kernel
 from attncomp.backends.numba_cpu.signatures import Jit
 from attncomp.backends.numba_cpu.tile_math import FASTMATH
@@ -160,7 +161,11 @@ class CpuFunction(Program):
         return self.loaded_module is not None
 
     def run_bound(self, arrays: Sequence[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
-        return list(self.module.run(*arrays, env))
+        try:
+            return list(self.module.run(*arrays, env))
+        except BaseException:
+            unpin_after_error()  # a kernel that raised between pinning BLAS's threads and restoring them
+            raise
 
     @property
     def kernels(self) -> list[Any]:

@@ -154,7 +154,9 @@ def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
 # oversubscribes the cores (measured: 10x slower tiles).  A kernel's parallel driver sets SciPy's
 # OpenBLAS to one thread as it starts and back as it ends: two calls in compiled code, where a
 # Python ``with`` around the kernel cost three ctypes calls (1.5 us) per kernel call.  A task
-# that raises (Numba's MemoryError) leaves it at one thread: slower BLAS after, never wrong.
+# that raises (Numba's MemoryError) skips the second: the pin leaves the count it found in
+# ``attncomp_blas_pinned_from`` (the restore sets it back to 1), and the caller's error path
+# (:func:`unpin_after_error`) restores that count.
 def scipy_openblas() -> Any:
     """SciPy's OpenBLAS library (ctypes), or None where it is not found."""
     try:
@@ -182,6 +184,29 @@ for _name, _found, _fallback in (
     llvm.add_symbol(_name, ctypes.cast(_function, ctypes.c_void_p).value)
 
 
+#: the count the last pin found, while a kernel holds it (1 otherwise): written by the kernels
+_PINNED_FROM = ctypes.c_int32(1)
+llvm.add_symbol("attncomp_blas_pinned_from", ctypes.addressof(_PINNED_FROM))
+
+
+def _pinned_from(builder: ir.IRBuilder) -> ir.Value:
+    """The ``attncomp_blas_pinned_from`` global (an ``i32*``), declared in the kernel's module."""
+    try:
+        return builder.module.get_global("attncomp_blas_pinned_from")
+    except KeyError:
+        variable = ir.GlobalVariable(builder.module, ir.IntType(32), "attncomp_blas_pinned_from")
+        variable.linkage = "external"
+        return variable
+
+
+def unpin_after_error() -> None:
+    """Set SciPy's OpenBLAS back to the count a kernel's pin found, where the kernel raised before
+    restoring it (what the CPU functions' calls do on an error)."""
+    if _BLAS is not None and _PINNED_FROM.value != 1:
+        _BLAS.scipy_openblas_set_num_threads(_PINNED_FROM.value)
+        _PINNED_FROM.value = 1
+
+
 def _blas_threads(builder: ir.IRBuilder, value: ir.Value | None = None) -> ir.Value:
     """A call of the BLAS's thread count (``value`` None) or of its setter (to ``value``)."""
     i32 = ir.IntType(32)
@@ -201,6 +226,7 @@ def pin_blas_threads(typingctx):
         one = ir.Constant(saved.type, 1)
         with builder.if_then(builder.icmp_signed("!=", saved, one)):
             _blas_threads(builder, one)
+            builder.store(saved, _pinned_from(builder))
         return builder.sext(saved, ir.IntType(64))
 
     return types.int64(), codegen
@@ -216,6 +242,7 @@ def restore_blas_threads(typingctx, saved):
         count = builder.trunc(args[0], ir.IntType(32)) if args[0].type.width > 32 else args[0]
         with builder.if_then(builder.icmp_signed("!=", count, ir.Constant(count.type, 1))):
             _blas_threads(builder, count)
+            builder.store(ir.Constant(ir.IntType(32), 1), _pinned_from(builder))
         return context.get_dummy_value()
 
     return types.void(saved), codegen

@@ -192,7 +192,7 @@ def _bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
     def impl(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
         n_rows = n_heads * nq
         n_d = ks.shape[1]
-        if ks.strides[1] != 2 or qb.shape[1] != n_d:
+        if ks.strides[1] != 2 or qb.shape[1] != n_d or qb.shape[0] < -(-n_rows // 4) * 4:
             return False
         full = nk - nk % KEYS  # keys in whole calls of dots4
         for k in range(0, n_rows, 4):
@@ -229,7 +229,7 @@ def group_scores(qt, qb, q_bits, ks, sg, spare, n_heads, nq, nk, ahead, at):
     """``sg[g, r, at:at + nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
     (keys in float, or bf16 bits widened as read): four rows per pass over the keys.  With
     ``q_bits`` (:func:`query_bits` said yes, and wrote ``qb``) on the CPU's bf16 dot products
-    (:func:`bf16_group_scores`, ``spare`` a row of ``at + nk``).  ``at``: the tile's key index of
+    (:func:`bf16_group_scores`, ``spare`` a row of ``nk``).  ``at``: the tile's key index of
     ``ks``' first row (a page's run of a tile's rows; 0 for a whole tile): ``sg`` stays whole and
     C-contiguous (a view from ``at`` on would make every loop over it strided).  The rows
     ``ahead`` on in ``ks`` are prefetched: the next tile's, where ``ks`` is a view of a cache
