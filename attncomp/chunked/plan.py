@@ -158,8 +158,9 @@ class ChunkPlan:
     def _part(self, text: str, part: str, masked: bool = True, ragged: bool = False, paged: bool = False) -> Part:
         fn = self.fn
         # a step's sequences bring a few new tokens each: query blocks of 16 rows; key blocks as the
-        # backend's whole-sequence kernels take them (the CPU's 128: half the per-tile work of 64)
-        blocks = (16, 128 if fn.backend == "cpu" else 64) if ragged else None
+        # function's own tiling takes them (the CPU's 128: half the per-tile work of 64)
+        block_k = next((p.block_k for p in fn.passes if p.name == "flash-tiling"), 64)
+        blocks = (16, block_k) if ragged else None
         passes = part_pipeline(fn.passes, part, masked, blocks, ragged=ragged, paged=paged)
         suffix = ("" if masked else "_unmasked") + ("_ragged" if ragged else "") + ("_paged" if paged else "")
         ref = PartRef(text, fn.backend, pipeline_text(passes), f"{fn.name}_{part}{suffix}")
