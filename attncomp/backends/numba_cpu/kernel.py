@@ -237,8 +237,8 @@ class KernelWriter(KernelSource):
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
             w.line("active[g] = 1")
             if paged[compute.v_load]:  # where the values' pages are read from, after the heads
-                for k, v in enumerate(compute.v_load.operands[1:-1]):
-                    w.line(f"v_at_{k} = {self.scalar().ref(v)}")
+                for name, v in zip(self.group_value_at(compute.v_load), compute.v_load.operands[1:-1]):
+                    w.line(f"{name} = {self.scalar().ref(v)}")
                 w.line("j0_group = j0")
             else:
                 w.line(f"vs_group = {'vs_bits' if raw[compute.v_load] else 'vs'}")
@@ -271,6 +271,11 @@ class KernelWriter(KernelSource):
             w.line(call(f"{pages}[page, {heads}slot:slot + run]"))
             w.line("c0 += run")
 
+    def group_value_at(self, v_load) -> list[str]:
+        """The names holding the batch and head indices of a paged value tile, set by the heads that
+        compute it and read by the group's values pass after them."""
+        return [f"v_at_{k}" for k in range(len(v_load.operands) - 2)]
+
     def element(self, load_op, expr: str) -> str:
         """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
         return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
@@ -281,8 +286,8 @@ class KernelWriter(KernelSource):
         return self.page_view(load_op) is None and load_op.operands[0] in self.bits
 
     def staged(self, load_op) -> bool:
-        """Whether a key or value tile is copied into a work buffer (read through pages, or widened
-        from bf16) rather than multiplied in place."""
+        """Whether a key or value tile is copied into a work buffer for BLAS (read through pages, or
+        widened from bf16); the few-row loops read both kinds in place."""
         return self.page_view(load_op) is not None or load_op.operands[0] in self.bits
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
@@ -481,8 +486,8 @@ class KernelWriter(KernelSource):
             v_paged = self.page_view(v_load) is not None
             if v_paged:  # where the values of the heads' key tile are: its first row and indices
                 w.line("j0_group = np.int64(0)")
-                for k in range(len(v_load.operands) - 2):
-                    w.line(f"v_at_{k} = np.int64(0)")
+                for name in self.group_value_at(v_load):
+                    w.line(f"{name} = np.int64(0)")
             else:
                 w.line(f"vs_group = {self.no_rows(v_load)}  # the values of the heads' key tile")
             w.line("nk_group = np.int64(0)")
@@ -507,7 +512,7 @@ class KernelWriter(KernelSource):
                             "j0_group",
                             "nk_group",
                             lambda rows: f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0)",
-                            [f"v_at_{k}" for k in range(len(v_load.operands) - 2)],
+                            self.group_value_at(v_load),
                         )
                     else:  # the rows nk_group on prefetched: the next tile's
                         w.line("group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)")
