@@ -64,13 +64,15 @@ def vjp(c: Compilation, args: tuple[Any, ...]) -> tuple[Any, Callable[..., tuple
         filled = []
         for k, (cot, r, t) in enumerate(zip(cotangents, results, result_types)):
             dtype = np.float64 if exact else NUMPY_DTYPES[t.dtype]
+            shape = tuple(r.shape) if hasattr(r, "shape") else np.shape(r)  # device results: never copied
             if cot is None:
-                filled.append(np.zeros(np.shape(r), dtype=dtype))
+                filled.append(np.zeros(shape, dtype=dtype))
                 continue
-            cot = np.asarray(cot)
-            if cot.shape != np.shape(r):
-                raise ShapeError(f"cotangent {k}: expected shape {np.shape(r)} (result {k}), got {cot.shape}")
-            filled.append(cot.astype(dtype, copy=False))
+            on_device = c.program.on_device(cot)  # bound, type-checked, as the backward's argument
+            cot = cot if on_device else np.asarray(cot)
+            if tuple(cot.shape) != shape:
+                raise ShapeError(f"cotangent {k}: expected shape {shape} (result {k}), got {tuple(cot.shape)}")
+            filled.append(cot if on_device else cot.astype(dtype, copy=False))
         grads = iter(backward.run([*args, *saved, *filled], exact=exact))
         return tuple(next(grads) if is_float(v.type.dtype) else None for v in c.func.args)
 

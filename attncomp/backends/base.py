@@ -85,6 +85,11 @@ class Program:
         """What the shared shape checks read for argument ``x``, without copying it."""
         return as_array(x, name)
 
+    def on_device(self, x: Any) -> bool:
+        """Whether ``x`` is device memory this backend's kernels read where it is (never copied to
+        the host on the way in)."""
+        return False
+
     def outputs_for(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         """Results where the caller wants them: on the host when every input was."""
         return list(outputs)

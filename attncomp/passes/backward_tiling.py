@@ -53,11 +53,13 @@ def tile_attention_grad(
     acc = accumulation_dtype(promote([q.type, k.type, v.type]))
     at = block.ops.index(op)
     top = Builder(block, at)
-    delta = top.op(
-        "ac.reduce", [top.emit("ac.mul", d_out, out)], {"kind": "sum", "axes": [out.type.rank - 1], "keepdims": True}
-    ).result
+    # in the accumulation type from the start: dS = P (dP - delta) sums to zero over a row only as
+    # far as delta is exact, and a site's gradient (ALiBi's slopes) weighs each row's error by its
+    # distances, so a delta rounded to bf16 throws a slope's gradient off by tens of percent
+    product = top.emit("ac.mul", top.cast(d_out, acc), top.cast(out, acc))
+    delta = top.op("ac.reduce", [product], {"kind": "sum", "axes": [out.type.rank - 1], "keepdims": True}).result
     if constant_value(d_lse) != 0.0:  # the spec's LSE has a cotangent
-        delta = top.emit("ac.sub", delta, _with_row_axis(top, d_lse))
+        delta = top.emit("ac.sub", delta, _with_row_axis(top, top.cast(d_lse, acc)))
     delta = named(top.cast(delta, acc), "delta")
     lse_rows = _with_row_axis(top, lse)
 

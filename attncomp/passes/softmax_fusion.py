@@ -311,12 +311,17 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     m.pv.result.name = None
     anchor = min([m.pv] + lse_ops, key=block.ops.index)
     for lse_op in lse_ops:
-        lse = attn.results[1]
+        lse, want = attn.results[1], lse_op.result.type
+        if lse.type.dtype != want.dtype:  # kept in float32 (``lse_dtype``), cast to the declared type
+            name = None if lse_op.attrs["keepdims"] else lse_op.result.name
+            cast = Op.create("ac.cast", [lse], [lse.type.with_dtype(want.dtype)], result_names=[name])
+            new_ops.append(cast)
+            lse = cast.result
         if lse_op.attrs["keepdims"]:
-            reshape = Op.create("ac.reshape", [lse], [lse_op.result.type], result_names=[lse_op.result.name])
+            reshape = Op.create("ac.reshape", [lse], [want], result_names=[lse_op.result.name])
             new_ops.append(reshape)
             lse = reshape.result
-        elif lse.type != lse_op.result.type:
+        elif lse.type != want:
             raise NotFusable("the log-sum-exp has an unexpected shape")
         lse_op.result.name = None
         mapping[lse_op.result] = lse

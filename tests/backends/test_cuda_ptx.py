@@ -421,3 +421,20 @@ def test_decoder_rounding_append_and_query_kernels():
     assert len(kernels) == 2 and all("round_bf16(" in k.source for k in kernels)  # keys and values: one append
     assert all(k.signature.startswith("void(uint16[") for k in kernels)
     _check(impl, 8, kernels)
+
+
+@pytest.mark.parametrize("bits", ["uint16", "int16"])
+def test_bf16_conversion_kernels(bits):
+    """The kernels that widen bf16 device memory given as patterns (``runtime.widen``; torch's bf16 is
+    viewed as int16) and round float32 device results to bf16 patterns (``runtime.rounded``): integer
+    moves and shifts, no local memory."""
+    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
+
+    for kernel, signature in [
+        (runtime._widen_kernel, f"void(float32[::1], {bits}[::1])"),
+        (runtime._round_kernel, "void(uint16[::1], float32[::1])"),
+    ]:
+        for cc, ptx in compile_ptx_for(kernel.py_func, signature, TARGETS).items():
+            assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx
+            assert local_memory_lines(ptx) == []

@@ -125,12 +125,23 @@ def test_a_failed_step_leaves_the_bf16_pool_as_it_was(history):
 
 
 def test_patterns_are_never_read_as_float32():
-    """16-bit device memory given for an argument the kernels read widened is refused, not reinterpreted."""
+    """16-bit device memory given for an argument the kernels read widened (the slopes) is widened by a
+    kernel, never reinterpreted: the same output as the host call's; a strided view is refused."""
     rng = np.random.default_rng(0)
     q, k, v, slopes = tokens(rng, 5)
-    fn = ac.compile(alibi, backend="cuda")
-    with pytest.raises(TypeError, match="slopes: this function reads it widened to float32"):
-        fn.for_dtype("bf16").compilation.run([q, k, v, rt.Bf16Bits(cuda.to_device(slopes.view(np.uint16)))])
+    bf16 = ac.compile(alibi, backend="cuda").for_dtype("bf16").compilation
+    assert 3 not in bf16.program.bf16_bits
+    on_host = bf16.run([q, k, v, slopes])[0]
+    on_device = [rt.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in (q, k, v, slopes)]
+    got = bf16.run(on_device)[0]
+    assert isinstance(got, rt.Bf16Bits)
+    np.testing.assert_array_equal(got.copy_to_host().view(np.uint16), on_host.view(np.uint16))
+    wide = rt.widen(on_device[3])
+    assert wide.dtype == np.float32
+    np.testing.assert_array_equal(wide.copy_to_host(), slopes.astype(np.float32))
+    strided = rt.Bf16Bits(cuda.to_device(np.repeat(slopes.view(np.uint16), 2))[::2])
+    with pytest.raises(TypeError, match="slopes: bf16 device memory .* must be C-contiguous"):
+        bf16.run([*on_device[:3], strided])
 
 
 # decoders whose keys and values are computed -------------------------------------------------

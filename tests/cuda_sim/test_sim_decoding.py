@@ -165,3 +165,16 @@ def test_split_scratch_is_kept_per_stream():
         mine = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == runtime.stream_key()}
     assert sorted(default) == sorted(mine) == [0, 1, 2, 3]
     assert all(mine[slot] is not default[slot] for slot in default)
+    from attncomp.backends.numba_cuda.attention import SCRATCH_STREAMS
+
+    others = [cuda.stream() for _ in range(SCRATCH_STREAMS)]  # buffers of the 8 most recent streams are kept
+    for other in others:
+        with runtime.on_stream(other):
+            fn(q, k, v)
+    held = {at for _, _, at in kernels._buffers}
+    assert len(held) == SCRATCH_STREAMS and runtime.stream_key() not in held
+    with runtime.on_stream(others[0]):
+        held_first = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == runtime.stream_key()}
+        np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)  # kept: used again as it is
+        again = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == runtime.stream_key()}
+    assert all(again[slot] is held_first[slot] for slot in held_first)

@@ -105,6 +105,35 @@ def test_gradients_through_vjp_follow_the_float32_spec():
     check(got, want, "f16")
 
 
+def test_vjp_of_bf16_device_memory_stays_on_the_device():
+    """bf16 inputs and cotangent given as device patterns (``Bf16Bits``): the forward, the saved
+    residuals and the gradients stay on the device, the gradients as ``Bf16Bits`` rounded there; they
+    equal the host call's gradients (rounded on the host) and hold the bf16 tolerance against the
+    float64 interpreter's gradients at the same values.  A cotangent of another shape is refused."""
+    from numba import cuda
+
+    from attncomp.backends.numba_cuda import runtime
+
+    spec = dict(attention_cases())["alibi.causal_alibi"]
+    typed = retyped(spec, "bf16")
+    inputs = random_inputs(typed.ir.main, SIZES, seed=7)
+    d_out = np.random.default_rng(7).standard_normal((1, 2, 37, 16)).astype(ELEMENT["bf16"])
+    fn = ac.compile(typed, backend="cuda", pipeline=PIPELINE)
+    bits = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in [*inputs, d_out]]
+    out, pullback = fn.vjp(*bits[:-1])
+    assert isinstance(out, runtime.Bf16Bits)
+    got = pullback(bits[-1])
+    assert all(isinstance(g, runtime.Bf16Bits) for g in got)
+    on_host = fn.vjp(*inputs)[1](d_out)
+    for g, h in zip(got, on_host):
+        np.testing.assert_array_equal(g.copy_to_host().view(np.uint16), h.view(np.uint16))
+    wide = [x.astype(np.float32) for x in inputs]
+    want = ac.compile(spec, backend="interp", pipeline=PIPELINE).vjp(*wide)[1](d_out.astype(np.float32))
+    check([g.copy_to_host() for g in got], want, "bf16")
+    with pytest.raises(ac.ShapeError, match=r"cotangent 0: expected shape \(1, 2, 37, 16\)"):
+        pullback(bits[0][:, :, :5])
+
+
 #: float32 on tf32 tensor cores (flash-tiling precision=tf32), as PIPELINE otherwise
 TF32_PIPELINE = PIPELINE.replace("block_k=16}", "block_k=16,precision=tf32}")
 #: what the simulator runs in float32 (3xTF32, the emulation's slowest, once): a site's gradient

@@ -128,10 +128,20 @@ def test_mixed_float_types_name_the_argument(generic_interp):
         generic_interp(q.astype(np.int32), k, v, slopes)
 
 
-def test_bf16_gradients_follow_the_float32_ones(generic_cpu):
-    inputs = alibi_inputs("bf16")
+@pytest.mark.parametrize(
+    "logits,slope,T", [(1, 0.25, 20), (12, 0.25, 20), (1, -0.5, 40)], ids=["small", "large", "rising"]
+)
+def test_bf16_gradients_follow_the_float32_ones(generic_cpu, logits, slope, T):
+    """Also with scores in the tens, where the log-sum-exp is: the backward rebuilds the softmax as
+    ``exp(s - lse)``, so the LSE it saves is float32 (bf16 would be off by up to 0.25, the gradients
+    by up to 28%).  A negative slope (scores rising with distance) weighs each row's
+    ``delta = rowsum(d_out * out)`` by its distances in the slope's gradient: delta is summed in
+    float32 (in bf16 the slope's gradient was off by 11% here)."""
+    inputs = alibi_inputs("bf16", T)
+    inputs[0] = (inputs[0].astype(np.float32) * logits).astype(BF16)
+    inputs[3] = np.array([0.5, slope]).astype(BF16)
     out, pullback = generic_cpu.vjp(*inputs)
-    cotangent = np.ones(out.shape, BF16)
+    cotangent = np.random.default_rng(1).standard_normal(out.shape).astype(BF16)
     grads = pullback(cotangent)
     assert all(g.dtype == BF16 for g in grads)
     widened = [x.astype(np.float32) for x in inputs]

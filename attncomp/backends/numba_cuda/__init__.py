@@ -94,9 +94,10 @@ class CudaFunction(Program):
 
         bf16 values compute as float32 (``widened``): arguments bind to the widened signature; a
         bf16 argument in ``bf16_bits`` goes over as its patterns (:meth:`stored`), another is
-        widened before it is copied in; host results declared bf16 are rounded to it, device
-        results stay float32, except attention outputs the kernels write as bf16 patterns
-        (``bf16_outputs``), which come back as ``Bf16Bits`` (or bf16 on the host)."""
+        widened (host arrays before they are copied in, ``Bf16Bits`` by a kernel).  Results
+        declared bf16 come back as bf16 on the host and as ``Bf16Bits`` on the device: attention
+        outputs the kernels write as bf16 patterns (``bf16_outputs``) as they are, others rounded
+        to nearest even by a kernel."""
         from attncomp.backends.numba_cuda import runtime
         from attncomp.backends.numba_cuda.arguments import bind_device_arguments
 
@@ -112,13 +113,15 @@ class CudaFunction(Program):
                 o = o.view(bf16) if isinstance(o, np.ndarray) else runtime.Bf16Bits(o)
             elif narrow and isinstance(o, np.ndarray):
                 o = o.astype(bf16)
+            elif narrow:  # computed in float32 on the device: rounded there, as its patterns
+                o = runtime.rounded(o)
             results.append(o)
         return results
 
     def stored(self, k: int, array: Any, name: str) -> Any:
         """Argument ``k`` as the device holds it: bf16 as 16-bit patterns where the kernels read them
         so (``bf16_bits``: host arrays viewed, device memory given as ``runtime.Bf16Bits``), else
-        widened to float32 (host arrays; bf16 device memory arrives widened)."""
+        widened to float32 (host arrays on the host, ``Bf16Bits`` by a kernel on the device)."""
         from attncomp.backends.numba_cuda import runtime
 
         bf16 = np.dtype(NUMPY_DTYPES["bf16"])
@@ -131,8 +134,8 @@ class CudaFunction(Program):
             raise TypeError(f"{name}: expected bf16 (bfloat16) elements, got {got}")
         if isinstance(array, np.ndarray) and array.dtype == bf16:
             return array.astype(np.float32)
-        if isinstance(array, runtime.Bf16Bits):  # patterns where the kernels read float32: never reinterpreted
-            raise TypeError(f"{name}: this function reads it widened to float32, got bf16 patterns (Bf16Bits)")
+        if isinstance(array, runtime.Bf16Bits):  # patterns where the kernels read float32: widened, not reinterpreted
+            return runtime.widen(array, name)
         return array
 
     # decoders keep their cache on the device --------------------------------------------
@@ -163,6 +166,11 @@ class CudaFunction(Program):
         array = runtime.scratch(shape, device_dtype(dtype))
         runtime.fill_zero(array)
         return array
+
+    def on_device(self, x: Any) -> bool:
+        from attncomp.backends.numba_cuda import runtime
+
+        return runtime.is_device(x)
 
     def shape_view(self, x: Any, name: str) -> Any:
         """What the shared shape checks read: a stand-in for a device array (no copy), else numpy."""

@@ -38,6 +38,8 @@ from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 #: the most parts one unit's keys are split into
 MAX_SPLIT = 64
+#: the streams whose scratch buffers a kernel keeps (``AttentionKernels._workspace``)
+SCRATCH_STREAMS = 8
 
 
 class AttentionKernels:
@@ -84,6 +86,7 @@ class AttentionKernels:
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
         self._buffers: dict[tuple[int, Any, int], Any] = {}
+        self._streams: list[int] = []  # the streams that have buffers, the most recently used last
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
 
     @property
@@ -163,10 +166,20 @@ class AttentionKernels:
         Reused from call to call: a decoding step would otherwise pay a device allocation
         and free for each scratch array.  Launches on one stream run in order, so a buffer is
         never written while an earlier launch still reads it; each stream has its own, as
-        launches on two streams may run at once.
+        launches on two streams may run at once.  The buffers of the ``SCRATCH_STREAMS`` streams used
+        most recently are kept; an older stream's are let go, so that many short-lived streams do not
+        hold device memory for as long as the function lives.
         """
         size = int(np.prod(shape, dtype=np.int64))
-        key = (slot, dtype, rt.stream_key())
+        stream = rt.stream_key()
+        if not self._streams or self._streams[-1] != stream:
+            if stream in self._streams:
+                self._streams.remove(stream)
+            self._streams.append(stream)
+            for old in self._streams[:-SCRATCH_STREAMS]:
+                self._buffers = {k: b for k, b in self._buffers.items() if k[2] != old}
+            del self._streams[:-SCRATCH_STREAMS]
+        key = (slot, dtype, stream)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.size < size:
             buffer = rt.zeros((max(size, 1),), dtype) if zeroed else rt.scratch((max(size, 1),), dtype)

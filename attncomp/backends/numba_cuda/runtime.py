@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
 from attncomp.backends.scalars import kernel_scalar  # noqa: F401 (generated drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
 from attncomp.ir.ops.shape import check_pages as _check_pages
@@ -176,6 +177,44 @@ def _fill_zero_kernel(flat):
 def _copy_kernel(out, src):
     for n in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         out[n] = src[n]
+
+
+@cuda.jit
+def _widen_kernel(out, bits):
+    for n in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[n] = widen_bf16(np.uint16(bits[n]))
+
+
+@cuda.jit
+def _round_kernel(bits, x):
+    for n in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        bits[n] = round_bf16(np.float32(x[n]))
+
+
+def _contiguous(x: Any, name: str) -> Any:
+    if not x.is_c_contiguous():
+        raise TypeError(f"{name}: bf16 device memory is converted in place of its layout, so it must be C-contiguous")
+    return x
+
+
+def widen(x: Bf16Bits, name: str = "argument") -> Any:
+    """bf16 patterns (``Bf16Bits``, C-contiguous) as a float32 device array of the same values, converted
+    by a kernel on the current stream: what a kernel that reads the argument as float32 takes."""
+    bits = _contiguous(device_view(x), name)
+    out = cuda.device_array(tuple(bits.shape), dtype=np.float32, stream=stream())
+    if out.size:
+        launch_map(_widen_kernel, int(out.size), out.reshape(out.size), bits.reshape(bits.size))
+    return out
+
+
+def rounded(x: Any, name: str = "result") -> Bf16Bits:
+    """A float32 (or float64) device array rounded to bf16 by a kernel (to nearest even, NaN kept:
+    ``warp.round_bf16``): its patterns, as ``Bf16Bits``."""
+    values = _contiguous(x, name)
+    bits = cuda.device_array(tuple(values.shape), dtype=np.uint16, stream=stream())
+    if bits.size:
+        launch_map(_round_kernel, int(bits.size), bits.reshape(bits.size), values.reshape(values.size))
+    return Bf16Bits(bits)
 
 
 def zeros(shape: tuple[int, ...], dtype: Any) -> Any:

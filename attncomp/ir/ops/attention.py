@@ -53,8 +53,16 @@ def attention_types(
     dtype = promote([q, k, v])
     out = [TensorType(batch + (q.shape[-2], v.shape[-1]), dtype)]
     if with_lse:
-        out.append(TensorType(batch + (q.shape[-2],), dtype))
+        out.append(TensorType(batch + (q.shape[-2],), lse_dtype(dtype)))
     return out
+
+
+def lse_dtype(dtype: str) -> str:
+    """The log-sum-exp's element type: float32 for 16-bit inputs.  A log-sum-exp is the log of a sum
+    of exponentials, often tens in size, so bf16's 8 bits would put it off by up to 0.25, and the
+    softmax the backward rebuilds from it (``exp(s - lse)``) by up to 28%; a spec's own
+    ``logsumexp`` result is cast to its declared type after (``softmax-fusion``)."""
+    return "f32" if dtype in ("f16", "bf16") else dtype
 
 
 def index_grids(shape: tuple[int, ...]) -> list[np.ndarray]:
