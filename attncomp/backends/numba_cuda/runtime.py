@@ -193,7 +193,7 @@ def _round_kernel(bits, x):
 
 def _contiguous(x: Any, name: str) -> Any:
     if not x.is_c_contiguous():
-        raise TypeError(f"{name}: bf16 device memory is converted in place of its layout, so it must be C-contiguous")
+        raise TypeError(f"{name}: bf16 device memory is converted by a kernel that needs it C-contiguous, got a view")
     return x
 
 
@@ -208,7 +208,7 @@ def widen(x: Bf16Bits, name: str = "argument") -> Any:
 
 
 def rounded(x: Any, name: str = "result") -> Bf16Bits:
-    """A float32 (or float64) device array rounded to bf16 by a kernel (to nearest even, NaN kept:
+    """A float32 device array (C-contiguous) rounded to bf16 by a kernel (to nearest even, NaN kept:
     ``warp.round_bf16``): its patterns, as ``Bf16Bits``."""
     values = _contiguous(x, name)
     bits = cuda.device_array(tuple(values.shape), dtype=np.uint16, stream=stream())
