@@ -198,16 +198,15 @@ class KernelWriter(KernelSource):
         # float32 buffers for BLAS.
         loads = (("ks", compute.k_load), ("vs", compute.v_load))
         raw = {load: self.bits_in_place(load) for _, load in loads}
-        paged = {load: self.page_view(load) is not None for _, load in loads}
         for name, load in loads:
             if raw[load]:
                 w.line(f"{name}_bits = {self.tile_rows(load)}")
-            elif not paged[load]:
+            elif not self.paged(load):
                 self.load_rows(name, load, f"{name[0]}_staged")
         w.line("if nq > FEW_ROWS:")
         with w.indent():
             for name, load in loads:
-                if raw[load] or paged[load]:
+                if raw[load] or self.paged(load):
                     self.load_rows(name, load, f"{name[0]}_staged")
             w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
@@ -220,7 +219,7 @@ class KernelWriter(KernelSource):
             # their values multiplied together after the last (task: group_values)
             w.line("if not scored:")
             with w.indent():
-                if paged[compute.k_load]:
+                if self.paged(compute.k_load):
                     self.page_runs(
                         compute.k_load,
                         "j0",
@@ -236,7 +235,7 @@ class KernelWriter(KernelSource):
             self.scores_by_rows(compute, with_mask)
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
             w.line("active[g] = 1")
-            if paged[compute.v_load]:  # where the values' pages are read from, after the heads
+            if self.paged(compute.v_load):  # where the values' pages are read from, after the heads
                 for name, v in zip(self.group_value_at(compute.v_load), compute.v_load.operands[1:-1]):
                     w.line(f"{name} = {self.scalar().ref(v)}")
                 w.line("j0_group = j0")
@@ -280,15 +279,19 @@ class KernelWriter(KernelSource):
         """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
         return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
 
+    def paged(self, load_op) -> bool:
+        """Whether a key or value tile is read through a page table."""
+        return self.page_view(load_op) is not None
+
     def bits_in_place(self, load_op) -> bool:
         """Whether a key or value tile's rows are bf16 bits the few-row loops read in place (not
         through pages)."""
-        return self.page_view(load_op) is None and load_op.operands[0] in self.bits
+        return not self.paged(load_op) and load_op.operands[0] in self.bits
 
     def staged(self, load_op) -> bool:
         """Whether a key or value tile is copied into a work buffer for BLAS (read through pages, or
         widened from bf16); the few-row loops read both kinds in place."""
-        return self.page_view(load_op) is not None or load_op.operands[0] in self.bits
+        return self.paged(load_op) or load_op.operands[0] in self.bits
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
         """``target`` = the tile's rows: in place, or copied into ``buffer``: page by page through the
@@ -483,8 +486,7 @@ class KernelWriter(KernelSource):
                 w.line("first = first + split * chunk")
                 w.line("end = min(end, first + chunk)")
             v_load = t.masked.v_load
-            v_paged = self.page_view(v_load) is not None
-            if v_paged:  # where the values of the heads' key tile are: its first row and indices
+            if self.paged(v_load):  # where the values of the heads' key tile are: its first row and indices
                 w.line("j0_group = np.int64(0)")
                 for name in self.group_value_at(v_load):
                     w.line(f"{name} = np.int64(0)")
@@ -506,7 +508,7 @@ class KernelWriter(KernelSource):
                     self.loop_body()
                 w.line("if nq <= FEW_ROWS and scored:")
                 with w.indent():
-                    if v_paged:
+                    if self.paged(v_load):
                         self.page_runs(
                             v_load,
                             "j0_group",
