@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from attncomp.errors import SpecError, TypeCheckError, with_location
-from attncomp.ir.core import Block, Func, Location, Module, Op
+from attncomp.ir.core import Block, Func, Location, Module, Op, Value
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops import OP_DEFS, Checker
-from attncomp.ir.types import TensorType
+from attncomp.ir.ops.elementwise import promote
+from attncomp.ir.types import TensorType, is_float, weak_float_dtype
 from attncomp.names import name_values
+from attncomp.passes.patterns import last_axis_reduction, producer
 from attncomp.tensor import SymDim, Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -99,10 +101,26 @@ def _with_location(message: str, loc: Location | None) -> str:
     return with_location(message, None if loc is None else str(loc))
 
 
+#: ops whose operands do not meet as numbers: a cast sets its type, a gather's indices address
+NOT_MEETING = frozenset({"ac.cast", "ac.gather"})
+
+
 class Tracer:
-    def __init__(self, name: str):
+    """Emits one op per traced operation.
+
+    Python scalars are weak (docs/ir.md, "Weak scalars"): a Python float, and a value made only
+    from such scalars, positions and sizes, is traced in ``weak_float`` (float32, or float64 in a
+    float64 spec) and takes the type of the float tensor it meets, so it never widens one.
+    """
+
+    def __init__(self, name: str, weak_float: str = "f32"):
         self.func = Func(name, Block())
         self.checker = Checker()
+        self.weak_float = weak_float
+        #: the weak float values traced so far
+        self.weak: set[Value] = set()
+        #: (weak value, type) -> the value in that type, so that each is cast once
+        self.met: dict[tuple[Value, str], Tensor] = {}
 
     def located(self, error: SpecError) -> SpecError:
         if getattr(error, "located", False):
@@ -122,6 +140,8 @@ class Tracer:
         declared: list[TensorType] | None = None,
     ) -> Tensor:
         attrs = attrs or {}
+        if name not in NOT_MEETING:
+            operands = self.meet(operands)
         values = [t.value for t in operands]
         try:
             types = OP_DEFS[name].infer([v.type for v in values], attrs, declared, self.checker)
@@ -129,7 +149,40 @@ class Tracer:
             raise self.located(SpecError(str(exc))) from None
         op = Op.create(name, values, types, attrs, loc=user_location())
         self.func.body.ops.append(op)
+        floats = [v for v in values if is_float(v.type.dtype)]
+        if operands and name != "ac.cast" and is_float(op.result.type.dtype) and all(v in self.weak for v in floats):
+            self.weak.add(op.result)  # made only from weak floats, positions and sizes
         return Tensor(self, op.result)
+
+    def meet(self, operands: list[Tensor]) -> list[Tensor]:
+        """Weak float operands in the type of the strong float operands they meet, where they would
+        otherwise decide the result's type (a weak constant is traced again in that type)."""
+        floats = [t for t in operands if is_float(t.dtype)]
+        strong = [t.type for t in floats if t.value not in self.weak]
+        if not strong or len(strong) == len(floats):
+            return operands
+        target = promote(strong)
+        if promote([t.type for t in floats]) == target:
+            return operands
+        return [self.retyped(t, target) if t.value in self.weak and t.dtype != target else t for t in operands]
+
+    def retyped(self, weak: Tensor, dtype: str) -> Tensor:
+        key = (weak.value, dtype)
+        if key not in self.met:
+            op = weak.value.owner
+            if isinstance(op, Op) and op.name == "ac.constant" and weak.ndim == 0:
+                self.met[key] = self.constant(op.attrs["value"], dtype)
+            else:
+                self.met[key] = self.emit("ac.cast", [weak], declared=[weak.type.with_dtype(dtype)])
+        return self.met[key]
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a @ b``; probabilities meeting narrower values give the values' type (docs/ir.md,
+        "The attention's types"): ``softmax(s) @ v`` is ``v``'s type whatever widened the scores."""
+        product = self.emit("ac.matmul", [a, b])
+        if is_probabilities(a.value) and is_float(b.dtype) and product.dtype != b.dtype:
+            return self.emit("ac.cast", [product], declared=[product.type.with_dtype(b.dtype)])
+        return product
 
     def lift(self, value: Any) -> Tensor:
         """A Tensor for a tensor, size or Python scalar operand."""
@@ -144,7 +197,9 @@ class Tracer:
         if isinstance(value, int):
             return self.constant(value, "i64")
         if isinstance(value, float):
-            return self.constant(value, "f64")
+            weak = self.constant(value, self.weak_float)
+            self.weak.add(weak.value)
+            return weak
         raise self.located(SpecError(f"cannot use {type(value).__name__} {value!r} in a spec"))
 
     def constant(self, value: int | float | bool, dtype: str) -> Tensor:
@@ -264,6 +319,17 @@ class Tracer:
         return Module([self.func])
 
 
+def is_probabilities(value: Value) -> bool:
+    """Whether ``value`` is a softmax along the last axis, as ``ac.softmax`` or spelled out."""
+    op = producer(value)
+    if op is not None and op.name == "ac.softmax":
+        return op.attrs["axis"] == value.type.rank - 1
+    if op is None or op.name != "ac.div":
+        return False
+    e, total = op.operands
+    return producer(e, "ac.exp") is not None and last_axis_reduction(total, "sum") is e
+
+
 def _product(dims) -> Dim:
     total = dim(1)
     for d in dims:
@@ -313,8 +379,9 @@ class Spec:
             valid = ", ".join(self.constants) or "none"
             raise TypeError(f"{self.name}: unknown constant(s) {', '.join(sorted(unknown))}; valid: {valid}")
         values = {**self.constants, **constants}
-        tracer = Tracer(self.name)
-        args = [tracer.add_arg(name, spec.type(float_type)) for name, spec in self.params]
+        types = [spec.type(float_type) for _, spec in self.params]
+        tracer = Tracer(self.name, weak_float_dtype([t.dtype for t in types]))
+        args = [tracer.add_arg(name, t) for (name, _), t in zip(self.params, types)]
         try:
             result = self.fn(*args, **values)
         except SpecError as exc:

@@ -132,10 +132,10 @@ class Tensor:
         return self._binary("ac.pow", o, True)
 
     def __matmul__(self, o):
-        return self._binary("ac.matmul", o)
+        return self.tracer.matmul(self, self.tracer.lift(o))
 
     def __rmatmul__(self, o):
-        return self._binary("ac.matmul", o, True)
+        return self.tracer.matmul(self.tracer.lift(o), self)
 
     def __neg__(self):
         return self.tracer.emit("ac.neg", [self])

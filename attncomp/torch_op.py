@@ -170,8 +170,7 @@ class TorchFunction:
             if self._members and layout != self._layout:
                 raise TypeError(
                     f"@{c.name} does not fuse in {c.func.args[0].type.dtype} as in float32, so one op cannot "
-                    f"serve both: {'; '.join(forward.remarks) or 'its residuals differ'} (make the tensors that "
-                    "enter the scores ac.floating too)"
+                    f"serve both: {'; '.join(forward.remarks) or 'its residuals differ'}"
                 )
             self._members[id(c)] = (forward, backward_of(c))
         return self._members[id(c)]

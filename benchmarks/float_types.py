@@ -56,6 +56,26 @@ def causal_rows(quick: bool, repeats: int) -> list[str]:
     return lines
 
 
+def alibi_rows(quick: bool, repeats: int) -> list[str]:
+    """bf16 causal ALiBi with float32 slopes against the same spec with bf16 slopes: a float32
+    parameter fuses as a bf16 one does, its scores computed in float32 either way."""
+    t = 512 if quick else 2048
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 8, t, 64)).astype(BF16) for _ in range(3))
+    slopes = 2.0 ** -np.arange(1, 9, dtype=np.float32)
+    f32_slopes = ac.compile(specs.causal_alibi_f32_slopes, backend="cpu")
+    bf16_slopes = ac.compile(specs.causal_alibi_any, backend="cpu")
+    got = f32_slopes(q, k, v, slopes)
+    want = bf16_slopes(q, k, v, slopes.astype(BF16))
+    error = float(np.max(np.abs(got.astype(np.float32) - want.astype(np.float32))) / np.max(np.abs(want)))
+    bf16 = slopes.astype(BF16)
+    mine, peer, ratio = paired(lambda: f32_slopes(q, k, v, slopes), lambda: bf16_slopes(q, k, v, bf16), repeats)
+    return [
+        f"  causal ALiBi T={t} H=8 D=64 bf16: float32 slopes {mine * 1e3:.1f} ms ({got.dtype} result), bf16 slopes "
+        f"{peer * 1e3:.1f} ms, ratio {ratio:.2f} (max difference {error:.1e} of the largest output)"
+    ]
+
+
 def decode_rows(quick: bool, repeats: int) -> list[str]:
     cache = 1024 if quick else 4096
     rng = np.random.default_rng(1)
@@ -102,7 +122,8 @@ def paired_cold(ours, theirs, repeats: int) -> tuple[float, float, float]:
 
 
 def float_type_rows(quick: bool, repeats: int) -> list[str]:
-    return ["bf16 and float32, one generic spec:", *causal_rows(quick, repeats), *decode_rows(quick, repeats)]
+    rows = [*causal_rows(quick, repeats), *alibi_rows(quick, repeats), *decode_rows(quick, repeats)]
+    return ["bf16 and float32, one generic spec:", *rows]
 
 
 def main(argv: list[str] | None = None) -> None:

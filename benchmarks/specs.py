@@ -75,3 +75,29 @@ def causal_window_any(
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)
     return ac.softmax(ac.where((j <= i) & (i - j < window), s, -ac.inf), axis=-1) @ v
+
+
+@ac.spec
+def causal_alibi_any(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
+    slopes: ac.floating["H"],
+):
+    """Causal ALiBi for every float type, the slopes in the call's type too."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf), axis=-1) @ v
+
+
+@ac.spec
+def causal_alibi_f32_slopes(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
+    slopes: ac.f32["H"],
+):
+    """``causal_alibi_any`` with the slopes float32 whatever the call's type, as models keep them."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf), axis=-1) @ v

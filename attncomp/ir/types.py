@@ -63,6 +63,19 @@ def accumulation_dtype(dtype: str) -> str:
     return "i64" if dtype in INT_DTYPES else dtype
 
 
+def weak_float_dtype(arg_dtypes: list[str]) -> str:
+    """The type a spec traces its Python floats in (weak scalars, docs/ir.md): float64 in a spec with
+    a float64 argument, float32 otherwise.  A weak value takes the type of the float tensor it meets."""
+    return "f64" if "f64" in arg_dtypes else "f32"
+
+
+def score_dtype(dtype: str) -> str:
+    """The type a fused attention over ``dtype`` inputs computes its scores and score function in:
+    the accumulation type, float32 for f16, bf16 and f32 and float64 for f64, whatever narrower type
+    the spec's graph rounds its scores to.  A float32 parameter entering the scores is read as float32."""
+    return accumulation_dtype(dtype)
+
+
 def dtype_of_numpy(np_dtype: np.dtype) -> str | None:
     for name, np_type in NUMPY_DTYPES.items():
         if np.dtype(np_type) == np_dtype:

@@ -28,7 +28,7 @@ from attncomp.ir.graph import remove_dead_ops, use_def_graph, users
 from attncomp.ir.ops import Checker
 from attncomp.ir.ops.attention import attention_types
 from attncomp.ir.printer import Namer
-from attncomp.ir.types import TensorType, category
+from attncomp.ir.types import TensorType, category, is_float, score_dtype, wider
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
 from attncomp.passes.patterns import ELEMENTWISE, is_neg_inf, last_axis_reduction, producer
@@ -124,7 +124,7 @@ class RegionBuilder:
         return result
 
     def clone_elementwise(self, op: Op) -> Value:
-        want = op.result.type.dtype
+        want = self.computed_in(op.result.type.dtype)
         operands = [self.value(x) for x in op.operands]
         if op.name not in ("ac.cmp", "ac.cast"):
             # In the graph a rank > 0 operand decides the width; scalars must agree explicitly.
@@ -135,6 +135,13 @@ class RegionBuilder:
         if op.name == "ac.cast":
             return self.cast(operands[0], want)
         return self.emit(op.name, operands, op.attrs)
+
+    def computed_in(self, dtype: str) -> str:
+        """A float computed in the region is computed in the score type or wider: the graph's
+        narrower roundings (a bf16 product, a float32 bias cast to bf16) are not repeated."""
+        if self.score is None or not is_float(dtype):
+            return dtype
+        return wider(dtype, self.score.type.dtype)
 
     def finish(self, result: Value, dtype: str) -> Block:
         self.block.ops.append(Op.create("ac.yield", [self.cast(result, dtype)], []))
@@ -265,7 +272,7 @@ def _swap_last(rank: int) -> list[int]:
 
 
 def build_regions(m: Match) -> list[Block]:
-    score_type = m.qk.result.type
+    score_type = m.qk.result.type.with_dtype(score_dtype(m.qk.result.type.dtype))
     score = RegionBuilder(score_type, with_score=True)
     raw = score.score
     for factor, divide in m.q_scale:
@@ -302,13 +309,14 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     ]
     attrs = {"kv_repeat": m.kv_repeat, "with_lse": bool(lse_ops)}
     types = attention_types(m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion")
-    if types[0] != m.pv.result.type:
+    result = _attention_result(m.pv, types[0], use_table)
+    if types[0] != result.type:
         raise NotFusable(f"the fused result would be {types[0]}, not {m.pv.result.type}")
-    names = [m.pv.result.name] + ([lse_ops[0].result.name] if lse_ops else [])
+    names = [result.name] + ([lse_ops[0].result.name] if lse_ops else [])
     attn = Op.create("ac.attention", [m.q, k, m.v], types, attrs, build_regions(m), result_names=names)
     new_ops.append(attn)
-    mapping = {m.pv.result: attn.results[0]}
-    m.pv.result.name = None
+    mapping = {result: attn.results[0]}
+    result.name = None
     anchor = min([m.pv] + lse_ops, key=block.ops.index)
     for lse_op in lse_ops:
         lse, want = attn.results[1], lse_op.result.type
@@ -329,6 +337,30 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     replace_uses(block, mapping)
 
 
+def _attention_result(pv: Op, fused: TensorType, use_table: dict[Value, list[Op]]) -> Value:
+    """The value the fused op replaces: ``p @ v``, or its cast to the values' type where wider
+    probabilities met narrower values (the tracer's ``matmul`` adds that cast)."""
+    uses = use_table.get(pv.result, [])
+    if pv.result.type != fused and len(uses) == 1 and uses[0].name == "ac.cast":
+        cast = uses[0].result
+        if cast.type == fused:
+            return cast
+    return pv.result
+
+
+def widening_remark(m: Match, namer: Namer) -> str | None:
+    """A remark when the spec's graph computes its scores wider than the fused op's score type (a
+    float64 tensor met float32 scores): the fused op computes the widened part as the spec says."""
+    graph, fused = m.score_input.type.dtype, score_dtype(m.qk.result.type.dtype)
+    if not is_float(graph) or wider(graph, fused) == fused:
+        return None
+    return (
+        f"softmax-fusion: the scores %{namer[m.score_input]} are {graph}, wider than the attention's score type "
+        f"{fused}: the score function computes in {graph} and the scores are rounded to {fused} (cast the "
+        f"{graph} tensors that meet the scores to keep them {fused})"
+    )
+
+
 @register_pass
 @dataclass
 class SoftmaxFusion(Pass):
@@ -342,7 +374,10 @@ class SoftmaxFusion(Pass):
             for op in [op for op in func.body.ops if op.name == "ac.softmax"]:
                 use_table = users(func.body)
                 try:
-                    fuse(func, match_attention(func, op, use_table, namer), use_table)
+                    m = match_attention(func, op, use_table, namer)
+                    fuse(func, m, use_table)
+                    if (remark := widening_remark(m, namer)) is not None:
+                        remarks.append(remark)
                 except NotFusable as why:
                     remarks.append(f"softmax-fusion: not fused: {why}")
             remove_dead_ops(func.body)

@@ -33,15 +33,15 @@ ac.func @attn(%q: tensor<B x T x D x f32>, %k: tensor<B x S x D x f32>, %v: tens
   %0 = ac.transpose %k {perm = [0, 2, 1]} : tensor<B x D x S x f32>
   %1 = ac.matmul %q, %0 : tensor<B x T x S x f32>
   %2 = ac.dim {value = D} : tensor<i64>
-  %3 = ac.constant {value = -0.5} : tensor<f64>
-  %4 = ac.pow %2, %3 : tensor<f64>
+  %3 = ac.constant {value = -0.5} : tensor<f32>
+  %4 = ac.pow %2, %3 : tensor<f32>
   %s = ac.mul %1, %4 : tensor<B x T x S x f32>
   %i = ac.iota {axis = 1} : tensor<1 x T x 1 x i64>
   %j = ac.iota {axis = 2} : tensor<1 x 1 x S x i64>
   %5 = ac.sub %i, %j : tensor<1 x T x S x i64>
   %6 = ac.constant {value = WINDOW} : tensor<i64>
   %7 = ac.cmp %5, %6 {pred = "lt"} : tensor<1 x T x S x i1>
-  %8 = ac.constant {value = -inf} : tensor<f64>
+  %8 = ac.constant {value = -inf} : tensor<f32>
   %s_1 = ac.where %7, %s, %8 : tensor<B x T x S x f32>
   %9 = ac.softmax %s_1 {axis = 2} : tensor<B x T x S x f32>
   %out = ac.matmul %9, %v : tensor<B x T x D x f32>

@@ -74,8 +74,8 @@ def test_every_example_in_16_bits(example, attr, dtype):
     except (TypeError, ac.ShapeError):
         pytest.skip("the example's inputs are for another of its specs")
     backends = ["interp"] + (["cpu"] if (example, attr) in ON_CPU and dtype == "bf16" else [])
-    # results have the types the IR gives them: the call's, or wider where the spec mixes in float32
-    # values it makes itself (rotary frequencies from integer positions)
+    # results have the types the IR gives them: the call's (values a spec makes from positions and
+    # Python numbers, such as rotary frequencies, are weak and take it)
     declared = [np.dtype(NUMPY[r.type.dtype]) for r in ir.main.results]
     for backend in backends:
         got = as_list(ac.compile(ir, backend=backend)(*inputs))

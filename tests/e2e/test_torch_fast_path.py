@@ -82,19 +82,25 @@ def key_in_f32(q: ac.floating["T", "D"], k: ac.f32["S", "D"], v: ac.floating["S"
     return ac.softmax(q @ k.mT) @ v
 
 
-def test_a_call_wanting_no_gradient_needs_no_backward():
-    """bf16 q, k, v with an f32 bias make f32 scores, which do not fuse as in float32: the op has no
-    gradient for that float type, but its calls that want none run (as ``fn`` on numpy arrays)."""
+def test_an_f32_bias_in_a_bf16_call_fuses_with_gradients():
+    """bf16 q, k, v with an f32 bias: the fused op computes its scores in float32 reading the bias as
+    it is, returns bf16, and one op serves both float types, with gradients in each argument's type."""
     fn = ac.compile(bias_in_f32, backend="cpu")
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn((n, 8), generator=g).bfloat16() for n in (5, 6, 6))
     bias = torch.randn((5, 6), generator=g)
-    want = fn(*(t.float().numpy() for t in (q, k, v)), bias.numpy())
-    with torch.no_grad():
-        got = fn.to_torch()(q, k, v, bias)
-    np.testing.assert_allclose(got.float().numpy(), want, rtol=1e-2, atol=1e-2)
-    with pytest.raises(TypeError, match="does not fuse in bf16 as in float32"):
-        fn.to_torch()(q.requires_grad_(), k, v, bias)
+    op = fn.to_torch()
+    want = op(*(t.float() for t in (q, k, v)), bias)
+    args = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    got = op(*args)
+    assert got.dtype == torch.bfloat16
+    np.testing.assert_allclose(got.float().detach().numpy(), want.numpy(), rtol=1e-2, atol=1e-2)
+    got.float().sum().backward()
+    assert [a.grad.dtype for a in args] == [torch.bfloat16] * 3 + [torch.float32]
+    wide = [t.float().requires_grad_() for t in (q, k, v, bias)]
+    op(*wide).sum().backward()
+    for a, w in zip(args, wide):
+        np.testing.assert_allclose(a.grad.float().numpy(), w.grad.numpy(), rtol=3e-2, atol=3e-2)
 
 
 def test_a_bf16_value_with_an_f32_key_on_cpu():

@@ -134,3 +134,36 @@ def test_the_example_learns_to_copy_and_generates_the_copy():
     assert losses[-1] < 0.5 * losses[0]
     right, total = generate_copies(model)  # generate runs through the spec with a cache and padding
     assert total == 12 and 0 <= right <= total
+
+
+def test_a_float32_spec_with_a_python_float_slope_runs_in_a_float32_model():
+    """A constant slope per head written with a Python float keeps the spec float32: the model's
+    output projection gets float32 (a float64 result failed there), and the attention fuses."""
+
+    @ac.spec
+    def constant_alibi(
+        q: ac.f32["B", "H", "T", "D"],
+        k: ac.f32["B", "H", "S", "D"],
+        v: ac.f32["B", "H", "S", "E"],
+        shift: ac.i32["B"],
+        q_doc: ac.i32["B", "T"],
+        k_doc: ac.i32["B", "S"],
+        *,
+        scale: float = 1.0,
+    ):
+        s = (q @ k.mT) * scale
+        b, h, i, j = ac.index(s)
+        position = i + shift[b]
+        slope = ac.exp((h + 1) * -1.386)
+        s = ac.where((j <= position) & (q_doc[b, i] == k_doc[b, j]), s + slope * (j - position), -ac.inf)
+        return ac.softmax(s, axis=-1) @ v
+
+    attncomp.hf.register("constant_alibi", spec=constant_alibi)
+    model = transformers.AutoModelForCausalLM.from_config(gpt2_config(), attn_implementation="constant_alibi")
+    ids, mask = padded_batch("left", seed=14)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    assert "f64" not in str(constant_alibi.ir)
+    fn = ac.compile(constant_alibi, backend="cpu")
+    assert not fn.remarks and fn.ir("softmax-fusion").count("ac.attention ") == 1

@@ -22,12 +22,12 @@ ac.func @small(%q: tensor<T x D x f32>, %k: tensor<S x D x f32>) -> (tensor<T x 
 attributes {causal = true, scale = 0.125} {
   %0 = ac.transpose %k {perm = [1, 0]} : tensor<D x S x f32>
   %1 = ac.matmul %q, %0 : tensor<T x S x f32>
-  %2 = ac.constant {value = 0.125} : tensor<f64>
+  %2 = ac.constant {value = 0.125} : tensor<f32>
   %s = ac.mul %1, %2 : tensor<T x S x f32>
   %i = ac.iota {axis = 0} : tensor<T x 1 x i64>
   %j = ac.iota {axis = 1} : tensor<1 x S x i64>
   %3 = ac.cmp %j, %i {pred = "le"} : tensor<T x S x i1>
-  %4 = ac.constant {value = -inf} : tensor<f64>
+  %4 = ac.constant {value = -inf} : tensor<f32>
   %s_1 = ac.where %3, %s, %4 : tensor<T x S x f32>
   %5 = ac.softmax %s_1 {axis = 1} : tensor<T x S x f32>
   %6 = ac.logsumexp %s_1 {axis = 1, keepdims = false} : tensor<T x f32>
@@ -101,7 +101,7 @@ def test_attribute_values_survive_the_round_trip():
         "attributes {big = 1e+16, eps = 1e-05, huge = 1180591620717411303424, "
         'label = "say \\"hi\\"\\\\ to\\n\\u00e9", offset = -3} {'
     )
-    assert "ac.constant {value = nan} : tensor<f64>" in text
+    assert "ac.constant {value = nan} : tensor<f32>" in text
     assert "ac.constant {value = -3} : tensor<i64>" in text
     assert ac.parse_ir(text).main.attrs == constants.ir.main.attrs
 

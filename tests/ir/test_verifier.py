@@ -20,7 +20,7 @@ TEXT = """\
 ac.func @f(%x: tensor<T x D x f32>, %y: tensor<T x D x f32>) -> tensor<T x D x f32> {
   %s = ac.add %x, %y : tensor<T x D x f32>
   %0 = ac.exp %s : tensor<T x D x f32>
-  %1 = ac.constant {value = 2.0} : tensor<f64>
+  %1 = ac.constant {value = 2.0} : tensor<f32>
   %out = ac.mul %0, %1 : tensor<T x D x f32>
   ac.return %out
 }

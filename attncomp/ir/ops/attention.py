@@ -27,7 +27,7 @@ from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.elementwise import promote
-from attncomp.ir.types import BOOL_DTYPE, TensorType
+from attncomp.ir.types import BOOL_DTYPE, TensorType, score_dtype
 
 
 def repeated(t: TensorType, kv_repeat: Dim) -> TensorType:
@@ -50,10 +50,10 @@ def attention_types(
     checker.unify(q.shape[-1], k.shape[-1], f"{what}: head dimension of q and k")
     checker.unify(k.shape[-2], v.shape[-2], f"{what}: key length of k and v")
     batch = checker.broadcast([q.shape[:-2], k.shape[:-2], v.shape[:-2]], f"{what} batch axes")
-    dtype = promote([q, k, v])
-    out = [TensorType(batch + (q.shape[-2], v.shape[-1]), dtype)]
+    # the values' type (docs/ir.md, ac.matmul): what widened the scores does not widen the result
+    out = [TensorType(batch + (q.shape[-2], v.shape[-1]), v.dtype)]
     if with_lse:
-        out.append(TensorType(batch + (q.shape[-2],), lse_dtype(dtype)))
+        out.append(TensorType(batch + (q.shape[-2],), lse_dtype(promote([q, k, v]))))
     return out
 
 
@@ -99,13 +99,13 @@ class Attention(OpDef):
 
     def verify_regions(self, op) -> None:
         rank = op.results[0].type.rank
-        score_dtype = promote([op.operands[0].type, op.operands[1].type])
+        scores = score_dtype(promote([op.operands[0].type, op.operands[1].type]))
         index = TensorType((), "i64")
         expected = [
-            [index] * rank + [TensorType((), score_dtype)],
+            [index] * rank + [TensorType((), scores)],
             [index] * rank,
         ]
-        yields = [TensorType((), score_dtype), TensorType((), BOOL_DTYPE)]
+        yields = [TensorType((), scores), TensorType((), BOOL_DTYPE)]
         if len(op.regions) != 2:
             raise TypeCheckError("ac.attention: needs a score region and a mask region")
         for which, region, args, result in zip(("score", "mask"), op.regions, expected, yields):

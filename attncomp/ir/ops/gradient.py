@@ -34,7 +34,7 @@ from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.ops.structural import check_indices
-from attncomp.ir.types import BOOL_DTYPE, TensorType, is_float, is_int
+from attncomp.ir.types import BOOL_DTYPE, TensorType, is_float, is_int, score_dtype
 
 
 def scatter_into(target: np.ndarray, updates: np.ndarray, indices: list[np.ndarray], what: str) -> None:
@@ -133,7 +133,7 @@ class AttentionGrad(OpDef):
         if len(op.regions) != 3:
             raise TypeCheckError(f"{self.name}: needs a score, a mask and a gradient region")
         rank = op.operands[3].type.rank
-        score = TensorType((), promote([op.operands[0].type, op.operands[1].type]))
+        score = TensorType((), score_dtype(promote([op.operands[0].type, op.operands[1].type])))
         index = TensorType((), "i64")
         expected = [[index] * rank + [score], [index] * rank, [index] * rank + [score, score]]
         for which, region, args in zip(("score", "mask", "gradient"), op.regions, expected):
