@@ -2,6 +2,7 @@
 
     python -m benchmarks.tensor_core_training            # the rows of the training targets
     python -m benchmarks.tensor_core_training --quick    # smaller sizes, for a smoke run
+    python -m benchmarks.tensor_core_training --compile-only   # one untimed step per row: fills the kernel cache
 
 (also printed by ``python -m benchmarks.gpu --only training``).  Each row runs one training
 step of the attention alone, ``attn(q, k, v).backward(d_out)`` through ``fn.to_torch()`` of a
@@ -22,7 +23,11 @@ import sys
 
 import attncomp as ac
 from benchmarks import specs
-from benchmarks.tensor_cores import Row, main_of, paired_ms, sdpa_choice, table, window_mask
+from benchmarks.tensor_cores import Row, Timing, main_of, paired_ms, sdpa_choice, table, window_mask
+
+#: the least memory traffic of a step, in [B, H, T, D] arrays: the forward reads q, k and v and writes
+#: the output (4); the backward reads q, k, v, the output and its gradient and writes dq, dk and dv (8)
+STEP_ARRAYS = 12
 
 
 def rows(quick: bool) -> list[Row]:
@@ -63,6 +68,21 @@ def rows(quick: bool) -> list[Row]:
 
 
 def run_row(torch, row: Row, repeats: int) -> str:
+    return measure_row(torch, row, repeats).line()
+
+
+def warm_row(torch, row: Row) -> None:
+    """One training step through attncomp's op at the row's size, untimed: the forward and backward
+    kernels compile (and are cached on disk)."""
+    dtype = getattr(torch, row.dtype)
+    shape = (row.b, row.h, row.t, row.d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
+    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    attn(q, k, v).backward(torch.randn(shape, device="cuda", dtype=dtype))
+    torch.cuda.synchronize()
+
+
+def measure_row(torch, row: Row, repeats: int) -> Timing:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtype = getattr(torch, row.dtype)
@@ -109,11 +129,8 @@ def run_row(torch, row: Row, repeats: int) -> str:
     _, default, default_ratio = paired_ms(torch, ours, step(sdpa), repeats)
     with torch.no_grad():
         choice = sdpa_choice(torch, q, k, v, row.causal, mask)
-    tflops = 3.5 * row.flops() / (mine * 1e-3) / 1e12
-    return (
-        f"{row.name:40s} {mine:9.3f} {tflops:7.1f} {peer_name:>9s} {theirs:9.3f} {ratio:6.2f} "
-        f"{choice:>9s} {default:9.3f} {default_ratio:6.2f}"
-    )
+    flops, traffic = 3.5 * row.flops(), row.bytes(STEP_ARRAYS)
+    return Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, flops, traffic)
 
 
 def training_rows(torch, quick: bool, repeats: int) -> list[str]:
@@ -122,7 +139,7 @@ def training_rows(torch, quick: bool, repeats: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_of("benchmarks.tensor_core_training", __doc__, training_rows, argv)
+    return main_of("benchmarks.tensor_core_training", __doc__, training_rows, argv, rows, warm_row)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ PyTorch SDPA, in one table.
     python -m benchmarks.tensor_cores            # the rows of the tensor-core targets
     python -m benchmarks.tensor_cores --quick    # smaller sizes, for a smoke run
 
+    python -m benchmarks.tensor_cores --compile-only   # one untimed call per row: fills the kernel cache
+
 (also printed by ``python -m benchmarks.gpu``).  Each row calls attncomp's torch op
 (``fn.to_torch()`` of a generic spec, so the call's dtype picks the kernel) and the peer
 alternately, CUDA-event timed, and reports the median of the per-pair ratios (below 1.0
@@ -60,6 +62,43 @@ class Row:
 
     def flops(self) -> float:
         return 4.0 * self.b * self.h * self.d * self.pairs()
+
+    def bytes(self, arrays: int = 4) -> float:
+        """The least memory traffic of a call: ``arrays`` arrays of [B, H, T, D] (forward: q, k, v and
+        the output) each read or written once."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return float(arrays * self.b * self.h * self.t * self.d * itemsize)
+
+
+@dataclass
+class Timing:
+    """One row measured: attncomp's median ms, the peer's and SDPA's default choice's, and the medians
+    of the per-pair ratios (below 1.0 attncomp is faster)."""
+
+    row: Row
+    ms: float
+    peer: str
+    peer_ms: float
+    ratio: float
+    default: str
+    default_ms: float
+    default_ratio: float
+    flops: float  # floating-point operations of one call (the table's count)
+    bytes: float  # the least memory traffic of one call
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.ms * 1e-3) / 1e12
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / (self.ms * 1e-3) / 1e9
+
+    def line(self) -> str:
+        return (
+            f"{self.row.name:40s} {self.ms:9.3f} {self.tflops:7.1f} {self.peer:>9s} {self.peer_ms:9.3f} "
+            f"{self.ratio:6.2f} {self.default:>9s} {self.default_ms:9.3f} {self.default_ratio:6.2f}"
+        )
 
 
 def rows(quick: bool) -> list[Row]:
@@ -149,6 +188,19 @@ def window_mask(torch, row: Row):
 
 
 def run_row(torch, row: Row, repeats: int) -> str:
+    return measure_row(torch, row, repeats).line()
+
+
+def warm_row(torch, row: Row) -> None:
+    """One call of attncomp's op at the row's size, untimed: its kernels compile (and are cached on disk)."""
+    dtype = getattr(torch, row.dtype)
+    q, k, v = (torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype) for _ in range(3))
+    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    attn(q, k, v)
+    torch.cuda.synchronize()
+
+
+def measure_row(torch, row: Row, repeats: int) -> Timing:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtype = getattr(torch, row.dtype)
@@ -186,11 +238,7 @@ def run_row(torch, row: Row, repeats: int) -> str:
     mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
     _, default, default_ratio = paired_ms(torch, ours, sdpa, repeats)
     choice = sdpa_choice(torch, q, k, v, row.causal, mask)
-    tflops = row.flops() / (mine * 1e-3) / 1e12
-    return (
-        f"{row.name:40s} {mine:9.3f} {tflops:7.1f} {peer_name:>9s} {theirs:9.3f} {ratio:6.2f} "
-        f"{choice:>9s} {default:9.3f} {default_ratio:6.2f}"
-    )
+    return Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, row.flops(), row.bytes())
 
 
 def table(torch, title: str, rows: list[Row], run, repeats: int) -> list[str]:
@@ -214,14 +262,19 @@ def tensor_core_rows(torch, quick: bool, repeats: int) -> list[str]:
     return table(torch, title, rows(quick), run_row, repeats)
 
 
-def main_of(program: str, doc: str, table_rows, argv: list[str] | None) -> int:
+def main_of(program: str, doc: str, table_rows, argv: list[str] | None, rows_of=None, warm=None) -> int:
     """A table's command line: ``--quick`` and ``--repeats``; ``table_rows(torch, quick, repeats)``
-    printed, or why nothing could be timed."""
+    printed, or why nothing could be timed.  ``--compile-only`` calls ``warm(torch, row)`` for each of
+    ``rows_of(quick)`` instead: one untimed call a row, which fills the kernel cache."""
     from benchmarks.gpu import gpu_or_reason
 
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=10)
+    if warm is not None:
+        parser.add_argument(
+            "--compile-only", action="store_true", help="call each row once, untimed (compiles its kernels)"
+        )
     args = parser.parse_args(argv)
     reason = gpu_or_reason()
     if reason is not None:
@@ -229,13 +282,18 @@ def main_of(program: str, doc: str, table_rows, argv: list[str] | None) -> int:
         return 0
     import torch
 
+    if getattr(args, "compile_only", False):
+        for row in rows_of(args.quick):
+            warm(torch, row)
+            print(f"compiled: {row.name}")
+        return 0
     for line in table_rows(torch, args.quick, args.repeats):
         print(line)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_of("benchmarks.tensor_cores", __doc__, tensor_core_rows, argv)
+    return main_of("benchmarks.tensor_cores", __doc__, tensor_core_rows, argv, rows, warm_row)
 
 
 if __name__ == "__main__":

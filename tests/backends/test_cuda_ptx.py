@@ -5,7 +5,10 @@ in PTX is an array the compiler kept in local memory; with nvJitLink
 installed (``cuda-toolkit[nvjitlink]``, also in the extra) the PTX is also
 assembled for each target and ptxas must report no spill stores or loads.
 Attention kernels are checked at the default block sizes (64 x 64) with
-head dims 64 (every example) and 128 (a few).
+head dims 64 (every example) and 128 (a few).  Each kernel is compiled as a call
+launches it: for the specialisation a call with C-contiguous arrays dispatches
+(``KernelInfo.signature``, held to the launches by ``tests/cuda_sim/test_sim_launch_signatures.py``)
+and with its ``cuda.jit``'s launch bounds (``.maxntid`` in the PTX).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ MISSING = _toolchain_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
+def _nvjitlink() -> bool:
+    from attncomp.backends.numba_cuda.ptx import nvjitlink_available
+
+    return MISSING is None and nvjitlink_available()
+
+
 def _example_specs():
     cases = []
     for name in example_names():
@@ -61,9 +70,10 @@ _REPORTS: dict[tuple, object] = {}  # ptxas' report by (PTX, target)
 def _compiled(kernel, targets) -> dict:
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for
 
-    key = (kernel.source.replace(kernel.py_func.__name__, "KERNEL"), kernel.signature, tuple(targets))
+    source = kernel.source.replace(kernel.py_func.__name__, "KERNEL")
+    key = (source, kernel.signature, tuple(targets), kernel.launch_bounds)
     if key not in _COMPILED:
-        _COMPILED[key] = compile_ptx_for(kernel.py_func, kernel.signature, targets)
+        _COMPILED[key] = compile_ptx_for(kernel.py_func, kernel.signature, targets, kernel.launch_bounds)
     return _COMPILED[key]
 
 
@@ -77,6 +87,8 @@ def _check(impl, head_dim: int, kernels=None, texts: dict | None = None, targets
             if texts is not None:
                 texts[name, cc] = ptx
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx, name
+            if kernel.launch_bounds is not None:
+                assert f".maxntid {kernel.launch_bounds}, 1, 1" in ptx, name
             local = local_memory_lines(ptx)
             if any(f"{f}(" in kernel.source for f in TRIGONOMETRY):
                 # libdevice's accurate sinf/cosf reduce huge arguments (|x| > 105615) through a small
@@ -397,7 +409,8 @@ def test_bf16_paged_attention_kernels(rows):
     fn = ac.compile(generic_alibi, backend="cuda")
     impl = fn.paged_decoder(page_size=16, num_pages=8, dtype="bf16").paged.fn.program
     (kernel,) = impl.decode_kernels(64, rows=rows)
-    assert kernel.signature.count("uint16[:, :, :, :]") == 3  # the query, and the key and value pages
+    # the output (rounded in the kernel), the query, and the key and value pages: C-contiguous, as a step passes them
+    assert kernel.signature.count("uint16[:, :, :, ::1]") == 4
     assert ("pack_bits(" if rows == 16 else "widen_bf16(") in kernel.source
     if rows == 1:
         _check(impl, 64, [kernel])
@@ -438,3 +451,71 @@ def test_bf16_conversion_kernels(bits):
         for cc, ptx in compile_ptx_for(kernel.py_func, signature, TARGETS).items():
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx
             assert local_memory_lines(ptx) == []
+
+
+def test_attention_kernels_carry_their_block_size_as_launch_bounds():
+    """The forward and backward kernels are compiled with launch bounds of the threads they are
+    launched with (``.maxntid``): ptxas keeps registers x threads within the register file."""
+    from attncomp.backends import numba_cuda
+    from tests.cuda_sim.helpers import retyped
+
+    fn = ac.compile(retyped(load_example("causal").causal, "bf16"), backend="interp")
+    impl, backward = numba_cuda.build(fn.module), numba_cuda.build(fn.backward.module)
+    (forward,) = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_kernel_0[")]
+    (grads,) = [k for k in backward.kernels(64, 64) if k.name.startswith("attention_backward_kernel_0[")]
+    assert forward.launch_bounds == impl.attention[0].threads(64, 64) == 128
+    assert grads.launch_bounds == backward.backward[0].launch_plan(64, 64).threads
+    assert f"@cuda.jit(cache=True, launch_bounds={forward.launch_bounds})" in forward.source
+
+
+@pytest.mark.skipif(not _nvjitlink(), reason="ptxas (nvJitLink) is not installed")
+def test_a_block_of_256_query_rows_fits_the_register_file():
+    """flash-tiling{block_q=256} (float32 at D = 64: 512 threads a block): without launch bounds ptxas
+    gives each thread more registers than 512 threads may have, and the launch would fail; with them
+    it keeps to 128, and the check before a launch agrees."""
+    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, ptxas_report
+
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=256},mask-elimination,canonicalize,cse,dce"
+    impl = _build(load_example("causal").causal, pipeline)
+    (kernel,) = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_kernel_0[")]
+    threads = impl.attention[0].threads(64, 64)
+    assert threads == kernel.launch_bounds == 512
+    bounded = ptxas_report(compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], threads)[8, 0], (8, 0))
+    assert bounded.registers <= 128
+    runtime.check_block(kernel.name, threads, bounded.registers)
+    free = ptxas_report(compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)])[8, 0], (8, 0))
+    assert free.registers > 128
+    with pytest.raises(runtime.LaunchResourceError, match="512 threads"):
+        runtime.check_block(kernel.name, threads, free.registers)
+
+
+def test_warp_instructions_are_convergent_calls():
+    """The inline PTX of the tensor-core kernels: mma.sync and shfl.sync are ``convergent`` calls (LLVM
+    may not move them into code some lanes skip); none of it touches memory, so none has side effects."""
+    from numba.cuda.compiler import _compile_pyfunc_with_fixup
+
+    from tests.cuda_sim.helpers import retyped
+
+    impl = _build(retyped(load_example("causal").causal, "bf16"))
+    (kernel,) = [k for k in impl.kernels(64, 64) if k.name.startswith("attention_kernel_0[")]
+    library, _ = _compile_pyfunc_with_fixup(
+        kernel.py_func,
+        kernel.signature,
+        debug=False,
+        lineinfo=False,
+        device=False,
+        fastmath=False,
+        cc=(8, 0),
+        opt=True,
+        abi="numba",
+        abi_info=None,
+        forceinline=False,
+        launch_bounds=kernel.launch_bounds,
+        lto=False,
+    )
+    calls = [line for line in library.get_llvm_str().splitlines() if " asm " in line and "call " in line]
+    warp = [line for line in calls if "mma.sync" in line or "shfl.sync" in line]
+    assert len(warp) > 16 and all(line.rstrip().endswith("convergent") for line in warp)
+    assert not any("asm sideeffect" in line for line in calls)
+    assert all(" convergent" not in line for line in calls if "cvt.rn" in line or "ex2.approx" in line)

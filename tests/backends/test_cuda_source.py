@@ -100,3 +100,15 @@ def test_key_splits_take_contiguous_parts_of_the_key_loop_and_the_last_part_merg
     tail = source[source.index("cuda.threadfence()") :]
     assert "cuda.atomic.add(done, task, 1) == n_split - 1" in tail and "done[task] = 0" in tail
     assert "math.exp(part_m[sp, flat] - top_safe)" in tail and "out_1[" in tail
+
+
+@pytest.mark.parametrize("pipeline", [FMA, None], ids=["scalar", "tensor-cores"])
+def test_the_split_merge_reads_the_partial_states_after_a_fence(pipeline):
+    """Flash-decoding's in-kernel merge: each split fences before it counts itself done, and the block
+    that counts last fences after its atomic, before it reads the other splits' partial states."""
+    source = _kernel_source("causal", "causal", pipeline=pipeline)
+    merge = _body_after(source, "if n_split > 1:  # the last of this unit's splits")
+    atomic = merge.index("cuda.atomic.add(done, task, 1)")
+    assert merge.index("cuda.threadfence()") < atomic  # release: this block's state, before its count
+    after = merge.index("cuda.threadfence()", atomic)  # acquire: the others' states, after the count
+    assert after < merge.index("cuda.syncthreads()", atomic) < merge.index("part_m[", atomic)

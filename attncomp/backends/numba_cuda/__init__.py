@@ -46,12 +46,14 @@ def _require_numba_cuda() -> None:
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """One generated kernel: its Python function, the Numba signature its PTX is made for, its source."""
+    """One generated kernel: its Python function, the Numba signature its PTX is made for (what a call
+    with C-contiguous arrays dispatches), its source, and the launch bounds it is compiled with."""
 
     name: str
     py_func: Any
     signature: str
     source: str
+    launch_bounds: Any = None
 
 
 class CudaFunction(Program):
@@ -216,20 +218,22 @@ class CudaFunction(Program):
         """Every kernel; attention kernels for these head dims (default: the last ones called, else 64)."""
         found = []
         for kernel in self.graph_kernels:
-            py_func = getattr(self.module, kernel.name).py_func
-            found.append(KernelInfo(kernel.name, py_func, kernel.signature, kernel.source))
+            dispatcher = getattr(self.module, kernel.name)
+            info = KernelInfo(kernel.name, dispatcher.py_func, kernel.signature, kernel.source, bounds(dispatcher))
+            found.append(info)
         for kernels in self.attention:
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            source = kernels.source(*dims)
-            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), source))
+            source, dispatcher = kernels.source(*dims), kernels.kernel(*dims)
+            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
         for kernels in self.backward:
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            found.append(KernelInfo(name, kernels.kernel(*dims).py_func, kernels.signature(), kernels.source(*dims)))
+            source, dispatcher = kernels.source(*dims), kernels.kernel(*dims)
+            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
             for suffix, kernel, signature in kernels.extra_kernels(*dims):
                 name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"
-                found.append(KernelInfo(name, kernel.py_func, signature, kernels.source(*dims)))
+                found.append(KernelInfo(name, kernel.py_func, signature, source, bounds(kernel)))
         return found
 
     def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
@@ -238,8 +242,9 @@ class CudaFunction(Program):
         found = []
         for kernels in self.attention:
             name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}]"
-            py_func = kernels.kernel(head_dim, value_dim, rows).py_func
-            found.append(KernelInfo(name, py_func, kernels.signature(), kernels.source(head_dim, value_dim, rows)))
+            dispatcher = kernels.kernel(head_dim, value_dim, rows)
+            source = kernels.source(head_dim, value_dim, rows)
+            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
         return found
 
     def ptx_for(
@@ -257,7 +262,8 @@ class CudaFunction(Program):
                     cc = cuda.get_current_device().compute_capability
             except Exception:  # no driver: PTX for the default target
                 pass
-        return {k.name: compile_ptx(k.py_func, k.signature, cc) for k in self.kernels(head_dim, value_dim)}
+        kernels = self.kernels(head_dim, value_dim)
+        return {k.name: compile_ptx(k.py_func, k.signature, cc, k.launch_bounds) for k in kernels}
 
     @property
     def ptx(self) -> dict[str, str]:
@@ -267,6 +273,11 @@ class CudaFunction(Program):
     def inspect_asm(self) -> str:
         """The PTX of every kernel, one after another (what ``fn.inspect_asm()`` shows)."""
         return "\n".join(f"// ----- {name} -----\n{text}" for name, text in self.ptx.items())
+
+
+def bounds(dispatcher: Any) -> Any:
+    """The launch bounds a kernel's ``cuda.jit`` was given (None: none, or under the simulator)."""
+    return getattr(dispatcher, "targetoptions", {}).get("launch_bounds")
 
 
 def device_dtype(dtype: Any) -> np.dtype:

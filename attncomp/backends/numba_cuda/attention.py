@@ -25,7 +25,7 @@ from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
-from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
+from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
 from attncomp.backends.numba_cuda.mma_f32_kernel import Tf32KernelWriter
 from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
@@ -128,16 +128,19 @@ class AttentionKernels:
         return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits, self.out_bits)
 
     def signature(self) -> str:
-        """The Numba signature the PTX is compiled for (arrays of any layout, results C-contiguous)."""
+        """The Numba signature the PTX is compiled for: the specialisation a call with C-contiguous
+        arrays dispatches (``contiguous_at_call``: a decoder's cache views are of any layout)."""
         types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
         if self.out_bits:
             types[0] = array_type("f32", self.grid.results[0].type.rank, contiguous=True, patterns=True)
         for value in self.captured:
             rank = value.type.rank
+            contiguous = contiguous_at_call(value)
             if value in self.bits:  # bf16 patterns (a host array's uint16 view)
-                types.append(f"uint16[{', '.join([':'] * rank)}]")
+                types.append(array_type("f32", rank, contiguous, patterns=True))
             else:
-                types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
+                scalar = SCALAR_ARG[value.type.dtype]
+                types.append(scalar if rank == 0 else array_type(value.type.dtype, rank, contiguous))
         types += ["int64"] * len(self.dims)
         acc = self.acc_dtype
         types += ["int64", array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]

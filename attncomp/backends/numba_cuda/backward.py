@@ -31,7 +31,7 @@ from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.deterministic_backward import site_bytes, uniform_sites, write_deterministic_backward
 from attncomp.backends.numba_cuda.dq_plan import DqPlan, plan_dq
-from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type
+from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
 from attncomp.backends.numba_cuda.mma_plan import TF32_PRODUCTS
@@ -134,7 +134,8 @@ class BackwardKernels:
         types = [array_type(acc, rank, contiguous=True) for rank in ranks]
         for value in self.captured:
             rank = value.type.rank
-            types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank))
+            contiguous = contiguous_at_call(value)  # the specialisation a call with C-contiguous arrays dispatches
+            types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank, contiguous))
         types += ["int64"] * len(self.dims)
         return f"void({', '.join(types)})"
 

@@ -54,6 +54,7 @@ from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
+from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
@@ -346,7 +347,7 @@ class BackwardKernelWriter(CudaKernelSource):
         """The kernel's def line and first lines, then (inside the block) its body: each thread's
         ``unit`` (a key, or a query row) and its lane ``g`` among ``lanes``."""
         w = self.w
-        w.line("@cuda.jit(cache=True)")
+        w.line(jit_decorator(self.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line(f"ACC = {self.acc}")

@@ -78,6 +78,14 @@ def array_type(dtype: str, rank: int, contiguous: bool = False, patterns: bool =
     return f"{'uint16' if patterns else NUMBA_DTYPE[dtype]}[{', '.join(axes)}]"
 
 
+def contiguous_at_call(value: Value) -> bool:
+    """Whether the driver hands ``value`` to a kernel C-contiguous when the call's arrays are: all but a
+    decoder cache's view of its first rows (``ac.cache_append``'s result, ``rt.prefix``).  Kernel
+    signatures type such values C-contiguous (``float32[:, ::1]``), the specialisation such a call
+    dispatches, so that the PTX compiled from a signature is the launched kernel's."""
+    return getattr(value.owner, "name", None) != "ac.cache_append"
+
+
 def compute_type(dtype: str) -> str:
     """The numpy scalar type a kernel computes ``dtype`` values in (float16 in float32)."""
     return NUMPY_SCALAR[dtype]
@@ -162,7 +170,8 @@ class _Writer:
         name = f"a{len([p for p in self.params if p.kind in ('array', 'scalar')])}"
         if value.type.rank == 0:
             return self.param(name, "scalar", SCALAR_ARG[value.type.dtype], value)
-        return self.param(name, "array", array_type(value.type.dtype, value.type.rank), value)
+        numba_type = array_type(value.type.dtype, value.type.rank, contiguous_at_call(value))
+        return self.param(name, "array", numba_type, value)
 
     def start(self, count: str = "out.size", setup: tuple[str, ...] = ()) -> None:
         """The def line (every parameter must be known by now) and the grid-stride loop."""
@@ -341,8 +350,10 @@ def cache_append_kernel(name: str, appends: list[tuple[Op, bool, bool]]) -> Grap
     rounding = False
     for n, (op, cache_bits, new_bits) in enumerate(appends):
         cache, new = op.operands
-        k.param(f"cache_{n}", "array", array_type(cache.type.dtype, cache.type.rank, patterns=cache_bits), cache)
-        k.param(f"new_{n}", "array", array_type(new.type.dtype, new.type.rank, patterns=new_bits), new)
+        cache_type = array_type(cache.type.dtype, cache.type.rank, contiguous_at_call(cache), patterns=cache_bits)
+        k.param(f"cache_{n}", "array", cache_type, cache)
+        new_type = array_type(new.type.dtype, new.type.rank, contiguous_at_call(new), patterns=new_bits)
+        k.param(f"new_{n}", "array", new_type, new)
         k.param(f"length_{n}", "int", "int64", expr=dim_expr(op.attrs["length"]))
         rounding = rounding or (cache_bits and not new_bits)
     ends = [" + ".join(f"new_{m}.size" for m in range(n + 1)) for n in range(len(appends))]
@@ -381,6 +392,7 @@ def reshape_copy(name: str, op: Op) -> GraphKernel:
     src = op.operands[0]
     k.params[0].numba_type = array_type(src.type.dtype, src.type.rank, contiguous=True)
     a = k.operand(src)
+    k.params[-1].numba_type = array_type(src.type.dtype, src.type.rank)  # launched for strided operands only
     k.start()
     index = k.decode([f"{a}.shape[{d}]" for d in range(src.type.rank)])
     k.w.line(f"out[{', '.join(index)}] = {a}[{', '.join(index)}]")

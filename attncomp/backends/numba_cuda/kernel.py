@@ -21,7 +21,8 @@ the GPU (one new token for a few heads), the launch's second grid axis
 splits each unit's key blocks into ``n_split`` contiguous parts.  Each part
 then stores its unnormalised ``(m, l, acc)`` per row in scratch arrays and
 counts itself done (an atomic per unit, after a ``threadfence``); the
-unit's last part to finish combines the parts of each row by their
+unit's last part to finish (a ``threadfence`` after its atomic, so that it
+reads the others' states as they published them) combines the parts of each row by their
 log-sum-exp, ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``,
 and zeroes the count: one launch, no merge kernel.
 
@@ -47,6 +48,7 @@ from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.plan import AttentionPlan
+from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.types import accumulation_dtype
@@ -217,7 +219,7 @@ class AttentionKernelWriter(CudaKernelSource):
         nb = len(t.batch_args)
         out_type = t.grid.results[0].type
         k_type = t.masked.k_load.operands[0].type
-        w.line("@cuda.jit(cache=True)")
+        w.line(jit_decorator(p.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line(f"ACC = {self.acc}")
@@ -296,8 +298,9 @@ class AttentionKernelWriter(CudaKernelSource):
     def write_merge(self, rows: int, threads: int) -> None:
         """Flash-decoding's merge, at the end of the attention kernel: each split block publishes its
         partial state (``threadfence``) and counts itself in ``done[task]``; the unit's last block to
-        finish merges every split's rows (one thread per row and feature, ``rows`` rows a block) and
-        zeroes the count for the next launch.  No second kernel is launched."""
+        finish (fenced again after its atomic, before it reads the other blocks' states) merges every
+        split's rows (one thread per row and feature, ``rows`` rows a block) and zeroes the count for
+        the next launch.  No second kernel is launched."""
         t, w = self.t, self.w
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         w.line("last = cuda.shared.array(1, np.int32)")
@@ -308,6 +311,7 @@ class AttentionKernelWriter(CudaKernelSource):
             w.line("if tid == 0:")
             with w.indent():
                 w.line("last[0] = 1 if cuda.atomic.add(done, task, 1) == n_split - 1 else 0")
+                w.line("cuda.threadfence()  # the other splits' partial states: read after their counts")
             w.line("cuda.syncthreads()")
             w.line("if last[0] == 1:")
             with w.indent():

@@ -37,6 +37,7 @@ from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan
+from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
@@ -395,7 +396,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
         w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()
-        w.line("@cuda.jit(cache=True)")
+        w.line(jit_decorator(self.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line("ACC = np.float32")

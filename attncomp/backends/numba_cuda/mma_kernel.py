@@ -32,6 +32,7 @@ from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel import AttentionKernelWriter
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan
+from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Op, Value
@@ -270,7 +271,7 @@ class MmaKernelWriter(AttentionKernelWriter):
         nb = len(t.batch_args)
         out_type = t.grid.results[0].type
         k_type = t.masked.k_load.operands[0].type
-        w.line("@cuda.jit(cache=True)")
+        w.line(jit_decorator(p.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
             w.line("ACC = np.float32")

@@ -21,12 +21,15 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def compile_ptx(py_func: Any, signature: str, cc: tuple[int, int] = DEFAULT_CC) -> str:
-    return compile_ptx_for(py_func, signature, [cc])[cc]
+def compile_ptx(py_func: Any, signature: str, cc: tuple[int, int] = DEFAULT_CC, launch_bounds: Any = None) -> str:
+    return compile_ptx_for(py_func, signature, [cc], launch_bounds)[cc]
 
 
-def compile_ptx_for(py_func: Any, signature: str, ccs: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
-    """PTX of one kernel for several targets.
+def compile_ptx_for(
+    py_func: Any, signature: str, ccs: list[tuple[int, int]], launch_bounds: Any = None
+) -> dict[tuple[int, int], str]:
+    """PTX of one kernel for several targets (with the ``launch_bounds`` its ``cuda.jit`` has, so
+    that the PTX is the launched kernel's: ``.maxntid``, and ptxas' register limit, follow them).
 
     Numba's front end (typing, lowering to NVVM IR) does not depend on the
     target and takes most of the time, so it runs once and NVVM once per
@@ -38,7 +41,7 @@ def compile_ptx_for(py_func: Any, signature: str, ccs: list[tuple[int, int]]) ->
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
-        return {cc: cuda.compile_ptx(py_func, signature, cc=cc)[0] for cc in ccs}
+        return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
     library, _ = _compile_pyfunc_with_fixup(
         py_func,
         signature,
@@ -51,7 +54,7 @@ def compile_ptx_for(py_func: Any, signature: str, ccs: list[tuple[int, int]]) ->
         abi="numba",
         abi_info=None,
         forceinline=False,
-        launch_bounds=None,
+        launch_bounds=launch_bounds,
         lto=False,
     )
     found = {}

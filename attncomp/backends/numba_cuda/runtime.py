@@ -20,7 +20,7 @@ from numba import cuda
 
 from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
 from attncomp.backends.scalars import kernel_scalar  # noqa: F401 (generated drivers call rt.kernel_scalar)
-from attncomp.errors import with_location
+from attncomp.errors import AttncompError, with_location
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range
 from attncomp.ir.types import NUMPY_DTYPES
@@ -122,9 +122,12 @@ def is_device(x: Any) -> bool:
 
 
 def device_view(x: Any) -> Any:
-    """A Numba device array over ``x``'s memory (no copy; :class:`Bf16Bits`: over its patterns)."""
+    """A Numba device array over ``x``'s memory (no copy; :class:`Bf16Bits`: over its patterns, as
+    uint16 whatever integer type they came as, so that kernels run the specialisation they are
+    compiled and checked for: a torch bf16 tensor arrives as int16)."""
     if isinstance(x, Bf16Bits):
-        return device_view(x.bits)
+        bits = device_view(x.bits)
+        return bits if bits.dtype == np.uint16 else bits.view(np.uint16)
     fake = _simulated_array_type()
     if fake is not None:
         return x
@@ -282,10 +285,87 @@ def launch_count() -> int:
     return _LAUNCHES[0]
 
 
+#: 32-bit registers one thread block may use (and a multiprocessor holds) on sm_80 and sm_90
+REGISTER_FILE = 65536
+#: registers are given to a warp in units of this many
+REGISTER_UNIT = 256
+
+
+class LaunchResourceError(AttncompError, RuntimeError):
+    """A kernel's thread block needs more registers than a multiprocessor has: it could not launch."""
+
+
+def block_registers(registers: int, threads: int) -> int:
+    """The registers a thread block of ``threads`` threads at ``registers`` each takes: per warp,
+    32 threads' registers rounded up to the allocation unit."""
+    warps = -(-threads // 32)
+    return warps * -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+
+
+def check_block(
+    name: str, threads: int, registers: int, max_threads: int | None = None, register_file: int = REGISTER_FILE
+) -> None:
+    """Raise :class:`LaunchResourceError` unless a block of ``threads`` threads of a kernel that uses
+    ``registers`` registers a thread fits a multiprocessor's ``register_file`` (and the driver's
+    ``max_threads`` for the kernel, where known): the launch would fail with an out-of-resources error."""
+    need = block_registers(registers, threads)
+    if need <= register_file and (max_threads is None or threads <= max_threads):
+        return
+    raise LaunchResourceError(
+        f"{name}: a block of {threads} threads ({-(-threads // 32)} warps) x {registers} registers needs {need} "
+        f"registers, more than the {register_file} of a multiprocessor"
+        + (f" (the driver allows {max_threads} threads of this kernel)" if max_threads is not None else "")
+        + "; choose smaller blocks (flash-tiling{block_q=...,block_k=...}) or a smaller head dim"
+    )
+
+
+def jit_decorator(threads: int) -> str:
+    """The decorator line of a generated kernel launched with blocks of ``threads`` threads: its
+    ``launch_bounds`` tell ptxas the block size, so registers x threads stays within a multiprocessor's
+    register file (spilling, if it must, rather than failing at launch).  Under the simulator, whose
+    ``cuda.jit`` takes no launch bounds, without them."""
+    return "@cuda.jit(cache=True)" if SIMULATED else f"@cuda.jit(cache=True, launch_bounds={threads})"
+
+
+_CHECKED: set[tuple[int, int]] = set()  # (id of a compiled kernel, threads) found to fit
+
+
+def _register_check(kernel: Any, config: Any) -> None:
+    """Before a launch (numba-cuda's pre-launch callback): the block fits the register file.  Each
+    compiled kernel and block size is checked once (its attributes are read when it is loaded)."""
+    block = config.blockdim
+    threads = int(np.prod(block)) if isinstance(block, tuple) else int(block)
+    key = (id(kernel), threads)
+    if key in _CHECKED:
+        return
+    name = getattr(getattr(kernel, "py_func", None), "__name__", "kernel")
+    check_block(name, threads, int(kernel.regs_per_thread), int(kernel.max_threads_per_block), _register_file())
+    _CHECKED.add(key)
+
+
+_REGISTERS: list[int] = []
+
+
+def _register_file() -> int:
+    """The current GPU's registers per block (``REGISTER_FILE`` where the driver does not say)."""
+    if not _REGISTERS:
+        try:
+            _REGISTERS.append(int(cuda.get_current_device().MAX_REGISTERS_PER_BLOCK))
+        except Exception:  # an attribute this driver binding lacks
+            _REGISTERS.append(REGISTER_FILE)
+    return _REGISTERS[0]
+
+
 def launch(kernel, grid: Any, block: Any, *args: Any) -> None:
-    """Enqueue ``kernel`` on the current stream (every launch goes through here, and is counted)."""
+    """Enqueue ``kernel`` on the current stream (every launch goes through here, and is counted).  On
+    a GPU the block is first checked against the register file (:func:`check_block`)."""
     _LAUNCHES[0] += 1
-    kernel[grid, block, stream()](*args)
+    configured = kernel[grid, block, stream()]
+    callbacks = None if SIMULATED else getattr(configured, "pre_launch_callbacks", None)
+    if callbacks is not None:
+        _register_file()  # read here: the callback makes no driver calls of its own
+        callbacks.append(_register_check)
+    configured(*args)
 
 
 def launch_map(kernel, count: int, *args: Any) -> None:

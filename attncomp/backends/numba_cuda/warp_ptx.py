@@ -3,7 +3,9 @@
 Numba-CUDA has no tensor-core API; each instruction here is a Numba
 intrinsic whose code is one PTX instruction, so the fragments stay in
 registers (a device function linked in through ``link=`` would pass them
-through local memory).  ``warp_sim.py`` runs the same instructions under
+through local memory).  Every instruction goes through :func:`call_asm`: a warp-synchronous one
+(``.sync``) is a ``convergent`` call, which LLVM may not move into divergent code, and one that
+touches memory has side effects.  ``warp_sim.py`` runs the same instructions under
 Numba's CUDA simulator, with the same fragment layout (``warp.py``).
 """
 
@@ -17,6 +19,26 @@ from numba.cuda.typing import signature
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
 _FRAGMENT = types.UniTuple(types.float32, 4)
+
+#: PTX opcodes that read or write memory (or order it): their inline assembly has side effects
+MEMORY_OPCODES = ("ld", "st", "atom", "red", "cp", "ldmatrix", "stmatrix", "bar", "barrier", "fence", "membar")
+
+
+def asm_flags(text: str) -> tuple[bool, bool]:
+    """(convergent, side effects) of one PTX instruction.  Convergent: a warp-synchronous instruction
+    (``.sync``: ``mma.sync``, ``shfl.sync``), which every lane of the warp must execute together, so
+    LLVM may not move it into (or out of) code that only some lanes run.  Side effects: it touches
+    memory, so LLVM may neither drop it nor reorder it across other memory operations."""
+    opcode = text.split(None, 1)[0]
+    parts = opcode.split(".")
+    return ".sync" in opcode, parts[0] in MEMORY_OPCODES
+
+
+def call_asm(builder: ir.IRBuilder, fnty: ir.FunctionType, text: str, constraints: str, args: list):
+    """Call one PTX instruction as LLVM inline assembly, marked as :func:`asm_flags` says."""
+    convergent, side_effect = asm_flags(text)
+    asm = ir.InlineAsm(fnty, text, constraints, side_effect=side_effect)
+    return builder.call(asm, args, attrs=("convergent",) if convergent else ())
 
 
 def _mma(shape: str, element: str):
@@ -37,7 +59,7 @@ def _mma(shape: str, element: str):
 
         def codegen(context, builder, sig, args):
             fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-            result = builder.call(ir.InlineAsm(fnty, text, constraints), list(args))
+            result = call_asm(builder, fnty, text, constraints, list(args))
             parts = [builder.extract_value(result, k) for k in range(4)]
             return context.make_tuple(builder, sig.return_type, parts)
 
@@ -83,8 +105,8 @@ def _pack_x2(element: str):
 
         def codegen(context, builder, sig, args):
             fnty = ir.FunctionType(_I32, [_F32, _F32])
-            asm = ir.InlineAsm(fnty, f"cvt.rn.{element}x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(asm, [args[1], args[0]])  # the first source goes to the high half
+            # the first source goes to the high half
+            return call_asm(builder, fnty, f"cvt.rn.{element}x2.f32 $0, $1, $2;", "=r,f,f", [args[1], args[0]])
 
         return sig, codegen
 
@@ -139,8 +161,7 @@ def shuffle_xor(typingctx, value, mask):
 
     def codegen(context, builder, sig, args):
         fnty = ir.FunctionType(_F32, [_F32, _I32])
-        asm = ir.InlineAsm(fnty, "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r")
-        return builder.call(asm, list(args))
+        return call_asm(builder, fnty, "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=f,f,r", list(args))
 
     return sig, codegen
 
@@ -152,7 +173,7 @@ def exp2_approx(typingctx, x):
 
     def codegen(context, builder, sig, args):
         fnty = ir.FunctionType(_F32, [_F32])
-        return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), list(args))
+        return call_asm(builder, fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f", list(args))
 
     return sig, codegen
 

@@ -1,0 +1,81 @@
+"""The plan of a run as data: the phases in order, their time limits, the files they write, and what
+each one runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: every file a run writes into OUT_DIR, the summary first
+FILES = (
+    "summary.md",
+    "environment.log",
+    "gate.log",
+    "correctness.log",
+    "correctness.xml",
+    "compile.log",
+    "timings.log",
+    "sanitizer.log",
+)
+#: a log is cut to this many bytes (its head and its tail kept): every file stays under 16 MB
+LOG_BYTES = 8 * 2**20
+MAX_FILE_BYTES = 16 * 2**20
+
+PHASES = ("environment", "gate", "correctness", "compile", "timings", "sanitizer")
+#: the default deadline of the whole run, in seconds (``--deadline``)
+DEADLINE = 480.0
+#: each phase's time limit in seconds (``--limit PHASE=SECONDS`` changes one). They add up to 450 s:
+#: with ``RESERVE`` that leaves 25 s of the 480 s deadline for starting and stopping processes. The
+#: correctness phase (every GPU test, kernels compiled cold) gets the largest share. When the run is
+#: late, a phase gets its share of what is left, in proportion to its limit and the later phases'
+#: (``Run.limit``): a phase that times out never takes the later phases' time.
+LIMITS = {"environment": 30, "gate": 40, "correctness": 180, "compile": 70, "timings": 100, "sanitizer": 30}
+#: seconds kept back from the deadline for writing the summary
+RESERVE = 5
+#: seconds to wait for a killed process to go (one stuck in the driver is then left, not waited on)
+KILL_WAIT = 5.0
+
+#: the gate: the warp instructions against their documented fragment layouts (``warp.py``)
+GATE_FILES = (
+    "tests/cuda_sim/test_sim_tensor_cores.py",
+    "tests/cuda_sim/test_sim_tf32.py",
+    "tests/cuda_sim/test_sim_bf16_pool.py",
+)
+GATE_KEYWORDS = (
+    "documented_layout or quad_reductions_and_packing or tf32_round_and_split or rounding_to_bf16_on_the_device"
+)
+CORRECTNESS = ("tests/cuda_sim", "tests/gpu")
+#: the dry run's correctness phase: a handful of the simulator's tests (a split merge, a bf16
+#: tensor-core example, a gradient), so that the phase's own code runs on every commit in seconds
+DRY_RUN_CORRECTNESS = (
+    "tests/cuda_sim/test_sim_decoding.py::test_rows_without_visible_keys_stay_zero_across_splits",
+    "tests/cuda_sim/test_sim_tensor_cores.py::test_example_on_tensor_cores[alibi.causal_alibi-bf16]",
+    "tests/cuda_sim/test_sim_gradients.py::test_alibi_slopes_get_their_gradient",
+)
+#: a test running longer than this is reported (pytest-timeout, where installed, fails it)
+PER_TEST_SECONDS = 120
+#: the timing tables, in order, and their shares of the phase's time
+TABLES = {"tensor_cores": 0.35, "training": 0.35, "decoder": 0.1, "serving": 0.2}
+
+DISTRIBUTIONS = (
+    "numpy",
+    "numba",
+    "numba-cuda",
+    "llvmlite",
+    "ml_dtypes",
+    "networkx",
+    "scipy",
+    "torch",
+    "transformers",
+    "cuda-bindings",
+    "cuda-toolkit",
+    "nvidia-nvjitlink",
+    "pytest",
+    "pytest-xdist",
+    "pytest-timeout",
+    "hypothesis",
+)
+#: what the command needs beyond the package's own dependencies, and what only helps
+NEEDED = ("numba-cuda", "torch", "pytest")
+OPTIONAL = ("transformers", "pytest-xdist", "pytest-timeout", "hypothesis", "cuda-toolkit", "nvidia-nvjitlink")

@@ -1,0 +1,113 @@
+"""What a GPU would refuse, checked without one: thread blocks against the register file, and the
+marks on the kernels' inline PTX."""
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None, reason="the cuda extra (numba-cuda) is not installed"
+)
+
+
+@pytest.mark.parametrize(
+    "threads,registers,fits",
+    [
+        (128, 255, True),  # four warps at the most registers a thread can have
+        (256, 255, True),  # 8 warps x 8192 (255 x 32 rounded up to 256s): exactly the register file
+        (512, 128, True),
+        (512, 129, False),  # 16 warps x 4352 > 65536
+        (512, 206, False),  # flash-tiling{block_q=256} without launch bounds
+        (1024, 64, True),
+        (1024, 65, False),
+    ],
+)
+def test_blocks_are_checked_against_the_register_file(threads, registers, fits):
+    from attncomp.backends.numba_cuda import runtime
+
+    assert (runtime.block_registers(registers, threads) <= runtime.REGISTER_FILE) == fits
+    if fits:
+        runtime.check_block("attention_kernel_0", threads, registers)
+        return
+    with pytest.raises(runtime.LaunchResourceError, match=rf"attention_kernel_0: a block of {threads} threads"):
+        runtime.check_block("attention_kernel_0", threads, registers)
+
+
+def test_the_driver_limit_on_threads_is_checked_too():
+    from attncomp.backends.numba_cuda import runtime
+
+    with pytest.raises(runtime.LaunchResourceError, match="the driver allows 256 threads"):
+        runtime.check_block("k", 512, 32, max_threads=256)
+
+
+def test_generated_kernels_carry_launch_bounds_outside_the_simulator():
+    from attncomp.backends.numba_cuda import runtime
+
+    assert not runtime.SIMULATED
+    assert runtime.jit_decorator(128) == "@cuda.jit(cache=True, launch_bounds=128)"
+
+
+@pytest.mark.parametrize(
+    "text,convergent,side_effect",
+    [
+        ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, ...;", True, False),
+        ("shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;", True, False),
+        ("cvt.rn.bf16x2.f32 $0, $1, $2;", False, False),
+        ("ex2.approx.ftz.f32 $0, $1;", False, False),
+        ("ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", False, True),
+        ("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", True, True),
+        ("cp.async.cg.shared.global [$0], [$1], 16;", False, True),
+        ("red.global.add.f32 [$0], $1;", False, True),
+    ],
+)
+def test_inline_ptx_is_marked_by_what_it_does(text, convergent, side_effect):
+    from llvmlite import ir
+
+    from attncomp.backends.numba_cuda.warp_ptx import asm_flags, call_asm
+
+    assert asm_flags(text) == (convergent, side_effect)
+    module = ir.Module()
+    fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+    function = ir.Function(module, fnty, "f")
+    builder = ir.IRBuilder(function.append_basic_block())
+    builder.ret(call_asm(builder, fnty, text, "=r,r", list(function.args)))
+    (line,) = [line for line in str(module).splitlines() if " asm " in line]
+    assert ("asm sideeffect" in line) == side_effect
+    assert line.rstrip().endswith("convergent") == convergent
+
+
+def test_a_launch_checks_its_block_before_it_runs(monkeypatch):
+    """``runtime.launch`` hands numba-cuda a pre-launch check: a compiled kernel whose registers times
+    the block's threads pass the register file raises before the launch, with the kernel's name."""
+    from attncomp.backends.numba_cuda import runtime
+
+    monkeypatch.setattr(runtime, "_REGISTERS", [runtime.REGISTER_FILE])
+    launched = []
+
+    def attention_kernel_0():
+        pass
+
+    class Compiled:  # what numba-cuda passes a callback: the compiled kernel, ptxas' registers known
+        py_func = attention_kernel_0
+        regs_per_thread = 206
+        max_threads_per_block = 1024
+
+    class Configured:
+        def __init__(self, block):
+            self.blockdim = (block, 1, 1)
+            self.pre_launch_callbacks = []
+
+        def __call__(self, *args):
+            for callback in self.pre_launch_callbacks:
+                callback(Compiled(), self)
+            launched.append(args)
+
+    class Dispatcher:
+        def __getitem__(self, config):
+            return Configured(config[1])
+
+    runtime.launch(Dispatcher(), 4, 256, "argument")  # 8 warps x 206 registers: 53248 of 65536
+    assert launched == [("argument",)]
+    with pytest.raises(runtime.LaunchResourceError, match="attention_kernel_0: a block of 512 threads"):
+        runtime.launch(Dispatcher(), 4, 512, "argument")
+    assert len(launched) == 1
