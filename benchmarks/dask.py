@@ -9,7 +9,7 @@ threads.  The inputs are persisted on the cluster first, and the Dask time
 includes gathering the result back.  The two are called alternately and the
 ratio is the median of the per-pair ratios.  Then the task count against n^2,
 each pair task's time and bytes (from the cluster's task stream), and the
-scaling model of the README's "Beyond one machine" section, extrapolated from
+scaling model of docs/dask.md ("A scaling model"), extrapolated from
 those measurements to T = 1M on 8, 64 and 512 workers.
 """
 

@@ -1,4 +1,5 @@
-"""The README's gallery: each example variant, its line of DSL, and the tiles it computes at T = 8192.
+"""The gallery (docs/gallery.md; the README quotes its first rows): each example variant, its line of
+DSL, and the tiles it computes at T = 8192.
 
     python -m benchmarks.gallery            # prints the markdown table
     python -m benchmarks.gallery --t 2048   # another sequence length
