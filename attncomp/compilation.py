@@ -29,7 +29,7 @@ from attncomp.ir.core import Func, Module
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.ir.verifier import verify_module
 from attncomp.passes.base import Pass
-from attncomp.passes.manager import Stage, default_pipeline, run_pipeline
+from attncomp.passes.manager import Stage, backend_pipeline, default_pipeline, run_pipeline
 from attncomp.passes.pipeline import make_pass, pipeline_passes, pipeline_text
 
 #: ops a compiled backend runs only once flash-tiling has tiled them
@@ -57,7 +57,11 @@ class Compilation:
 
     @classmethod
     def build(cls, module: Module, backend: str, pipeline: str | list[Pass] | None, name: str) -> Compilation:
-        """Run ``pipeline`` (None: the backend's default) on ``module``, verify, and build for ``backend``."""
+        """Run ``pipeline`` (None: the backend's default) on ``module``, verify, and build for ``backend``.
+
+        The pipeline's result is :attr:`module` (the call's signature); the backend's own passes
+        (``passes.manager.backend_pipeline``: ``widen-bf16`` on ``cuda``) run after it, each a stage,
+        and the backend generates its code from the last stage."""
         text = default_pipeline(backend) if pipeline is None else pipeline
         passes = pipeline_passes(text)
         text = text if isinstance(text, str) else pipeline_text(passes)
@@ -69,7 +73,12 @@ class Compilation:
             final, more = run_pipeline(final, [make_pass("flash-tiling")], remarks)
             stages = stages + more[1:]
         constraints = verify_module(final)
-        program = build(backend, final)
+        lowered = None
+        if backend_pipeline(backend):
+            # the backend's own passes: their output, the last stage, is what its code is generated from
+            lowered, more = run_pipeline(final, pipeline_passes(backend_pipeline(backend)), remarks)
+            stages = stages + more[1:]
+        program = build(backend, final, lowered)
         return cls(name, backend, module, passes, text, final, stages, remarks, constraints, program)
 
     @property
@@ -138,7 +147,8 @@ class Compilation:
 
     # inspection -------------------------------------------------------------------------------
     def ir(self, stage: str = "final") -> str:
-        """The IR text after ``stage``: "input", a pass name, or "final"."""
+        """The IR text after ``stage``: "input", a pass name, or "final" (the last stage: on ``cuda``,
+        ``widen-bf16``'s, what the kernels are generated from)."""
         if stage == "final":
             return self.stages[-1].text
         for s in reversed(self.stages):

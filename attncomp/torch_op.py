@@ -367,7 +367,7 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
     device = inputs[0].device
     torch_stream = torch.cuda.current_stream(device)
     # bf16 the kernels read in 16 bits (``Program.bf16_bits``: query, key and value of tensor-core
-    # attention) goes as its bit patterns; other bf16 runs as float32 (``numba_cuda.widened``)
+    # attention) goes as its bit patterns; other bf16 runs as float32 (``widen-bf16``)
     bits = compiled.program.bf16_bits
     args = [
         (runtime.Bf16Bits(t.contiguous().view(torch.int16)) if k in bits else t.float())

@@ -3,6 +3,9 @@
 - A module imports only modules of its own layer or below (type-only imports excepted), so
   nothing imports back up at run time: ir, tracing and passes, backends, the compilation,
   the features built on it, the public API, the entry points.
+- A backend never imports the passes (what it generates code from is a stage of the pipeline, and
+  IR helpers it needs live in ir/), and one backend never imports another's package (what two
+  backends share lives in attncomp/backends/ itself).
 - No module reads another module's underscore names.
 - The README, the docs and the docstrings point only to files that exist.
 """
@@ -92,6 +95,49 @@ def test_modules_import_only_their_layer_and_below():
             if LAYERS[part(target)] > LAYERS[part(here)]:
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {part(here)} imports {target}")
     assert not wrong, "\n".join(wrong)
+
+
+#: the backends' packages (or modules) under attncomp/backends/; the other modules there are shared
+BACKEND_PACKAGES = ("interp", "numba_cpu", "numba_cuda")
+
+
+def backend_of(module: str) -> str | None:
+    """The backend package ``module`` is (or is in), None for the other modules."""
+    names = module.split(".")
+    if names[:2] != ["attncomp", "backends"] or len(names) < 3:
+        return None
+    return names[2] if names[2] in BACKEND_PACKAGES else None
+
+
+def backend_sources() -> list[Path]:
+    return sorted((PACKAGE / "backends").rglob("*.py"))
+
+
+def imported_modules(tree: ast.Module) -> list[tuple[int, str]]:
+    """``runtime_imports``, with ``from attncomp.x import y`` also as ``attncomp.x.y`` (y may be a module)."""
+    found = runtime_imports(tree)
+    names = {(node.lineno, node.module): node.names for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    return found + [(line, f"{module}.{a.name}") for line, module in found for a in names.get((line, module), [])]
+
+
+def test_backends_do_not_import_passes():
+    wrong = []
+    for path in backend_sources():
+        for line, target in imported_modules(ast.parse(path.read_text())):
+            if target == "attncomp.passes" or target.startswith("attncomp.passes."):
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert not wrong, "a backend imports the passes (move IR helpers to attncomp/ir/):\n" + "\n".join(wrong)
+
+
+def test_backends_do_not_import_one_another():
+    wrong = []
+    for path in backend_sources():
+        here = backend_of(module_name(path))
+        for line, target in imported_modules(ast.parse(path.read_text())):
+            there = backend_of(target)
+            if there is not None and there != here:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {here or 'a shared module'} imports {target}")
+    assert not wrong, "a backend imports another (share it from attncomp/backends/):\n" + "\n".join(wrong)
 
 
 def defined_private_names(tree: ast.Module) -> set[str]:

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from attncomp.ir.core import Module
 
 #: backend name -> the module whose ``build(module) -> Program`` builds for it (imported on use:
-#: numba-cuda is an optional extra)
+#: numba-cuda is an optional extra); a backend with passes of its own takes their output too,
+#: ``build(module, lowered=...)``
 BUILDERS = {
     "interp": "attncomp.backends.interp",
     "cpu": "attncomp.backends.numba_cpu",
@@ -29,7 +30,9 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"unknown backend {backend!r}; available backends: {', '.join(BACKENDS)}")
 
 
-def build(backend: str, module: Module) -> Program:
-    """Build ``module``'s final IR for ``backend``."""
+def build(backend: str, module: Module, lowered: Module | None = None) -> Program:
+    """Build ``module``'s final IR for ``backend``; ``lowered``: the output of the backend's own passes
+    (``passes.manager.backend_pipeline``), what its code is generated from, when it has any."""
     check_backend(backend)
-    return importlib.import_module(BUILDERS[backend]).build(module)
+    builder = importlib.import_module(BUILDERS[backend]).build
+    return builder(module) if lowered is None else builder(module, lowered=lowered)

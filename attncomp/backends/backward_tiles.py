@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncomp.backends.tiles import LoweringError
-from attncomp.ir.core import Block, Op, Value
-from attncomp.passes.patterns import producer
+from attncomp.ir.core import Block, Op, Value, producer
 
 
 def _through_cast(value: Value) -> Value:

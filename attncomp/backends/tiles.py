@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from attncomp.backends.codegen import dim_expr, literal, select_max, select_min
 from attncomp.errors import AttncompError
-from attncomp.ir.core import Block, Op, Value
-from attncomp.passes.patterns import producer
+from attncomp.ir.core import Block, Op, Value, producer
 
 
 class LoweringError(AttncompError):

@@ -127,3 +127,31 @@ class Module:
         from attncomp.ir.printer import print_module
 
         return print_module(self)
+
+
+def producer(value: Value, name: str | None = None) -> Op | None:
+    """The op defining ``value`` (if it is named ``name``, when given)."""
+    op = value.owner if isinstance(value.owner, Op) else None
+    if op is not None and name is not None and op.name != name:
+        return None
+    return op
+
+
+def captured_values(op: Op) -> list[Value]:
+    """Values used inside ``op``'s regions but defined outside it, in first-use order."""
+    inner: set[Value] = set()
+    order: list[Value] = []
+
+    def visit(block: Block) -> None:
+        inner.update(block.args)
+        for o in block.ops:
+            for v in o.operands:
+                if v not in inner and v not in order:
+                    order.append(v)
+            for region in o.regions:
+                visit(region)
+            inner.update(o.results)
+
+    for region in op.regions:
+        visit(region)
+    return order

@@ -11,6 +11,7 @@ from attncomp.passes import (
     mask_elimination,
     save_residuals,
     softmax_fusion,
+    widen_bf16,
 )
 from attncomp.passes.base import PASSES, Pass, register_pass
 from attncomp.passes.manager import DEFAULT_PIPELINE, Stage, default_pipeline, parse_pipeline, run_pipeline
@@ -31,6 +32,7 @@ __all__ = [
     "mask_elimination",
     "save_residuals",
     "softmax_fusion",
+    "widen_bf16",
     "parse_pipeline",
     "register_pass",
     "run_pipeline",

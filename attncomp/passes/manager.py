@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from attncomp.errors import PipelineError, VerifyError
+from attncomp.ir.copying import copy_locations, forget_numbers
 from attncomp.ir.core import Module
 from attncomp.ir.parser import parse_ir
 from attncomp.ir.printer import print_module
@@ -28,6 +29,17 @@ CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_k=12
 def default_pipeline(backend: str) -> str:
     """The pipeline ``ac.compile`` runs for ``backend`` when given none."""
     return CPU_PIPELINE if backend == "cpu" else DEFAULT_PIPELINE
+
+
+#: Passes a backend runs after any pipeline, on what the pipeline gave: their output is what the
+#: backend generates code from (the last stage of ``fn.dump()``), while the call keeps the
+#: pipeline's signature.  The cuda backend computes bf16 values in float32 (``widen-bf16``).
+BACKEND_PIPELINES = {"cuda": "widen-bf16"}
+
+
+def backend_pipeline(backend: str) -> str:
+    """The passes ``backend`` runs after the pipeline ("" for none)."""
+    return BACKEND_PIPELINES.get(backend, "")
 
 
 _ENTRY = re.compile(r"\s*([A-Za-z0-9_-]+)\s*(?:\{([^{}]*)\})?\s*$")
@@ -117,23 +129,3 @@ def run_pipeline(module: Module, passes: list[Pass], remarks: list[str]) -> tupl
         forget_numbers(current)
         stages.append(Stage(p.name, print_module(current), seconds))
     return current, stages
-
-
-def copy_locations(source: Module, copy: Module) -> None:
-    """Give ``copy`` (``source`` printed and parsed back) the source locations text does not carry."""
-    for original, parsed in zip(source.funcs, copy.funcs):
-        for a, b in zip(original.body.walk(), parsed.body.walk()):
-            b.loc = a.loc
-
-
-def forget_numbers(module: Module) -> None:
-    """Drop numbered names so each stage is numbered afresh in program order."""
-    for func in module.funcs:
-        for value in list(func.args) + [r for op in func.body.walk() for r in op.results]:
-            if value.name is not None and value.name.isdigit():
-                value.name = None
-        for op in func.body.walk():
-            for region in op.regions:
-                for arg in region.args:
-                    if arg.name is not None and arg.name.isdigit():
-                        arg.name = None

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import math
 
-from attncomp.ir.core import Op, Value
+from attncomp.ir.core import Value, producer
 from attncomp.ir.ops import OP_DEFS
 from attncomp.ir.ops.elementwise import Cast, Elementwise, Where
 
 #: ops that compute each element from the same element of their operands
 ELEMENTWISE = frozenset(name for name, opdef in OP_DEFS.items() if isinstance(opdef, (Elementwise, Where, Cast)))
-
-
-def producer(value: Value, name: str | None = None) -> Op | None:
-    """The op defining ``value`` (if it is named ``name``, when given)."""
-    op = value.owner if isinstance(value.owner, Op) else None
-    if op is not None and name is not None and op.name != name:
-        return None
-    return op
 
 
 def constant_value(value: Value) -> float | int | bool | None:

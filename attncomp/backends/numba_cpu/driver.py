@@ -8,55 +8,19 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter, dim_expr, dim_var, size_names
+from attncomp.backends.host_ops import (
+    NUMPY_BINARY,
+    NUMPY_COMPARE,
+    NUMPY_UNARY,
+    check_index_call,
+    py_literal,
+    shape_expr,
+)
 from attncomp.backends.numba_cpu.signatures import argument_dtype
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.types import accumulation_dtype
-
-NUMPY_UNARY = {
-    "ac.neg": "np.negative",
-    "ac.abs": "np.abs",
-    "ac.exp": "np.exp",
-    "ac.log": "np.log",
-    "ac.tanh": "np.tanh",
-    "ac.sqrt": "np.sqrt",
-    "ac.sin": "np.sin",
-    "ac.cos": "np.cos",
-    "ac.not": "np.logical_not",
-}
-NUMPY_BINARY = {
-    "ac.add": "np.add",
-    "ac.sub": "np.subtract",
-    "ac.mul": "np.multiply",
-    "ac.div": "np.true_divide",
-    "ac.floordiv": "np.floor_divide",
-    "ac.mod": "np.mod",
-    "ac.pow": "np.power",
-    "ac.maximum": "np.maximum",
-    "ac.minimum": "np.minimum",
-    "ac.and": "np.logical_and",
-    "ac.or": "np.logical_or",
-}
-NUMPY_COMPARE = {
-    "lt": "np.less",
-    "le": "np.less_equal",
-    "gt": "np.greater",
-    "ge": "np.greater_equal",
-    "eq": "np.equal",
-    "ne": "np.not_equal",
-}
-
-
-def py_literal(value: int | float | bool) -> str:
-    """A constant as Python source (``float('inf')`` for infinities, ``float('nan')``)."""
-    text = repr(value)
-    return f"float({text!r})" if text in ("inf", "-inf", "nan") else text
-
-
-def shape_expr(value: Value) -> str:
-    dims = [dim_expr(d) for d in value.type.shape]
-    return "(" + "".join(f"{d}, " for d in dims) + ")"
 
 
 def _slice(a: list[str], attrs: dict, out: Value) -> str:
@@ -64,16 +28,6 @@ def _slice(a: list[str], attrs: dict, out: Value) -> str:
     start, stop = dim_expr(dim(attrs["start"])), dim_expr(dim(attrs["stop"]))
     index[attrs["axis"]] = f"slice({start}, {stop}, {attrs['step']})"
     return f"{a[0]}[{', '.join(index)},]"
-
-
-def check_index_call(op: Op, operands: list[str]) -> str:
-    """The driver line of an ``ac.check_index``: raises before the kernels run."""
-    attrs = op.attrs
-    size = dim_expr(dim(attrs["size"]))
-    return (
-        f"rt.check_index_range(int({operands[0]}), int({operands[1]}), int({operands[2]}), {size}, "
-        f"{attrs['axis']}, {attrs['exact']}, {attrs.get('at', '')!r})"
-    )
 
 
 def _call(fn: str):

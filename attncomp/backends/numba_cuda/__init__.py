@@ -16,7 +16,6 @@ Numba is imported), and compiles to PTX with neither.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -26,11 +25,10 @@ import numpy as np
 
 from attncomp.backends.base import Program
 from attncomp.errors import AttncompError
+from attncomp.ir.copying import copy_module
 from attncomp.ir.core import Func, Module, Op
-from attncomp.ir.parser import parse_ir
-from attncomp.ir.printer import print_module
+from attncomp.ir.retype import holds_dtype, retype
 from attncomp.ir.types import NUMPY_DTYPES
-from attncomp.passes.manager import copy_locations, forget_numbers
 
 
 class CudaUnavailable(AttncompError):
@@ -61,7 +59,7 @@ class CudaFunction(Program):
 
     Numpy arguments are copied to the device and the results back; when any
     argument is device memory, the results stay on the device.  bf16 arguments in
-    ``bf16_bits`` go over as their 16-bit patterns, other bf16 widened (``widened``).
+    ``bf16_bits`` go over as their 16-bit patterns, other bf16 widened (``widen-bf16``).
     """
 
     backend = "cuda"
@@ -80,7 +78,7 @@ class CudaFunction(Program):
         self.attention = attention
         #: the backward kernels (``BackwardKernels``), one per ``ac.key_grid``
         self.backward = backward or []
-        #: the function the kernels were generated from (bf16 values widened: ``widened``)
+        #: the function the kernels were generated from (bf16 values widened: ``widen-bf16``)
         self.func: Func | None = None
         #: per result: whether the spec declares it bf16 (rounded to it on the way back to the host)
         self.bf16_results: list[bool] = []
@@ -94,7 +92,7 @@ class CudaFunction(Program):
         """Bind the call's arguments (device arrays are checked, not copied) and run: every result,
         numpy arrays of the declared types, or device arrays when an argument was one.
 
-        bf16 values compute as float32 (``widened``): arguments bind to the widened signature; a
+        bf16 values compute as float32 (``widen-bf16``): arguments bind to the widened signature; a
         bf16 argument in ``bf16_bits`` goes over as its patterns (:meth:`stored`), another is
         widened (host arrays before they are copied in, ``Bf16Bits`` by a kernel).  Results
         declared bf16 come back as bf16 on the host and as ``Bf16Bits`` on the device: attention
@@ -281,24 +279,25 @@ def bounds(dispatcher: Any) -> Any:
 
 
 def device_dtype(dtype: Any) -> np.dtype:
-    """The dtype device memory holds for ``dtype``: bf16 as float32 (see ``widened``)."""
+    """The dtype device memory holds for ``dtype``: bf16 as float32 (see ``widen-bf16``)."""
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype == np.dtype(NUMPY_DTYPES["bf16"]) else dtype
 
 
 def widened(module: Module) -> Module:
-    """``module`` with every bf16 value computed as float32: what the kernels are generated from.
+    """``module`` with every bf16 value computed as float32 (``module`` itself when it holds none):
+    what the kernels are generated from, the ``widen-bf16`` pass's output.
 
-    Numba-CUDA arrays have no bfloat16 element (and its simulator no bf16 type).  Query, key and
-    value that only tensor-core attention reads stay bf16 on the device, as their 16-bit patterns
-    (``tensor_core_types``; the kernels widen each element as they read it).  Other bf16 crosses
-    the call's boundary: host arguments are widened before they are copied in, and results
-    declared bf16 are rounded to it (round to nearest even) when they come back to the host.
-    float32 holds every bf16 value, and the IR's promotions agree (bf16 with f32, and f16 with
-    bf16, are f32), so the widened module computes what the spec says, in float32."""
-    wide = parse_ir(re.sub(r"(?<=[ <])bf16>", "f32>", print_module(module)))
-    copy_locations(module, wide)  # gathers still name the spec's line in their errors
-    forget_numbers(wide)  # values unnamed in the module stay unnamed (the sources name them)
+    ``ac.compile`` runs that pass after the pipeline (a stage of ``fn.dump()``) and hands its output
+    to :func:`build`; a module built directly (``build(module)``) is widened here the same way, on a
+    copy.  Query, key and value that only tensor-core attention reads stay bf16 on the device, as
+    their 16-bit patterns (``tensor_core_types``; the kernels widen each element as they read it).
+    Other bf16 crosses the call's boundary: host arguments are widened before they are copied in,
+    and results declared bf16 are rounded to it (round to nearest even) when they come back."""
+    if not holds_dtype(module, "bf16"):
+        return module
+    wide = copy_module(module)
+    retype(wide, "bf16", "f32")
     return wide
 
 
@@ -319,7 +318,7 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     (``CudaFunction.page_storage``).  A grid reading a decoder's cache reads its computed sources (a
     projected query) from 16-bit copies rounded before it (the driver's ``bf16_patterns``), so that
     the cache can stay bf16.  bf16 values anything else computes with are widened to float32
-    (``widened``)."""
+    (``widen-bf16``)."""
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
     from attncomp.backends.tiles import read_tiled_attention
 
@@ -428,7 +427,7 @@ def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
     """Per ``ac.key_grid``: the type its products run in on tensor cores (query, key, value and
     output gradient of one type: f16 or bf16, or float32 as "3xtf32" or "tf32" by the grid's
     ``precision``, "exact" or "tf32"; None: the scalar kernel) and how the device holds them ("f16", or "f32": float32,
-    or bf16 widened, ``widened``)."""
+    or bf16 widened, ``widen-bf16``)."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
 
@@ -447,9 +446,17 @@ def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
 
 
 def build(
-    module: Module, lanes: int | None = None, split: int | None = None, backward_lanes: int | None = None
+    module: Module,
+    lanes: int | None = None,
+    split: int | None = None,
+    backward_lanes: int | None = None,
+    lowered: Module | None = None,
 ) -> CudaFunction:
     """Generate and load the driver and graph kernels; attention kernels are made per head dims on use.
+
+    ``module`` is the pipeline's final IR, whose declared types the call keeps; the kernels are
+    generated from ``lowered``, the ``widen-bf16`` pass's output (default: :func:`widened`; a module
+    without bf16 is its own, the same IR).
 
     ``lanes`` fixes the threads per query row of the attention kernels (the
     default chooses by head dim; tests use it to cover every layout at small
@@ -467,11 +474,10 @@ def build(
     products, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
     narrow = bf16_outputs(module)
     backward_types = backward_tensor_core_types(module)
-    if any(
-        v.type.dtype == "bf16" for v in (*module.main.args, *(r for op in module.main.body.walk() for r in op.results))
-    ):
-        module = widened(module)
-    func = module.main
+    if lowered is None or not holds_dtype(module, "bf16"):
+        # nothing to widen: the pipeline's module itself, whose value names the sources keep
+        lowered = widened(module)
+    func = lowered.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
     attention = {
         op: AttentionKernels(k, op, func, lanes, split, *products[k], out_bits=narrow[k]) for k, op in enumerate(grids)

@@ -23,7 +23,6 @@ import numpy as np
 
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
@@ -32,7 +31,7 @@ from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_mma
 from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
-from attncomp.ir.core import Func, Op
+from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 

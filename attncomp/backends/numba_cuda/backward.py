@@ -25,7 +25,6 @@ import numpy as np
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cpu import captured_values
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
@@ -36,7 +35,7 @@ from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWr
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
 from attncomp.backends.numba_cuda.mma_plan import TF32_PRODUCTS
 from attncomp.backends.numba_cuda.mma_tf32_backward_kernel import Tf32BackwardKernelWriter
-from attncomp.ir.core import Func, Op
+from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 

@@ -13,7 +13,7 @@ arguments stay where they are and so do the results.
 from __future__ import annotations
 
 from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
-from attncomp.backends.numba_cpu.driver import (
+from attncomp.backends.host_ops import (
     NUMPY_BINARY,
     NUMPY_COMPARE,
     NUMPY_UNARY,
