@@ -180,11 +180,24 @@ def test_float32_parameters_fuse_in_16_bits(spec, dtype):
     assert worst_error([out], exact(spec, dtype, inputs)) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("spec", PARAMETER_SPECS, ids=SPEC_IDS)
-def test_float32_parameters_on_the_cpu(spec):
+CONSTANT_SLOPE = constant_slope_spec("floating")
+EVERY_SPEC = [*PARAMETER_SPECS, CONSTANT_SLOPE]
+EVERY_ID = [*SPEC_IDS, "constant_slope"]
+_CPU: dict[str, ac.CompiledFunction] = {}
+
+
+def on_cpu(spec: ac.Spec) -> ac.CompiledFunction:
+    """One cpu compilation per spec for the whole module (each float type compiled once in it)."""
+    if spec.name not in _CPU:
+        _CPU[spec.name] = ac.compile(spec, backend="cpu")
+    return _CPU[spec.name]
+
+
+@pytest.mark.parametrize("spec", EVERY_SPEC, ids=EVERY_ID)
+def test_bf16_on_the_cpu_with_gradients(spec):
     """Forward in bf16, and gradients: bf16 for the bf16 inputs, float32 for the float32 parameter,
     following the float32 call's gradients."""
-    fn = ac.compile(spec, backend="cpu")
+    fn = on_cpu(spec)
     inputs = inputs_for(spec, "bf16")
     out, pullback = fn.vjp(*inputs)
     assert out.dtype == BF16
@@ -199,17 +212,24 @@ def test_float32_parameters_on_the_cpu(spec):
     assert worst_error(grads, want) < TOLERANCE["bf16"]
 
 
-def test_a_float16_call_on_the_cpu():
-    fn = ac.compile(alibi_f32_slopes, backend="cpu")
-    inputs = inputs_for(alibi_f32_slopes, "f16")
+@pytest.mark.parametrize("spec", EVERY_SPEC, ids=EVERY_ID)
+def test_f16_on_the_cpu(spec):
+    fn = on_cpu(spec)
+    inputs = inputs_for(spec, "f16")
     out = fn(*inputs)
     assert out.dtype == np.float16
-    assert worst_error([out], exact(alibi_f32_slopes, "f16", inputs)) < TOLERANCE["f16"]
+    assert_fused(fn, "f16")
+    assert worst_error([out], exact(spec, "f16", inputs)) < TOLERANCE["f16"]
 
 
-@pytest.mark.parametrize("spec", [alibi_f32_slopes, constant_slope_spec("floating")], ids=["f32_slopes", "constant"])
+#: the causal specs: a decoder's step sees the keys so far, so a bidirectional spec (the bias table's)
+#: decodes to something else in every float type
+CAUSAL = [(spec, name) for spec, name in zip(EVERY_SPEC, EVERY_ID) if spec is not relative_bias_f32]
+
+
+@pytest.mark.parametrize("spec", [spec for spec, _ in CAUSAL], ids=[name for _, name in CAUSAL])
 def test_a_bf16_decoder(spec):
-    fn = ac.compile(spec, backend="cpu")
+    fn = on_cpu(spec)
     inputs = inputs_for(spec, "bf16")
     dec = fn.decoder(32)
     steps = [(0, 10), (10, 11), (11, T)]
@@ -220,7 +240,7 @@ def test_a_bf16_decoder(spec):
 
 
 def test_a_bf16_paged_pool_with_float32_slopes():
-    fn = ac.compile(alibi_f32_slopes, backend="cpu")
+    fn = on_cpu(alibi_f32_slopes)
     inputs = inputs_for(alibi_f32_slopes, "bf16")
     server = fn.paged_decoder(page_size=8, num_pages=8, dtype="bf16")
     seq = server.new()
@@ -230,25 +250,28 @@ def test_a_bf16_paged_pool_with_float32_slopes():
     assert worst_error([got], exact(alibi_f32_slopes, "bf16", inputs)) < TOLERANCE["bf16"]
 
 
-def test_the_torch_op_under_autocast():
+@pytest.mark.parametrize("spec", EVERY_SPEC, ids=EVERY_ID)
+def test_the_torch_op_under_autocast(spec):
+    """float32 tensors under ``torch.autocast`` to bf16: the ac.floating arguments run in bf16, the
+    float32 parameter stays float32 (and gets a float32 gradient), the result is bf16."""
     torch = pytest.importorskip("torch")
-    op = ac.compile(alibi_f32_slopes, backend="cpu").to_torch()
-    base = [torch.from_numpy(x) for x in inputs_for(alibi_f32_slopes, "f32")]
+    op = on_cpu(spec).to_torch()
+    base = [torch.from_numpy(x) for x in inputs_for(spec, "f32")]
     want = op(*base)
-    q, k, v, slopes = (x.clone().requires_grad_() for x in base)
+    leaves = [x.clone().requires_grad_() for x in base]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = op(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), slopes)
+        out = op(*leaves)
     assert out.dtype == torch.bfloat16
     assert worst_error([out.float().detach().numpy()], [want.detach().numpy()]) < TOLERANCE["bf16"]
     out.float().sum().backward()
-    assert slopes.grad.dtype == torch.float32 and q.grad.dtype == torch.float32
-    args = [base[0].to(torch.bfloat16), base[1].to(torch.bfloat16), base[2].to(torch.bfloat16), base[3]]
+    assert all(x.grad.dtype == torch.float32 for x in leaves)
+    args = [x.to(torch.bfloat16) for x in base[:3]] + base[3:]
     torch.library.opcheck(op.op, tuple(args))
 
 
 def test_a_generic_spec_with_float32_slopes_over_dask():
     da = pytest.importorskip("dask.array")
-    fn = ac.compile(alibi_f32_slopes, backend="cpu")
+    fn = on_cpu(alibi_f32_slopes)
     inputs = inputs_for(alibi_f32_slopes, "bf16")
     chunked = [da.from_array(x, chunks=(1, 2, 8, D)) for x in inputs[:3]]
     got = fn(*chunked, inputs[3]).compute()
