@@ -27,7 +27,7 @@ from attncomp.ir.ops import OP_DEFS, Checker
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import TensorType, is_float, weak_float_dtype
 from attncomp.names import name_values
-from attncomp.passes.patterns import last_axis_reduction, producer
+from attncomp.passes.patterns import producer, softmax_division
 from attncomp.tensor import SymDim, Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -324,10 +324,7 @@ def is_probabilities(value: Value) -> bool:
     op = producer(value)
     if op is not None and op.name == "ac.softmax":
         return op.attrs["axis"] == value.type.rank - 1
-    if op is None or op.name != "ac.div":
-        return False
-    e, total = op.operands
-    return producer(e, "ac.exp") is not None and last_axis_reduction(total, "sum") is e
+    return op is not None and softmax_division(op) is not None
 
 
 def _product(dims) -> Dim:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from attncomp.ir.core import Value, producer
+from attncomp.ir.core import Op, Value, producer
 from attncomp.ir.ops import OP_DEFS
 from attncomp.ir.ops.elementwise import Cast, Elementwise, Where
 
@@ -47,3 +47,13 @@ def last_axis_reduction(value: Value, kind: str) -> Value | None:
     if op.attrs["kind"] != kind or op.attrs["axes"] != [src.type.rank - 1]:
         return None
     return src
+
+
+def softmax_division(op: Op) -> Value | None:
+    """If ``op`` is ``e / sum(e, axis=-1)`` with ``e = exp(...)`` (a softmax spelled out), return ``e``."""
+    if op.name != "ac.div":
+        return None
+    e, denominator = op.operands
+    if last_axis_reduction(denominator, "sum") is not e or producer(e, "ac.exp") is None:
+        return None
+    return e

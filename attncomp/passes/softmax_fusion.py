@@ -31,7 +31,7 @@ from attncomp.ir.printer import Namer
 from attncomp.ir.types import TensorType, category, is_float, score_dtype, wider
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
-from attncomp.passes.patterns import ELEMENTWISE, is_neg_inf, last_axis_reduction, producer
+from attncomp.passes.patterns import ELEMENTWISE, is_neg_inf, last_axis_reduction, producer, softmax_division
 from attncomp.passes.rewrite import replace_uses
 
 INDEX_NAMES = {2: ["i", "j"], 3: ["b", "i", "j"], 4: ["b", "h", "i", "j"]}
@@ -50,15 +50,10 @@ def _insert_before(block: Block, anchor: Op, new_ops: list[Op]) -> None:
 def canonicalize_softmax(block: Block) -> None:
     """Rewrite ``exp(x - max(x)) / sum(...)`` (or ``exp(x) / sum(exp(x))``) to ``ac.softmax``."""
     for op in list(block.ops):
-        if op.name != "ac.div":
+        e = softmax_division(op)
+        if e is None:
             continue
-        e, denominator = op.operands
-        if last_axis_reduction(denominator, "sum") is not e:
-            continue
-        exp_op = producer(e, "ac.exp")
-        if exp_op is None:
-            continue
-        x = exp_op.operands[0]
+        x = producer(e).operands[0]
         sub = producer(x, "ac.sub")
         if sub is not None and last_axis_reduction(sub.operands[1], "max") is sub.operands[0]:
             x = sub.operands[0]
