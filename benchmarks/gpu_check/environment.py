@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_check.plan import DISTRIBUTIONS, NEEDED, OPTIONAL, ROOT
+from benchmarks.gpu_check.plan import DISTRIBUTIONS, KNOWN_FAULTS, NEEDED, OPTIONAL, ROOT
 from benchmarks.gpu_check.processes import emit
 
 
@@ -69,6 +69,24 @@ def gpu_reason(info: dict) -> str | None:
     return None
 
 
+def compile_reason() -> str | None:
+    """None when Numba-CUDA compiles a trivial kernel to PTX, else the error, with the known fix where
+    ``KNOWN_FAULTS`` has one: an installation that cannot compile fails every later phase alike."""
+
+    def store_one(a):
+        a[0] = 1.0
+
+    try:
+        from numba import cuda
+
+        cuda.compile_ptx(store_one, "void(float32[:])")
+    except Exception as error:  # any failure of the installation, reported rather than raised
+        text = f"{type(error).__name__}: {error}"
+        fixes = [fix for marker, fix in KNOWN_FAULTS.items() if marker in text]
+        return f"Numba-CUDA cannot compile a kernel ({text})" + (f": {fixes[0]}" if fixes else "")
+    return None
+
+
 def probe(args: argparse.Namespace) -> None:
     """The environment phase's worker: everything above, printed and written as one record."""
     import importlib.metadata
@@ -113,6 +131,7 @@ def probe(args: argparse.Namespace) -> None:
         info["gpu_reason"] = None
     else:
         info["gpu_reason"] = gpu_reason(info)
+        info["compile_reason"] = compile_reason() if info["gpu_reason"] is None else None
     if versions.get("torch"):
         try:
             import torch

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_check.environment import find_sanitizer
+from benchmarks.gpu_check.outcomes import read_outcomes
 from benchmarks.gpu_check.plan import (
     CORRECTNESS,
     DRY_RUN_CORRECTNESS,
@@ -47,7 +48,9 @@ def phase_environment(run: Run, phase: Phase) -> None:
         notes.append(f"older than pyproject.toml asks: {', '.join(old)}")
     if not run.args.dry_run and info.get("gpu_reason"):
         notes.append(f"no usable GPU: {info['gpu_reason']}")
-    phase.status = "failed" if any(m in NEEDED for m in missing) else "passed"
+    if info.get("compile_reason"):
+        notes.append(info["compile_reason"])
+    phase.status = "failed" if any(m in NEEDED for m in missing) or info.get("compile_reason") else "passed"
     phase.note = "; ".join(notes) or "every package present"
 
 
@@ -131,16 +134,33 @@ def phase_gate(run: Run, phase: Phase) -> None:
         phase.status, phase.note = "failed", phase.note + "; some layout tests skipped"
 
 
+def outcome_env(run: Run, outcomes: Path) -> dict[str, str]:
+    """A pytest phase's environment: the GPU tests asked for, and ``outcomes.py``'s files."""
+    env = run.env(gpu_tests=True)
+    env["GPU_CHECK_OUTCOMES"] = str(outcomes)
+    env.pop("GPU_CHECK_DONE", None)
+    if run.args.after:
+        env["GPU_CHECK_DONE"] = str(Path(run.args.after).resolve())
+    return env
+
+
 def phase_correctness(run: Run, phase: Phase) -> None:
     if not pytest_available(run, phase):
         return
     targets = list(DRY_RUN_CORRECTNESS if run.args.dry_run else CORRECTNESS)
-    junit = run.out / "correctness.xml"
+    outcomes = run.out / "correctness.tsv"
     jobs = 1 if run.args.dry_run else run.jobs  # a handful of tests: one worker
-    command, notes = pytest_command(run, targets, jobs, [f"--junitxml={junit}"])
+    command, notes = pytest_command(run, targets, jobs, ["-p", "benchmarks.gpu_check.outcomes"])
     log = run.out / "correctness.log"
-    status = run_logged(command, log, run.env(gpu_tests=True), run.limit("correctness"), "correctness", grace=10)
-    judge_pytest(phase, status, pytest_counts(log), "correctness.log" + (", correctness.xml" if junit.exists() else ""))
+    env = outcome_env(run, outcomes)
+    status = run_logged(command, log, env, run.limit("correctness"), "correctness", grace=10)
+    judge_pytest(phase, status, pytest_counts(log), "correctness.log, correctness.tsv")
+    found = read_outcomes(outcomes) if outcomes.exists() else {}
+    phase.data["failed"] = sorted(node for node, outcome in found.items() if outcome in ("failed", "error"))
+    if run.args.after:
+        notes.insert(0, f"the tests that {Path(run.args.after).name} lists as run were left out (--after)")
+    if status is None:
+        notes.append("rerun the rest with --after OUT_DIR/correctness.tsv")
     if run.args.dry_run:
         notes.insert(0, f"dry run: {len(targets)} selected tests of the simulator's")
     phase.note = "; ".join([phase.note, *notes])
@@ -316,8 +336,12 @@ def run_phases(run: Run) -> None:
         if name not in run.args.phases:
             phase.note = "not asked for (--phases)"
             continue
-        if name != "environment" and not run.args.dry_run and run.phases["environment"].data.get("gpu_reason"):
-            phase.note = f"no usable GPU: {run.phases['environment'].data['gpu_reason']}"
+        environment = run.phases["environment"].data
+        if name != "environment" and not run.args.dry_run and environment.get("gpu_reason"):
+            phase.note = f"no usable GPU: {environment['gpu_reason']}"
+            continue
+        if name != "environment" and environment.get("compile_reason"):
+            phase.note = "Numba-CUDA cannot compile a kernel here (the environment's line)"
             continue
         if name != "environment" and run.left() < 1:
             phase.note = "no time left before the deadline"

@@ -11,6 +11,9 @@ from benchmarks.gpu_check.cards import Card, card_for
 from benchmarks.gpu_check.plan import FILES
 from benchmarks.gpu_check.run import Run
 
+#: failed tests named in the summary (correctness.tsv lists every one)
+FAILED_LISTED = 40
+
 
 def verdict(run: Run) -> str:
     states = [p.status for p in run.phases.values()]
@@ -149,6 +152,12 @@ def summary(run: Run) -> str:
         lines.append(
             f"- {phase.name}: {phase.status}, {phase.seconds:.0f} s" + (f": {phase.note}" if phase.note else "")
         )
+    failed = run.phases["correctness"].data.get("failed", [])
+    if failed:
+        lines += ["", f"Failed in the correctness phase ({len(failed)}; correctness.log has each report):", ""]
+        lines += [f"- `{node}`" for node in failed[:FAILED_LISTED]]
+        if len(failed) > FAILED_LISTED:
+            lines.append(f"- and {len(failed) - FAILED_LISTED} more (correctness.tsv)")
     lines += ["", f"Total {total:.0f} s of a {run.args.deadline:.0f} s deadline; processes at a time: {run.jobs}."]
     if card is None and not run.args.dry_run and run.phases["environment"].data.get("gpu_name"):
         lines.append("Unknown card: no datasheet peaks, so no percentages of peak.")

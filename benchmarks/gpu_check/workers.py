@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from benchmarks.gpu_check.environment import probe
+from benchmarks.gpu_check.plan import SERVING_QUICK
 from benchmarks.gpu_check.processes import emit
 
 
@@ -130,7 +131,7 @@ def worker_timings(args: argparse.Namespace) -> None:
     elif table == "serving":
         from benchmarks import serving
 
-        for line in serving.serving_rows(args.quick, args.repeats, backend="cuda"):
+        for line in serving.serving_rows(args.quick or SERVING_QUICK, args.repeats, backend="cuda"):
             print(line, flush=True)
             emit(result, {"kind": "line", "text": line})
 
