@@ -106,7 +106,8 @@ def attention_cases():
     return found
 
 
-#: what the simulator runs: captured tensors, GQA, LSE, key padding, documents, sinks, soft-capping
+#: what the simulator runs: captured tensors, GQA, LSE, key padding, documents, sinks, soft-capping,
+#: and a spec with nothing fused (its probabilities returned: graph kernels only)
 IN_SIMULATOR = {
     ("alibi.causal_alibi", "bf16"),
     ("alibi.causal_alibi", "f16"),
@@ -116,7 +117,13 @@ IN_SIMULATOR = {
     ("sinks_window.sinks_window", "bf16"),
     ("softcap.causal_softcap", "f16"),
     ("relative_bias.relative_bias", "bf16"),
+    ("pass_specs.returns_probabilities", "f16"),
 }
+
+
+#: specs with no fused attention: one that returns its probabilities keeps them, so softmax-fusion
+#: leaves the softmax and both products to the graph kernels (float32 arithmetic, no tensor cores)
+UNFUSED = {"pass_specs.returns_probabilities"}
 
 
 def run_16_bit(spec, dtype: str, split: int | None = None, sizes: dict | None = None, seed: int = 3):
@@ -138,10 +145,10 @@ def test_example_on_tensor_cores(name, spec, dtype):
     if not ON_GPU and (name, dtype) not in IN_SIMULATOR:
         pytest.skip("the simulator runs a few of the examples; a GPU runs them all")
     impl, got, want = run_16_bit(spec, dtype)
-    # on tensor cores: every attention whose query, key and value are 16-bit (RoPE and QK-norm
-    # compute theirs in float32, as the spec's promotions say)
+    # on tensor cores: every fused attention (RoPE and QK-norm too: a Python float is weak, so they
+    # compute in the input's type and the query and key stay 16-bit); none where nothing is fused
     on_tensor_cores = [a.element is not None for a in impl.attention]
-    assert any(on_tensor_cores) or name == "rope_qknorm.rope_qknorm"
+    assert all(on_tensor_cores) and bool(on_tensor_cores) != (name in UNFUSED)
     assert [a.mma_plan(16, 16) is not None for a in impl.attention] == on_tensor_cores
     assert [f"mma_{dtype}(" in a.source(16, 16) for a in impl.attention] == on_tensor_cores
     assert got[0].dtype == np.dtype(ELEMENT[dtype])
