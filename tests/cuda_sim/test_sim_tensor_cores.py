@@ -1,9 +1,9 @@
-"""The tensor-core kernels: warp instructions against their documented fragment layout, and the
-f16/bf16 attention kernels against the float64 interpreter.
+"""The tensor-core kernels: warp instructions against the fragment layouts of ``mma_atoms.py``'s
+table, and the f16/bf16 attention kernels against the float64 interpreter.
 
 Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
 (``ATTNCOMP_TEST_GPU=1``) the same tests run the PTX, so the two are held to one layout
-(``attncomp/backends/numba_cuda/warp.py``).  The simulator runs a few example specs (every
+(``attncomp/backends/numba_cuda/mma_atoms.py``).  The simulator runs a few example specs (every
 CUDA thread is a Python thread); a GPU runs every example in f16 and in bf16.
 """
 
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from attncomp.backends.numba_cuda import warp_sim
+from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR, ATOMS, HALF_SHIFTS, LANES, M16N8K16, MmaAtom
 from attncomp.backends.numba_cuda.warp import mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, quad_max, quad_sum
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.conftest import load_example
@@ -25,38 +27,132 @@ ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=16},mask-elimination,canonicalize,cse,dce"
 SIZES = {"B": 1, "H": 2, "KV": 1, "T": 33, "S": 35, "D": 16, "E": 16, "R": 33}
 ELEMENT = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+#: where a register's high half starts
+HIGH = HALF_SHIFTS[1]
 
 
 def bits_of(x: np.ndarray, dtype: str) -> np.ndarray:
     return x.astype(ELEMENT[dtype]).view(np.uint16)
 
 
+def places(fragment) -> np.ndarray:
+    """A fragment's (row, column) places by lane, register and element of the register (``mma_atoms``)."""
+    return np.array(fragment.places(), np.int32)
+
+
+# -- the table against numpy, through the emulation -------------------------------------------------
+
+
+def element_values(x: np.ndarray, element: str) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as the element type's values (float64) and their register bits (uint32: 16-bit patterns,
+    or tf32 as float32 bits with the low 13 zero)."""
+    if element == "tf32":
+        bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        return bits.view(np.float32).astype(np.float64), bits
+    bits = bits_of(x, element)
+    return bits.view(ELEMENT[element]).astype(np.float64), bits.astype(np.uint32)
+
+
+def registers(fragment, bits: np.ndarray) -> np.ndarray:
+    """Every lane's registers of an operand (32 x registers, uint32) packed from its bits by the table."""
+    at = places(fragment)
+    halves = bits[at[..., 0], at[..., 1]].astype(np.uint32)
+    return np.bitwise_or.reduce(halves << np.array(HALF_SHIFTS[: fragment.per_register], np.uint32), axis=-1)
+
+
+def emulated(atom: MmaAtom, element: str, a_regs: np.ndarray, b_regs: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """D (m x n) of the emulated product of the warp's registers, its places read by the table."""
+    at = places(atom.c)[..., 0, :]
+    rows = [(*a_regs[lane], *b_regs[lane], *c[at[lane, :, 0], at[lane, :, 1]]) for lane in range(LANES)]
+    d = getattr(warp_sim, f"_mma_{element}")(rows)
+    out = np.zeros((atom.m, atom.n))
+    out[at[..., 0], at[..., 1]] = d
+    return out
+
+
+@pytest.mark.parametrize("element", ["f16", "bf16", "tf32"])
+def test_fragments_built_from_the_atom_table_multiply(element):
+    """Fragments placed by the table for random A, B and C: the emulated ``mma`` is ``A @ B + C``."""
+    atom, rng = ATOMS[element], np.random.default_rng(2)
+    a, a_bits = element_values(rng.standard_normal((atom.m, atom.k)), element)
+    b, b_bits = element_values(rng.standard_normal((atom.k, atom.n)), element)
+    c = rng.standard_normal((atom.m, atom.n)).astype(np.float32)
+    got = emulated(atom, element, registers(atom.a, a_bits), registers(atom.b, b_bits), c)
+    np.testing.assert_allclose(got, a @ b + c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("element", ["f16", "tf32"])
+def test_accumulators_feed_the_next_product(element):
+    """The accumulators of ``tiles`` products (S, m x k) fed as the A fragment of the next by the
+    atom's ``feed``, and B's rows read in its ``fed_b_rows``: the product is ``S @ V``."""
+    atom, rng = ATOMS[element], np.random.default_rng(3)
+    s, _ = element_values(rng.standard_normal((atom.m, atom.k)), element)
+    v, v_bits = element_values(rng.standard_normal((atom.k, atom.n)), element)
+    c_at = places(atom.c)[..., 0, :]
+    tiles = [s[:, tile * atom.n : (tile + 1) * atom.n] for tile in range(atom.tiles)]
+    a_regs = np.zeros((LANES, atom.a.registers), np.uint32)
+    b_regs = np.zeros((LANES, atom.b.registers), np.uint32)
+    for lane in range(LANES):
+        for r, halves in enumerate(atom.feed()):
+            for h, (tile, e) in enumerate(halves):
+                value = tiles[tile][c_at[lane, e, 0], c_at[lane, e, 1]]
+                a_regs[lane, r] |= element_values(np.array([[value]]), element)[1][0, 0] << np.uint32(HALF_SHIFTS[h])
+        first = atom.c.first_col(lane)
+        for r, rows in enumerate(atom.fed_b_rows()):
+            for h, row in enumerate(rows):
+                b_regs[lane, r] |= v_bits[first + row, atom.b.place(lane, r, h)[1]] << np.uint32(HALF_SHIFTS[h])
+    got = emulated(atom, element, a_regs, b_regs, np.zeros((atom.m, atom.n), np.float32))
+    np.testing.assert_allclose(got, s @ v, rtol=1e-5, atol=1e-5)
+    assert sorted(atom.k_order()) == list(range(atom.k))
+
+
+def test_derived_facts_of_the_atoms():
+    """What the writers read: the 16-bit accumulators feed in place, tf32's in the order (0, 2, 1, 3)."""
+    assert M16N8K16.k_order() == tuple(range(16)) and M16N8K16.tiles == 2
+    assert (M16N8K16.k_half, ATOMS["tf32"].k_half) == (8, 4)
+    assert ATOMS["tf32"].feed_order() == (0, 2, 1, 3)
+    assert ATOMS["tf32"].k_order() == (0, 2, 4, 6, 1, 3, 5, 7)
+    for atom in (M16N8K16, ATOMS["tf32"]):
+        assert atom.a_words == ((0, 0), (8, 0), (0, 4), (8, 4)) and atom.b_words == (0, 4) and atom.step_words == 8
+    assert ACCUMULATOR.by_row() == ((0, (0, 1)), (8, (2, 3))) and ACCUMULATOR.columns() == (0, 1)
+    assert ACCUMULATOR.row_lane_masks() == (1, 2) and ACCUMULATOR.next_row_mask() == 4
+
+
+# -- the table against the instructions (the emulation in the simulator, the PTX on a GPU) ------------
+
+
 @cuda.jit(device=True)
 def word(lo, hi):
-    return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+    return np.uint32(lo) | (np.uint32(hi) << np.uint32(HIGH))
+
+
+@cuda.jit(device=True)
+def packed(m, at, lane, r):
+    """Register ``r`` of a lane: the two 16-bit patterns at its places (``at``: the table)."""
+    return word(m[at[lane, r, 0, 0], at[lane, r, 0, 1]], m[at[lane, r, 1, 0], at[lane, r, 1, 1]])
 
 
 def fragment_kernel(mma):
-    """A kernel of one warp: A (16 x 16) and B (16 x 8) bits -> fragments by the documented layout,
-    one product, the D fragments back to their places."""
+    """A kernel of one warp: A (16 x 16), B (16 x 8) bits and C (16 x 8) -> fragments placed by the
+    atom table, one product, the D fragments back to their places."""
 
     @cuda.jit
-    def product(a, b, out):
+    def product(a, b, c, a_at, b_at, c_at, out):
         lane = cuda.threadIdx.x
-        g = lane // 4
-        t2 = 2 * (lane % 4)
-        a0 = word(a[g, t2], a[g, t2 + 1])
-        a1 = word(a[g + 8, t2], a[g + 8, t2 + 1])
-        a2 = word(a[g, t2 + 8], a[g, t2 + 9])
-        a3 = word(a[g + 8, t2 + 8], a[g + 8, t2 + 9])
-        b0 = word(b[t2, g], b[t2 + 1, g])
-        b1 = word(b[t2 + 8, g], b[t2 + 9, g])
-        one = np.float32(1.0)
-        d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, one, one, one, one)
-        out[g, t2] = d0
-        out[g, t2 + 1] = d1
-        out[g + 8, t2] = d2
-        out[g + 8, t2 + 1] = d3
+        a0, a1, a2, a3 = (
+            packed(a, a_at, lane, 0),
+            packed(a, a_at, lane, 1),
+            packed(a, a_at, lane, 2),
+            packed(a, a_at, lane, 3),
+        )
+        b0, b1 = packed(b, b_at, lane, 0), packed(b, b_at, lane, 1)
+        c0, c1 = c[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]], c[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]]
+        c2, c3 = c[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]], c[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]]
+        d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        out[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]] = d0
+        out[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]] = d1
+        out[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]] = d2
+        out[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]] = d3
 
     return product
 
@@ -65,10 +161,12 @@ def fragment_kernel(mma):
 def test_mma_fragments_follow_the_documented_layout(dtype):
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((16, 16)), rng.standard_normal((16, 8))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
     a_bits, b_bits = bits_of(a, dtype), bits_of(b, dtype)
     out = np.zeros((16, 8), np.float32)
-    fragment_kernel(mma_f16 if dtype == "f16" else mma_bf16)[1, 32](a_bits, b_bits, out)
-    exact = a_bits.view(ELEMENT[dtype]).astype(np.float64) @ b_bits.view(ELEMENT[dtype]).astype(np.float64) + 1.0
+    tables = places(M16N8K16.a), places(M16N8K16.b), places(M16N8K16.c)
+    fragment_kernel(mma_f16 if dtype == "f16" else mma_bf16)[1, 32](a_bits, b_bits, c, *tables, out)
+    exact = a_bits.view(ELEMENT[dtype]).astype(np.float64) @ b_bits.view(ELEMENT[dtype]).astype(np.float64) + c
     np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
 
 
@@ -87,12 +185,18 @@ def test_quad_reductions_and_packing():
     sums, maxima = np.zeros(32, np.float32), np.zeros(32, np.float32)
     f16_words, bf16_words = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
     quad_kernel[1, 32](x, y, sums, maxima, f16_words, bf16_words)
-    quads = x.reshape(8, 4)
-    np.testing.assert_allclose(sums, np.repeat(quads.astype(np.float64).sum(1), 4), rtol=1e-6)
-    np.testing.assert_array_equal(maxima, np.repeat(quads.max(1), 4))
+    # the lanes that share an accumulator row (the table's): every combination of its masks
+    masks = ACCUMULATOR.row_lane_masks()
+    sharing = [
+        sorted({lane ^ (m1 * masks[0]) ^ (m2 * masks[1]) for m1 in (0, 1) for m2 in (0, 1)}) for lane in range(32)
+    ]
+    assert all(len({ACCUMULATOR.place(other, 0)[0] for other in group}) == 1 for group in sharing)
+    np.testing.assert_allclose(sums, [x[group].astype(np.float64).sum() for group in sharing], rtol=1e-6)
+    np.testing.assert_array_equal(maxima, [x[group].max() for group in sharing])
+    low, high = HALF_SHIFTS
     for words, dtype in ((f16_words, "f16"), (bf16_words, "bf16")):
-        np.testing.assert_array_equal(words & 0xFFFF, bits_of(x, dtype))  # the first value in the low half
-        np.testing.assert_array_equal(words >> 16, bits_of(y, dtype))  # rounded to nearest even
+        np.testing.assert_array_equal((words >> low) & 0xFFFF, bits_of(x, dtype))  # the first value: half 0
+        np.testing.assert_array_equal(words >> high, bits_of(y, dtype))  # rounded to nearest even
 
 
 def attention_cases():

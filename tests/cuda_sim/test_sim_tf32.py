@@ -1,19 +1,21 @@
-"""float32 attention on tensor cores: the tf32 product against its documented fragment layout, the
+"""float32 attention on tensor cores: the tf32 product against its fragment layout (``mma_atoms.py``), the
 tf32 rounding and split, and float32 example specs as 3xTF32 (the default, float32-accurate) and as
 one TF32 product (``precision = "tf32"``) against the float64 interpreter.
 
 Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
-(``ATTNCOMP_TEST_GPU=1``) the PTX (``attncomp/backends/numba_cuda/warp.py``).
+(``ATTNCOMP_TEST_GPU=1``) the PTX (``attncomp/backends/numba_cuda/warp.py``), both placed by the
+table of ``attncomp/backends/numba_cuda/mma_atoms.py``.
 """
 
 import numpy as np
 import pytest
 from numba import cuda
 
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32
 from attncomp.backends.numba_cuda.warp import bits_f32, f32_bits, mma_tf32, tf32_rest, tf32_round
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host
-from tests.cuda_sim.test_sim_tensor_cores import ON_GPU, SIZES, attention_cases
+from tests.cuda_sim.test_sim_tensor_cores import ON_GPU, SIZES, attention_cases, places
 
 #: two warps of query rows, one key tile of 16
 PIPELINE = "cse,softmax-fusion,flash-tiling{{block_q=32,block_k=16{}}},mask-elimination,canonicalize,cse,dce"
@@ -51,29 +53,37 @@ def test_tf32_round_and_split():
     assert np.all(np.abs((big.astype(np.float64) + rest) - x) <= np.abs(x) * 2.0**-21)
 
 
+@cuda.jit(device=True)
+def rounded(m, at, lane, r):
+    """Register ``r`` of a lane: the element at its place (``at``: the table), rounded to tf32."""
+    return tf32_round(m[at[lane, r, 0, 0], at[lane, r, 0, 1]])
+
+
 @cuda.jit
-def fragment_kernel(a, b, out):
-    """One warp: A (16 x 8) and B (8 x 8) by the documented tf32 layout, one product, D back."""
+def fragment_kernel(a, b, c, a_at, b_at, c_at, out):
+    """One warp: A (16 x 8), B (8 x 8) and C (16 x 8) placed by the tf32 atom's table, one product,
+    D back to its places."""
     lane = cuda.threadIdx.x
-    g = lane // 4
-    t = lane % 4
-    a0, a1 = tf32_round(a[g, t]), tf32_round(a[g + 8, t])
-    a2, a3 = tf32_round(a[g, t + 4]), tf32_round(a[g + 8, t + 4])
-    b0, b1 = tf32_round(b[t, g]), tf32_round(b[t + 4, g])
-    one = np.float32(1.0)
-    d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, one, one, one, one)
-    out[g, 2 * t] = d0
-    out[g, 2 * t + 1] = d1
-    out[g + 8, 2 * t] = d2
-    out[g + 8, 2 * t + 1] = d3
+    a0, a1 = rounded(a, a_at, lane, 0), rounded(a, a_at, lane, 1)
+    a2, a3 = rounded(a, a_at, lane, 2), rounded(a, a_at, lane, 3)
+    b0, b1 = rounded(b, b_at, lane, 0), rounded(b, b_at, lane, 1)
+    c0, c1 = c[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]], c[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]]
+    c2, c3 = c[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]], c[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]]
+    d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+    out[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]] = d0
+    out[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]] = d1
+    out[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]] = d2
+    out[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]] = d3
 
 
 def test_tf32_mma_fragments_follow_the_documented_layout():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
     out = np.zeros((16, 8), np.float32)
-    fragment_kernel[1, 32](a, b, out)
-    exact = tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64) + 1.0
+    tables = places(M16N8K8_TF32.a), places(M16N8K8_TF32.b), places(M16N8K8_TF32.c)
+    fragment_kernel[1, 32](a, b, c, *tables, out)
+    exact = tf32_reference(a).astype(np.float64) @ tf32_reference(b).astype(np.float64) + c
     np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
 
 

@@ -4,7 +4,7 @@ One thread block per (query batch position, IR key block, part of the key block 
 dims past 64, half of the gradients' columns), one warp per 16 of its keys
 (``mma_backward_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds keys ``g``
 and ``g + 8`` of its warp's 16 and, of each 8 query rows, rows ``2t`` and ``2t + 1`` (the fragment
-layout in ``warp.py``, keys on the rows of the products).  Each thread block runs:
+layout: ``mma_atoms.M16N8K16``, keys on the rows of the products).  Each thread block runs:
 
     k, v -> shared; k transposed in shared        dK, dV fragments = 0 (registers)
     for qb in [qb_first, qb_end):                 # IR bounds, block-uniform
@@ -36,6 +36,7 @@ from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
+from attncomp.backends.numba_cuda.mma_atoms import HALF_SHIFTS, M16N8K16, MmaAtom, plus
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan
 from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
@@ -62,8 +63,8 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
     """Writes the tensor-core backward kernel of one ``ac.key_grid`` for one plan; the sites' sums,
     the key block's decoding and the key/value head's rows are the scalar writer's."""
 
-    #: features a product step takes (the k of m16n8k16)
-    K_STEP = 16
+    #: the instruction of the products (fragment places, k step)
+    ATOM: MmaAtom = M16N8K16
 
     def __init__(
         self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: MmaBackwardPlan
@@ -123,7 +124,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
         with w.indent():
             w.line(f"rw = e_idx // {width}")
             w.line(f"ff = e_idx - rw * {width}")
-            w.line("shift = (ff & 1) * 16")
+            w.line(f"shift = (ff & 1) * {HALF_SHIFTS[1]}")
             word = f"(({first} + ff) >> 1)"
             w.line(f"lo = ({self.sh(src, f'2 * rw * {src_pitch} + {word}')} >> shift) & 0xFFFF")
             w.line(f"hi = ({self.sh(src, f'(2 * rw + 1) * {src_pitch} + {word}')} >> shift) & 0xFFFF")
@@ -153,80 +154,91 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
     def transposed_products(self, out: str, a_tile: str, a_pitch: int, b_tile: str, width: int) -> None:
         """``out^T = A B^T`` over ``width`` features: A the warp's 16 keys (``k`` or ``v``), B the chunk's
         rows (``q`` or ``o``); ``out_{n}_{e}``, one fragment per 8 rows."""
-        p, w = self.mp, self.w
-        for kc in range(width // self.K_STEP):
-            for reg, (row, word) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
-                w.line(f"a_{reg} = {self.sh(a_tile, f'(w16 + g + {row}) * {a_pitch} + tq + {kc * 8 + word}')}")
-            for n in range(p.rows // 8):
-                acc = ", ".join(f"{out}_{n}_{e}" for e in range(4)) if kc else "ZERO, ZERO, ZERO, ZERO"
-                b = ", ".join(self.sh(b_tile, f"(g + {n * 8}) * {a_pitch} + tq + {kc * 8 + word}") for word in (0, 4))
-                w.line(f"{', '.join(f'{out}_{n}_{e}' for e in range(4))} = {self.mma}(a_0, a_1, a_2, a_3, {b}, {acc})")
+        p, w, atom = self.mp, self.w, self.ATOM
+        for kc in range(width // atom.k):
+            first = kc * atom.step_words
+            for reg, (row, word) in enumerate(atom.a_words):
+                at = f"(w16 + g + {row}) * {a_pitch} + tq + {first + word}"
+                w.line(f"a_{reg} = {self.sh(a_tile, at)}")
+            a = ", ".join(f"a_{reg}" for reg in range(atom.a.registers))
+            for n in range(p.rows // atom.n):
+                fragment = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
+                acc = fragment if kc else "ZERO, ZERO, ZERO, ZERO"
+                words = (f"(g + {n * atom.n}) * {a_pitch} + tq + {first + word}" for word in atom.b_words)
+                b = ", ".join(self.sh(b_tile, word) for word in words)
+                w.line(f"{fragment} = {self.mma}({a}, {b}, {acc})")
 
     def pack_rows(self, values: str) -> None:
         """``pa_{kk}_{r}``: the A fragments of 16 rows packed from the chunk's fragments
-        ``values_{n}_{e}`` (the C fragments of two 8-row tiles are the A fragment of their 16)."""
-        for kk in range(self.mp.rows // 16):
-            a, c = f"{values}_{2 * kk}", f"{values}_{2 * kk + 1}"
-            pairs = (f"{a}_0, {a}_1", f"{a}_2, {a}_3", f"{c}_0, {c}_1", f"{c}_2, {c}_3")
-            for reg, pair in enumerate(pairs):
+        ``values_{n}_{e}`` (the C fragments of two 8-row tiles are the A fragment of their 16:
+        ``MmaAtom.feed``)."""
+        atom = self.ATOM
+        for kk in range(self.mp.rows // atom.k):
+            for reg, halves in enumerate(atom.feed()):
+                pair = ", ".join(f"{values}_{atom.tiles * kk + tile}_{e}" for tile, e in halves)
                 self.w.line(f"pa_{kk}_{reg} = {self.pack}({pair})")
 
     def key_products(self, out: str, b_tile: str, width: int) -> None:
         """``out += A B``: A the packed ``pa`` fragments (keys by rows), B a transposed tile of ``width``
         features."""
-        p, w = self.mp, self.w
-        for en in range(width // 8):
-            for kk in range(p.rows // 16):
-                acc = ", ".join(f"{out}_{en}_{e}" for e in range(4))
-                a = ", ".join(f"pa_{kk}_{r}" for r in range(4))
-                words = (f"(g + {en * 8}) * {p.rt_pitch} + tq + {kk * 8 + word}" for word in (0, 4))
+        p, w, atom = self.mp, self.w, self.ATOM
+        for en in range(width // atom.n):
+            for kk in range(p.rows // atom.k):
+                acc = ", ".join(f"{out}_{en}_{e}" for e in range(atom.c.registers))
+                a = ", ".join(f"pa_{kk}_{r}" for r in range(atom.a.registers))
+                at = kk * atom.step_words
+                words = (f"(g + {en * atom.n}) * {p.rt_pitch} + tq + {at + word}" for word in atom.b_words)
                 b = ", ".join(self.sh(b_tile, word) for word in words)
                 w.line(f"{acc} = {self.mma}({a}, {b}, {acc})")
 
     def store_ds(self) -> None:
         """dS into ``ds[row][key / 2]``: a lane holds keys g, g + 8 of rows 2t, 2t + 1; the lane with
-        the neighbouring key (``lane ^ 4``) trades one value, so each lane has one pair of keys of one row."""
-        p, w = self.mp, self.w
+        the neighbouring key (``lane ^ 4``: ``next_row_mask``) trades one value, so each lane has one
+        pair of keys of one row."""
+        p, w, c = self.mp, self.w, self.ATOM.c
+        per_word = self.ATOM.a.per_register
         w.line("odd = g & 1")
-        for n in range(p.rows // 8):
-            for h in (0, 1):
-                x0, x1 = f"ds_{n}_{2 * h}", f"ds_{n}_{2 * h + 1}"
-                w.line(f"got = shuffle_xor({x1} if odd == 0 else {x0}, 4)")
+        for n in range(p.rows // c.cols):
+            for offset, (e0, e1) in c.by_row():
+                x0, x1 = f"ds_{n}_{e0}", f"ds_{n}_{e1}"
+                w.line(f"got = shuffle_xor({x1} if odd == 0 else {x0}, {c.next_row_mask()})")
                 w.line(f"word = {self.pack}(got, {x1}) if odd else {self.pack}({x0}, got)")
-                at = f"({n * 8} + t2 + odd) * {p.kt_pitch} + w8 + {4 * h} + (g >> 1)"
+                at = f"({n * c.cols} + {c.col_term} + odd) * {p.kt_pitch} + w8 + {offset // per_word} + (g >> 1)"
                 w.line(f"{self.sh('ds', at)} = word")
 
     def dq_products(self) -> None:
         """dQ rows += dS K over the block's keys; each warp takes ``dq_fragments`` 16 x 8 fragments,
         one at a time (a loop, not unrolled: four accumulators live, whatever D)."""
-        p, w = self.mp, self.w
-        per_row = p.d_share // 8
+        p, w, atom = self.mp, self.w, self.ATOM
+        c = atom.c
+        per_row = p.d_share // atom.n
         prefix = "".join(f"{n}, " for n in self.batch)
         w.line(f"for fq in range(warp, {p.dq_fragments * p.warps}, {p.warps}):")
         with w.indent():
-            w.line(f"m16 = (fq // {per_row}) * 16")
-            w.line(f"n8 = (fq - (fq // {per_row}) * {per_row}) * 8")
+            w.line(f"m16 = (fq // {per_row}) * {atom.m}")
+            w.line(f"n8 = (fq - (fq // {per_row}) * {per_row}) * {atom.n}")
             acc = "ZERO, ZERO, ZERO, ZERO"
-            for kk in range(p.keys // self.K_STEP):
+            for kk in range(p.keys // atom.k):
                 self.dq_step(kk, acc)
-                acc = "dq_0, dq_1, dq_2, dq_3"
-            for half, (x, y) in enumerate((("dq_0", "dq_1"), ("dq_2", "dq_3"))):
-                w.line(f"row = i0 + r0 + m16 + g + {8 * half}")
+                acc = ", ".join(f"dq_{e}" for e in range(c.registers))
+            for offset, registers in c.by_row():
+                w.line(f"row = i0 + r0 + m16 + {c.row_term} + {offset}")
                 w.line("if row < n_rows:")
                 with w.indent():
-                    w.line(f"cuda.atomic.add(out_dq, ({prefix}row, {self.fd} + n8 + t2), {x})")
-                    w.line(f"cuda.atomic.add(out_dq, ({prefix}row, {self.fd} + n8 + t2 + 1), {y})")
+                    for e in registers:
+                        at = f"{self.fd} + n8 + {c.col_term}{plus(c.offsets[e][1])}"
+                        w.line(f"cuda.atomic.add(out_dq, ({prefix}row, {at}), dq_{e})")
 
     def ds_words(self, kk: int) -> list[str]:
         """The A fragment of dS for key step ``kk`` of a dQ fragment: its shared words."""
-        p = self.mp
-        places = ((0, 0), (8, 0), (0, 4), (8, 4))
-        return [self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {kk * 8 + word}") for row, word in places]
+        p, atom = self.mp, self.ATOM
+        at = kk * atom.step_words
+        return [self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {at + word}") for row, word in atom.a_words]
 
     def dq_step(self, kk: int, acc: str) -> None:
         """``dq_{e} = dS K + acc`` over key step ``kk``: B from the transposed keys."""
-        p = self.mp
-        b = [self.sh("kt", f"(n8 + g) * {p.kt_pitch} + tq + {kk * 8 + word}") for word in (0, 4)]
+        p, atom = self.mp, self.ATOM
+        b = [self.sh("kt", f"(n8 + g) * {p.kt_pitch} + tq + {kk * atom.step_words + word}") for word in atom.b_words]
         self.w.line(f"dq_0, dq_1, dq_2, dq_3 = {self.mma}({', '.join(self.ds_words(kk) + b)}, {acc})")
 
     # the elements --------------------------------------------------------------------
@@ -235,49 +247,52 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
         key half, as expressions: recomputed where they are used, which costs a few integer adds and
         keeps no registers across the chunk's elements."""
         index = map_op.operands[len(map_op.operands) - n_index :][:2]
+        c = self.ATOM.c
         rows, cols = {}, {}
-        for n in range(self.mp.rows // 8):
-            for b in (0, 1):
-                rows[n, b] = element_expr(index[0], self.names, f"(r0 + {n * 8 + b} + t2)", "0")
-        for h in (0, 1):
-            cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + g + {8 * h})")
+        for n in range(self.mp.rows // c.cols):
+            for b in c.columns():
+                rows[n, b] = element_expr(index[0], self.names, f"(r0 + {n * c.cols + b} + {c.col_term})", "0")
+        for h, (offset, _) in enumerate(c.by_row()):
+            cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})")
         return rows, cols
 
     def elements(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """Per element of ``S^T`` and ``dP^T``: p into ``s_{n}_{e}``, ds_raw into ``ds_{n}_{e}``."""
-        p, w = self.mp, self.w
+        p, w, c = self.mp, self.w, self.ATOM.c
         rows, cols = self.index_exprs(tile.score, 3)
         g_rows, g_cols = self.index_exprs(tile.gradient, 4)
         with_mask = masked is not None and tile.mask is not None
         m_rows, m_cols = self.index_exprs(tile.mask, 2) if with_mask else ({}, {})
-        elements = [(n, e) for n in range(p.rows // 8) for e in range(4)]
-        for h in (0, 1):
-            w.line(f"key_ok_{h} = w16 + g + {8 * h} < nk")
+        elements = [(n, e) for n in range(p.rows // c.cols) for e in range(c.registers)]
+        for h, (offset, _) in enumerate(c.by_row()):
+            w.line(f"key_ok_{h} = w16 + {c.row_term} + {offset} < nk")
         for n, e in elements:
             # each element's validity just before its use: eight flags live at once cost registers
             # beside the dK and dV fragments
-            w.line(f"v_{n}_{e} = key_ok_{e // 2} and r0 + {n * 8 + e % 2} + t2 < nq")
+            h, b = c.row_index(e), c.offsets[e][1]
+            w.line(f"v_{n}_{e} = key_ok_{h} and r0 + {n * c.cols + b} + {c.col_term} < nq")
             if with_mask:
                 w.line(f"if v_{n}_{e} and {masked}:")
                 with w.indent():
-                    (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [m_rows[n, e % 2], m_cols[e // 2]])
+                    (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [m_rows[n, b], m_cols[h]])
                     w.line(f"v_{n}_{e} = {seen}")
             self.score_element(tile, n, e, (rows, cols, g_rows, g_cols), hoisted)
 
     def score_element(self, tile: BackwardTile, n: int, e: int, index: tuple, hoisted: dict[Op, list[Op]]) -> None:
         """Element ``e`` of 8-row fragment ``n``: p over its score, ds_raw over its dP (``index``: the
         score's and the gradient's row and key expressions, ``index_exprs``)."""
-        w = self.w
+        w, c = self.w, self.ATOM.c
         rows, cols, g_rows, g_cols = index
-        s, dp, local = f"s_{n}_{e}", f"ds_{n}_{e}", f"{n * 8 + e % 2} + t2"
+        h, b = c.row_index(e), c.offsets[e][1]
+        s, dp, local = f"s_{n}_{e}", f"ds_{n}_{e}", f"{n * c.cols + b} + {c.col_term}"
         w.line("pv = ZERO")
         w.line("dsv = ZERO")
         w.line(f"if v_{n}_{e}:")
         with w.indent():
-            (x,) = self.apply_all(tile.score, hoisted[tile.score], [rows[n, e % 2], cols[e // 2], s])
+            (x,) = self.apply_all(tile.score, hoisted[tile.score], [rows[n, b], cols[h], s])
             w.line(f"pv = exp2_approx(ACC({x}) * LOG2E - lse_sh[{local}])")
             w.line(f"gv = pv * ({dp} - delta_sh[{local}])")
-            at_element = [g_rows[n, e % 2], g_cols[e // 2], s, "gv"]
+            at_element = [g_rows[n, b], g_cols[h], s, "gv"]
             grads = self.apply_all(tile.gradient, hoisted[tile.gradient], at_element)
             w.line(f"dsv = ACC({grads[0]})")
             at = 1
@@ -354,21 +369,21 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
 
     def store(self) -> None:
         """The dK, dV fragments into the key/value head's rows; the sites' last runs."""
-        p, w = self.mp, self.w
+        p, w, c = self.mp, self.w, self.ATOM.c
         prefix = self.kv_prefix()
-        for h in (0, 1):
-            w.line(f"if w16 + g + {8 * h} < nk:")
+        for offset, registers in c.by_row():
+            w.line(f"if w16 + {c.row_term} + {offset} < nk:")
             with w.indent():
-                w.line(f"key = j0 + koff + w16 + g + {8 * h}")
+                w.line(f"key = j0 + koff + w16 + {c.row_term} + {offset}")
                 for atomic in (True, False):
                     w.line("if kv_atomic:" if atomic else "else:")
                     with w.indent():
                         shares = (("out_dk", "dk", p.d_share, self.fd), ("out_dv", "dv", p.e_share, self.fe))
                         for out, acc, width, first in shares:
-                            for en in range(width // 8):
-                                for b in (0, 1):
-                                    at = f"{prefix}key, {first} + {en * 8 + b} + t2"
-                                    value = f"{acc}_{en}_{2 * h + b}"
+                            for en in range(width // c.cols):
+                                for e in registers:
+                                    at = f"{prefix}key, {first} + {en * c.cols + c.offsets[e][1]} + {c.col_term}"
+                                    value = f"{acc}_{en}_{e}"
                                     if atomic:
                                         w.line(f"cuda.atomic.add({out}, ({at}), {value})")
                                     else:
@@ -406,8 +421,8 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             w.line(f"G = {self.group}")
             w.line("tid = cuda.threadIdx.x")
             w.line("warp = tid // 32")
-            w.line("w16 = warp * 16")
-            w.line("w8 = warp * 8")
+            w.line(f"w16 = warp * {self.ATOM.m}")
+            w.line(f"w8 = warp * {self.ATOM.m // 2}")  # the warp's first pair of keys
             w.line("lane = tid % 32")
             w.line("g = lane // 4")
             w.line("tq = lane % 4")
@@ -423,8 +438,8 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
             compute = t.masked
             hoisted = self.hoist_regions()
             for out, width in (("dk", p.d_share), ("dv", p.e_share)):
-                for en in range(width // 8):
-                    for e in range(4):
+                for en in range(width // self.ATOM.n):
+                    for e in range(self.ATOM.c.registers):
                         w.line(f"{out}_{en}_{e} = ZERO")
             self.start_sites()
             self.find_uniform_sites(compute.gradient, hoisted[compute.gradient])

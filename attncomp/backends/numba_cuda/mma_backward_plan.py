@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
+from attncomp.backends.numba_cuda.mma_atoms import ATOMS, M16N8K8_TF32, M16N8K16, MmaAtom
 from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS, TF32_PRODUCTS
 
 #: (keys, query rows, halves) per thread block by the widest head dim they serve
@@ -57,6 +58,11 @@ class MmaBackwardPlan:
     halves: int = 1  # thread blocks sharing the keys, each the dK, dV and dQ columns of its share
 
     @property
+    def atom(self) -> MmaAtom:
+        """The instruction of the products (``mma_atoms``)."""
+        return ATOMS[self.element]
+
+    @property
     def d_share(self) -> int:
         """The dK and dQ columns a thread block computes (of D)."""
         return self.head_dim // self.halves
@@ -68,7 +74,7 @@ class MmaBackwardPlan:
 
     @property
     def warps(self) -> int:
-        return self.keys // 16
+        return self.keys // self.atom.m
 
     @property
     def threads(self) -> int:
@@ -77,7 +83,7 @@ class MmaBackwardPlan:
     @property
     def per_word(self) -> int:
         """Elements per 32-bit shared word: two 16-bit ones, or one tf32 (``element == "tf32"``)."""
-        return 1 if self.element in TF32_PRODUCTS else 2
+        return self.atom.a.per_register
 
     @property
     def parts(self) -> int:
@@ -101,7 +107,7 @@ class MmaBackwardPlan:
     @property
     def rt_pitch(self) -> int:
         """Words per row of the transposed query and output-gradient tiles."""
-        return self.rows // 2 + PAD_WORDS
+        return self.rows // M16N8K16.b.per_register + PAD_WORDS
 
     @property
     def layout(self) -> dict[str, int]:
@@ -147,7 +153,12 @@ class MmaBackwardPlan:
     @property
     def dq_fragments(self) -> int:
         """The 16 x 8 fragments of a chunk's dQ each warp computes."""
-        return self.rows // 16 * (self.d_share // 8) // self.warps
+        return self.dq_tiles // self.warps
+
+    @property
+    def dq_tiles(self) -> int:
+        """The m x n fragments of a chunk's dQ (shared out among the warps)."""
+        return self.rows // self.atom.m * (self.d_share // self.atom.n)
 
 
 #: float32 on tf32 tensor cores: (keys, rows) up to head dims of 64 (whole float32 words in shared
@@ -161,9 +172,10 @@ def plan_mma_backward(
     """The tensor-core backward plan for these sizes, or None where the scalar kernel must run them."""
     if element in TF32_PRODUCTS:
         return plan_tf32_backward(block_q, block_k, head_dim, value_dim, element)
-    if element not in ELEMENTS or block_q % 16 or block_k % 16:
+    k = M16N8K16.k  # keys (rows of S^T), query rows, D and E are each the k of some product
+    if element not in ELEMENTS or block_q % k or block_k % k:
         return None
-    if head_dim <= 0 or head_dim % 16 or value_dim <= 0 or value_dim % 16:
+    if head_dim <= 0 or head_dim % k or value_dim <= 0 or value_dim % k:
         return None
     widest = max(head_dim, value_dim)
     fit = next(((keys, rows, halves) for most, keys, rows, halves in KEYS_ROWS if widest <= most), None)
@@ -178,9 +190,10 @@ def plan_tf32_backward(
     """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32: one product ("tf32",
     flash-tiling's ``precision = "tf32"``) or three of split operands ("3xtf32", ``"exact"``); D and
     E multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
-    if block_q % 16 or block_k % 16 or head_dim <= 0 or value_dim <= 0:
+    m, k = M16N8K8_TF32.m, M16N8K8_TF32.k
+    if block_q % m or block_k % m or head_dim <= 0 or value_dim <= 0:
         return None
-    if head_dim % 8 or value_dim % 8 or max(head_dim, value_dim) > 64:
+    if head_dim % k or value_dim % k or max(head_dim, value_dim) > 64:
         return None
     return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", *TF32_KEYS_ROWS))
 
@@ -195,9 +208,10 @@ def _fitted(plan: MmaBackwardPlan) -> MmaBackwardPlan | None:
         keys //= 2
     while plan.block_q % rows:
         rows //= 2
-    if keys < 16 or rows < 16:
+    m = plan.atom.m
+    if keys < m or rows < m:
         return None
     plan = replace(plan, keys=keys, rows=rows)
-    while plan.keys > 16 and (plan.rows // 16 * (plan.d_share // 8)) % plan.warps:
+    while plan.keys > m and plan.dq_tiles % plan.warps:
         plan = replace(plan, keys=plan.keys // 2)
     return plan if plan.shared_bytes <= SHARED_BUDGET else None

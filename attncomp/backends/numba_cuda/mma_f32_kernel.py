@@ -13,15 +13,15 @@ softmax per accumulator element, P kept in registers); what differs is the opera
   shared memory, each lane's in its own words (D / 2 more registers would spill), read back as
   each product needs them; keys and values are rounded as they are staged in shared memory, once per
   thread block, not once per warp.  3xTF32 runs head dims up to 64 (``mma_plan.F32_CHUNKS``);
-- P's fragments are the scores' in another order: the C fragment holds columns ``2t`` and
-  ``2t + 1`` of each 8 keys, the A fragment of ``m16n8k8`` columns ``t`` and ``t + 4``.  The
-  product sums over its keys, so a lane feeds key ``2t`` as ``k = t`` and ``2t + 1`` as
-  ``k = t + 4``, and reads the value rows in that order (``v_sh[key, e]``, rows ``2t``, ``2t + 1``).
+- P's fragments are the scores' in another order (``mma_atoms.M16N8K8_TF32``: ``feed_order``): the
+  product sums over its keys, so a lane feeds its accumulator columns as the A fragment's ``k`` in
+  the atom's ``k_order`` and reads the value rows (``v_sh[key, e]``) in that order (``fed_b_rows``).
 """
 
 from __future__ import annotations
 
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.mma_atoms import LANES, M16N8K8_TF32, MmaAtom
 from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.ir.core import Op
@@ -40,20 +40,18 @@ from numba import cuda
 {warp}
 """
 
-#: the scores of a lane's (row, column) places feed the A registers (g, t), (g + 8, t), (g, t + 4),
-#: (g + 8, t + 4): scores 0 (g, 2t), 2 (g + 8, 2t), 1 (g, 2t + 1), 3 (g + 8, 2t + 1)
-P_ORDER = (0, 2, 1, 3)
-
 
 class Tf32KernelWriter(MmaKernelWriter):
     """The float32 tensor-core kernel of one tiled attention (``MmaPlan.tf32``)."""
+
+    ATOM: MmaAtom = M16N8K8_TF32
 
     def header(self, func_name: str) -> str:
         kind = "3xTF32 (split operands, three products)" if self.mp.split else "TF32 (one product)"
         return HEADER.format(func=func_name, p=self.mp, kind=kind, device_math=IMPORT, warp=WARP_IMPORT)
 
     def shared_arrays(self) -> None:
-        p, w = self.mp, self.w
+        p, w, atom = self.mp, self.w, self.ATOM
         for name, words in (("k_sh", p.k_words), ("v_sh", p.v_words)):
             w.line(f"{name} = cuda.shared.array({words}, np.uint32)")
             if p.split:
@@ -62,9 +60,10 @@ class Tf32KernelWriter(MmaKernelWriter):
             w.line(f"q_rest_sh = cuda.shared.array({p.query_rest_words}, np.uint32)")
         w.line("# where this lane's fragment words start (unsigned: no negative-index fix-ups)")
         w.line(f"k_at = U(g * {p.k_pitch} + tq)")
-        w.line(f"v_at = U(2 * tq * {p.v_pitch} + g)")
+        # value rows from the lane's first accumulator column (``fed_b_rows``)
+        w.line(f"v_at = U({atom.c.col_lane[1]} * tq * {p.v_pitch} + g)")
         if p.split:
-            w.line(f"qr_at = U((tid // 32) * {p.head_dim // 8 * 4 * 32} + lane)")
+            w.line(f"qr_at = U((tid // 32) * {p.head_dim // atom.k * atom.a.registers * LANES} + lane)")
 
     def rounded(self, target: str, rest: str, value: str) -> None:
         """``target = tf32_round(value)`` and, split, ``rest`` = what it missed."""
@@ -74,13 +73,15 @@ class Tf32KernelWriter(MmaKernelWriter):
         if self.mp.split:
             w.line(f"{rest} = tf32_rest(x_f, {target})")
 
-    K_STEP, K_HALF = 8, 4
-
     def query_register(self, load: Op, kc: int, reg: int, row: str, col: int) -> None:
         """``q_{kc}_{reg}``: feature ``col + t`` of ``row``, rounded; split, its rest to shared memory."""
-        self.rounded(f"q_{kc}_{reg}", "x_rest", self.element(load, row, f"{col} + tq"))
+        self.rounded(f"q_{kc}_{reg}", "x_rest", self.element(load, row, f"{col} + {self.ATOM.a.col_term}"))
         if self.mp.split:  # this lane's own words: read back by it alone, no barrier
-            self.w.line(f"q_rest_sh[qr_at + U({(kc * 4 + reg) * 32})] = x_rest")
+            self.w.line(f"q_rest_sh[qr_at + U({self.query_rest(kc, reg)})] = x_rest")
+
+    def query_rest(self, kc: int, reg: int) -> int:
+        """Where a lane's rest of query register ``q_{kc}_{reg}`` is, from ``qr_at``."""
+        return (kc * self.ATOM.a.registers + reg) * LANES
 
     def stage(self, load: Op, j0: str, array: str, pitch: int, width: int) -> None:
         """Rows ``j0 ...`` of a key or value tile into ``array[key, col]``, rounded; zero past the keys."""
@@ -114,31 +115,31 @@ class Tf32KernelWriter(MmaKernelWriter):
 
     def score_products(self) -> None:
         """``s_{n}_{e}``: chunk / 8 fragments of D / 8 products (three each, split)."""
-        p = self.mp
-        for n in range(p.chunk // 8):
-            s = ", ".join(f"s_{n}_{e}" for e in range(4))
-            for kc in range(p.head_dim // 8):
-                q = [f"q_{kc}_{r}" for r in range(4)]
-                q_rest = [f"q_rest_sh[qr_at + U({(kc * 4 + r) * 32})]" for r in range(4)]
+        p, atom = self.mp, self.ATOM
+        for n in range(p.chunk // atom.n):
+            s = ", ".join(f"s_{n}_{e}" for e in range(atom.c.registers))
+            for kc in range(p.head_dim // atom.k):
+                q = [f"q_{kc}_{r}" for r in range(atom.a.registers)]
+                q_rest = [f"q_rest_sh[qr_at + U({self.query_rest(kc, r)})]" for r in range(atom.a.registers)]
                 acc = s if kc else "ZERO, ZERO, ZERO, ZERO"
-                ats = (n * 8 * p.k_pitch + kc * 8, n * 8 * p.k_pitch + kc * 8 + 4)
+                ats = [n * atom.n * p.k_pitch + kc * atom.step_words + word for word in atom.b_words]
                 b = [f"k_sh[k_at + U({at})]" for at in ats]
                 b_rest = [f"k_sh_rest[k_at + U({at})]" for at in ats]
                 self.products(s, q, q_rest, b, b_rest, acc)
 
     def value_products(self) -> None:
-        """``o_{en}_{e} += P V``: P rounded from the scores in ``P_ORDER``, E / 8 fragments of chunk / 8
-        products (three each, split)."""
-        p = self.mp
-        for n in range(p.chunk // 8):
-            for reg, e in enumerate(P_ORDER):
+        """``o_{en}_{e} += P V``: P rounded from the scores in the atom's ``feed_order``, E / 8 fragments
+        of chunk / 8 products (three each, split); value rows in its ``fed_b_rows``."""
+        p, atom = self.mp, self.ATOM
+        for n in range(p.chunk // atom.k):
+            for reg, e in enumerate(atom.feed_order()):
                 self.rounded(f"p_{n}_{reg}", f"pl_{n}_{reg}", f"s_{n}_{e}")
-        for en in range(p.value_dim // 8):
-            o = ", ".join(f"o_{en}_{e}" for e in range(4))
-            for n in range(p.chunk // 8):
-                ats = (n * 8 * p.v_pitch + en * 8, n * 8 * p.v_pitch + p.v_pitch + en * 8)
+        for en in range(p.value_dim // atom.n):
+            o = ", ".join(f"o_{en}_{e}" for e in range(atom.c.registers))
+            for n in range(p.chunk // atom.k):
+                ats = [n * atom.k * p.v_pitch + row * p.v_pitch + en * atom.n for (row,) in atom.fed_b_rows()]
                 b = [f"v_sh[v_at + U({at})]" for at in ats]
                 b_rest = [f"v_sh_rest[v_at + U({at})]" for at in ats]
-                pr = [f"p_{n}_{r}" for r in range(4)]
-                pr_rest = [f"pl_{n}_{r}" for r in range(4)]
+                pr = [f"p_{n}_{r}" for r in range(atom.a.registers)]
+                pr_rest = [f"pl_{n}_{r}" for r in range(atom.a.registers)]
                 self.products(o, pr, pr_rest, b, b_rest, o)

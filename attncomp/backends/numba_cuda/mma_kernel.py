@@ -3,7 +3,7 @@
 One thread block per (batch position, query block, key split), one warp per 16 query rows
 (``mma_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds rows ``g`` and
 ``g + 8`` of its warp's 16 and, of each 8 columns of a product, columns ``2t`` and ``2t + 1``
-(the fragment layout in ``warp.py``).  Each thread runs:
+(the fragment layout: ``mma_atoms.M16N8K16``).  Each thread runs:
 
     q fragments -> registers (D / 16 A fragments)    m, l = -inf, 0 per row; o fragments = 0
     for kb in this split's part of [kb_first, kb_end):      # IR bounds, block-uniform
@@ -31,6 +31,7 @@ from attncomp.backends.codegen import dim_expr
 from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel import AttentionKernelWriter
+from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR, M16N8K16, MmaAtom, plus
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan
 from attncomp.backends.numba_cuda.runtime import jit_decorator
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
@@ -51,8 +52,10 @@ from numba import cuda
 {warp}
 """
 
-#: the two rows of a lane (``ra = warp * 16 + g``, ``rb = ra + 8``), by fragment element
-ROW = ("ra", "ra", "rb", "rb")
+#: the two rows of a lane (``ra = warp * 16 + g``, ``rb = ra + 8``): their letter by offset in a fragment
+ROW_NAMES = dict(zip((row for row, _ in ACCUMULATOR.by_row()), "ab"))
+#: the row of a lane (``ra`` or ``rb``) by accumulator register
+ROW = tuple(f"r{ROW_NAMES[row]}" for row, _ in ACCUMULATOR.offsets)
 
 
 class MmaKernelWriter(AttentionKernelWriter):
@@ -86,24 +89,24 @@ class MmaKernelWriter(AttentionKernelWriter):
         page, at = self.page_row(load, view, row)
         return f"{src}[{page}, {at}{col}]"
 
-    #: features of one product (its k), and how far the second column half of an A fragment is
-    K_STEP, K_HALF = 16, 8
+    #: the instruction of the products (fragment places, k step)
+    ATOM: MmaAtom = M16N8K16
 
     def load_query(self) -> None:
         """This lane's A fragments of its warp's 16 query rows (rows past the end read the last)."""
-        p, w, load = self.mp, self.w, self.t.q_load
+        p, w, load, atom = self.mp, self.w, self.t.q_load, self.ATOM
         row0 = self.ref(load.operands[-1])
-        w.line(f"q_row_a = min({row0} + ra, n_rows - 1)")
-        w.line(f"q_row_b = min({row0} + rb, n_rows - 1)")
-        half = self.K_HALF
-        for kc in range(p.head_dim // self.K_STEP):
-            for reg, (row, col) in enumerate((("q_row_a", 0), ("q_row_b", 0), ("q_row_a", half), ("q_row_b", half))):
-                self.query_register(load, kc, reg, row, kc * self.K_STEP + col)
+        for name in ROW_NAMES.values():
+            w.line(f"q_row_{name} = min({row0} + r{name}, n_rows - 1)")
+        for kc in range(p.head_dim // atom.k):
+            for reg, (row, col) in enumerate(atom.a.offsets):
+                self.query_register(load, kc, reg, f"q_row_{ROW_NAMES[row]}", kc * atom.k + col)
 
     def query_register(self, load: Op, kc: int, reg: int, row: str, col: int) -> None:
         """A register ``q_{kc}_{reg}``: the pair of features from ``col + 2t`` of ``row``."""
-        at = f"{col} + t2"
-        pair = f"{self.element(load, row, at)}, {self.element(load, row, at + ' + 1')}"
+        a = self.ATOM.a
+        at = f"{col} + {a.col_term}"
+        pair = f"{self.element(load, row, at)}, {self.element(load, row, at + plus(a.high[1]))}"
         self.w.line(f"q_{kc}_{reg} = {self.pack_loaded}({pair})")
 
     def stage_keys(self, load: Op, j0: str) -> None:
@@ -166,29 +169,30 @@ class MmaKernelWriter(AttentionKernelWriter):
 
     def score_products(self) -> None:
         """``s_{n}_{e}``: the scores of this lane's places, chunk / 8 fragments of D / 16 products."""
-        p, w = self.mp, self.w
-        for n in range(p.chunk // 8):
-            for kc in range(p.head_dim // 16):
-                acc = ", ".join(f"s_{n}_{e}" for e in range(4)) if kc else "ZERO, ZERO, ZERO, ZERO"
-                a = ", ".join(f"q_{kc}_{r}" for r in range(4))
-                at = n * 8 * p.k_pitch + kc * 8
-                b = f"k_sh[k_at + U({at})], k_sh[k_at + U({at + 4})]"
-                w.line(f"{', '.join(f's_{n}_{e}' for e in range(4))} = {self.mma()}({a}, {b}, {acc})")
+        p, w, atom = self.mp, self.w, self.ATOM
+        for n in range(p.chunk // atom.n):
+            for kc in range(p.head_dim // atom.k):
+                s = ", ".join(f"s_{n}_{e}" for e in range(atom.c.registers))
+                acc = s if kc else "ZERO, ZERO, ZERO, ZERO"
+                a = ", ".join(f"q_{kc}_{r}" for r in range(atom.a.registers))
+                at = n * atom.n * p.k_pitch + kc * atom.step_words
+                b = ", ".join(f"k_sh[k_at + U({at + word})]" for word in atom.b_words)
+                w.line(f"{s} = {self.mma()}({a}, {b}, {acc})")
 
     def value_products(self) -> None:
-        """``o_{en}_{e} += P V``: P packed from the scores' fragments, E / 8 fragments of chunk / 16 products."""
-        p, w = self.mp, self.w
-        for kk in range(p.chunk // 16):
-            a, c = f"s_{2 * kk}", f"s_{2 * kk + 1}"
-            pairs = (f"{a}_0, {a}_1", f"{a}_2, {a}_3", f"{c}_0, {c}_1", f"{c}_2, {c}_3")
-            for reg, pair in enumerate(pairs):
+        """``o_{en}_{e} += P V``: P packed from the scores' fragments (``MmaAtom.feed``), E / 8
+        fragments of chunk / 16 products."""
+        p, w, atom = self.mp, self.w, self.ATOM
+        for kk in range(p.chunk // atom.k):
+            for reg, halves in enumerate(atom.feed()):
+                pair = ", ".join(f"s_{atom.tiles * kk + tile}_{e}" for tile, e in halves)
                 w.line(f"p_{kk}_{reg} = {self.pack}({pair})")
-        for en in range(p.value_dim // 8):
-            for kk in range(p.chunk // 16):
-                o = ", ".join(f"o_{en}_{e}" for e in range(4))
-                a = ", ".join(f"p_{kk}_{r}" for r in range(4))
-                at = en * 8 * p.v_pitch + kk * 8
-                b = f"v_sh[v_at + U({at})], v_sh[v_at + U({at + 4})]"
+        for en in range(p.value_dim // atom.n):
+            for kk in range(p.chunk // atom.k):
+                o = ", ".join(f"o_{en}_{e}" for e in range(atom.c.registers))
+                a = ", ".join(f"p_{kk}_{r}" for r in range(atom.a.registers))
+                at = en * atom.n * p.v_pitch + kk * atom.step_words
+                b = ", ".join(f"v_sh[v_at + U({at + word})]" for word in atom.b_words)
                 w.line(f"{o} = {self.mma()}({a}, {b}, {o})")
 
     def mma(self) -> str:
@@ -197,40 +201,43 @@ class MmaKernelWriter(AttentionKernelWriter):
     def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """The score region on every element a lane holds, the mask region where it applies, and
         keys past the end hidden."""
-        p, w = self.mp, self.w
-        rows = {r: self.fresh("i") for r in ("ra", "rb")}
+        p, w, c = self.mp, self.w, self.ATOM.c
+        rows = {f"r{r}": self.fresh("i") for r in ROW_NAMES.values()}
         for r, name in rows.items():
             w.line(f"{name} = {element_expr(compute.score.operands[-3], self.names, r, '0')}")
         cols = {}
-        for n in range(p.chunk // 8):
-            for half in (0, 1):
+        for n in range(p.chunk // c.cols):
+            for half in c.columns():
                 cols[n, half] = self.fresh("j")
-                col = f"(c0 + {n * 8 + half} + t2)"
+                col = f"(c0 + {n * c.cols + half} + {c.col_term})"
                 w.line(f"{cols[n, half]} = {element_expr(compute.score.operands[-2], self.names, '0', col)}")
-        elements = [(n, e) for n in range(p.chunk // 8) for e in range(4)]
+        elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
         for n, e in elements:
-            x = self.apply(compute.score, hoisted[compute.score], [rows[ROW[e]], cols[n, e % 2], f"s_{n}_{e}"])
+            at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+            x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
             w.line(f"s_{n}_{e} = ACC({x})")
         if masked is not None and compute.mask is not None:
             w.line(f"if {masked}:")
             with w.indent():
                 for n, e in elements:
-                    visible = self.apply(compute.mask, hoisted[compute.mask], [rows[ROW[e]], cols[n, e % 2]])
+                    at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+                    visible = self.apply(compute.mask, hoisted[compute.mask], at)
                     w.line(f"if not {visible}:")
                     with w.indent():
                         w.line(f"s_{n}_{e} = NEG_INF")
         w.line(f"if jc + {p.chunk} > n_keys:  # the last chunk: keys past the end")
         with w.indent():
             for n, e in elements:
-                w.line(f"if jc + {n * 8 + e % 2} + t2 >= n_keys:")
+                w.line(f"if jc + {n * c.cols + c.offsets[e][1]} + {c.col_term} >= n_keys:")
                 with w.indent():
                     w.line(f"s_{n}_{e} = NEG_INF")
 
     def softmax_update(self) -> None:
         """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m)."""
-        p, w = self.mp, self.w
-        n_tiles = p.chunk // 8
-        for row, halves in (("a", (0, 1)), ("b", (2, 3))):
+        p, w, c = self.mp, self.w, self.ATOM.c
+        n_tiles = p.chunk // c.cols
+        for offset, halves in c.by_row():
+            row = ROW_NAMES[offset]
             w.line(f"mx_{row} = m_{row}")
             for n in range(n_tiles):
                 for e in halves:
@@ -240,7 +247,7 @@ class MmaKernelWriter(AttentionKernelWriter):
             w.line(f"alpha_{row} = ACC(math.exp(m_{row} - m_safe_{row}))")
             w.line(f"m_{row} = m_new_{row}")
             w.line(f"l_{row} = l_{row} * alpha_{row}")
-            for en in range(p.value_dim // 8):
+            for en in range(p.value_dim // c.cols):
                 for e in halves:
                     w.line(f"o_{en}_{e} = o_{en}_{e} * alpha_{row}")
             # exp(s - m) = 2^(s log2 e - m log2 e): one multiply-add and ex2 per element
@@ -284,8 +291,8 @@ class MmaKernelWriter(AttentionKernelWriter):
             w.line("g = lane // 4")
             w.line("tq = lane % 4")
             w.line("t2 = 2 * tq")
-            w.line("ra = (tid // 32) * 16 + g")
-            w.line("rb = ra + 8")
+            w.line(f"ra = (tid // 32) * {self.ATOM.m} + g")
+            w.line(f"rb = ra + {ACCUMULATOR.by_row()[1][0]}")
             w.line("task = cuda.blockIdx.x")
             w.line("sp = cuda.blockIdx.y")
             w.line(f"n_rows = {dim_expr(out_type.shape[nb])}")
@@ -306,8 +313,8 @@ class MmaKernelWriter(AttentionKernelWriter):
             for row in "ab":
                 w.line(f"m_{row} = NEG_INF")
                 w.line(f"l_{row} = ACC(0.0)")
-            for en in range(p.value_dim // 8):
-                for e in range(4):
+            for en in range(p.value_dim // self.ATOM.n):
+                for e in range(self.ATOM.c.registers):
                     w.line(f"o_{en}_{e} = ACC(0.0)")
             lo, hi = (self.ref(v) for v in t.loop.operands[:2])
             w.line(f"kb_lo = {lo}")
@@ -326,11 +333,12 @@ class MmaKernelWriter(AttentionKernelWriter):
         return w.text()
 
     def finish(self) -> None:
-        t, p, w = self.t, self.mp, self.w
+        t, p, w, c = self.t, self.mp, self.w, self.ATOM.c
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
-        w.line("l_a = quad_sum(l_a)")
-        w.line("l_b = quad_sum(l_b)")
-        for row, halves in (("a", (0, 1)), ("b", (2, 3))):
+        for row in ROW_NAMES.values():
+            w.line(f"l_{row} = quad_sum(l_{row})")
+        for offset, halves in c.by_row():
+            row = ROW_NAMES[offset]
             w.line(f"if i0 + r{row} < n_rows and n_split > 1:  # this split's partial state")
             with w.indent():
                 w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
@@ -338,16 +346,16 @@ class MmaKernelWriter(AttentionKernelWriter):
                 with w.indent():
                     w.line(f"part_m[sp, flat] = m_{row}")
                     w.line(f"part_l[sp, flat] = l_{row}")
-                for en in range(p.value_dim // 8):
-                    for half, e in enumerate(halves):
-                        w.line(f"part_o[sp, flat, {en * 8 + half} + t2] = o_{en}_{e}")
+                for en in range(p.value_dim // c.cols):
+                    for e in halves:
+                        w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = o_{en}_{e}")
             w.line(f"elif i0 + r{row} < n_rows:")
             with w.indent():
 
-                def outputs(denominator: str, row: str = row, halves: tuple[int, int] = halves) -> None:
-                    for en in range(p.value_dim // 8):
-                        for half, e in enumerate(halves):
-                            at = f"{prefix}i0 + r{row}, {en * 8 + half} + t2"
+                def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:
+                    for en in range(p.value_dim // c.cols):
+                        for e in halves:
+                            at = f"{prefix}i0 + r{row}, {en * c.cols + c.offsets[e][1]} + {c.col_term}"
                             w.line(f"out_0[{at}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
 
                 lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None

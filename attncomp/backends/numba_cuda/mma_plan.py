@@ -29,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
+from attncomp.backends.numba_cuda.mma_atoms import ATOMS, M16N8K16, MmaAtom
 
 #: query rows per warp (the m of m16n8k16)
-WARP_ROWS = 16
+WARP_ROWS = M16N8K16.m
 #: words a shared-memory row is padded by
 PAD_WORDS = 4
 #: the 16-bit element types tensor cores multiply (with float32 accumulation)
@@ -63,6 +64,11 @@ class MmaPlan:
     chunk: int  # keys computed at a time (divides block_k)
 
     @property
+    def atom(self) -> MmaAtom:
+        """The instruction of the products (``mma_atoms``)."""
+        return ATOMS[self.element]
+
+    @property
     def tf32(self) -> bool:
         """float32 operands on ``m16n8k8`` tf32 products (``mma_f32_kernel.py``)."""
         return self.element in TF32_PRODUCTS
@@ -89,12 +95,12 @@ class MmaPlan:
     @property
     def k_pitch(self) -> int:
         """Words per row of the shared key tile."""
-        return (self.head_dim if self.tf32 else self.head_dim // 2) + PAD_WORDS
+        return self.head_dim // self.atom.a.per_register + PAD_WORDS
 
     @property
     def v_pitch(self) -> int:
         """Words per row of the shared value tile (transposed for 16-bit elements)."""
-        return self.value_dim + PAD_WORDS if self.tf32 else self.chunk // 2 + PAD_WORDS
+        return self.value_dim + PAD_WORDS if self.tf32 else self.chunk // self.atom.b.per_register + PAD_WORDS
 
     @property
     def k_words(self) -> int:
@@ -108,7 +114,8 @@ class MmaPlan:
     def query_rest_words(self) -> int:
         """3xTF32: the query fragments' rests, kept in shared memory (``D / 2`` registers a lane
         would spill where the score or mask computes much), each lane's in its own words."""
-        return self.warps * self.head_dim // 8 * 4 * WARP if self.split else 0
+        atom = self.atom
+        return self.warps * self.head_dim // atom.k * atom.a.registers * WARP if self.split else 0
 
     @property
     def shared_bytes(self) -> int:
@@ -126,20 +133,21 @@ def plan_mma(
 ) -> MmaPlan | None:
     """The tensor-core plan for these sizes, or None where the scalar kernels must run them."""
     if element in TF32_PRODUCTS:
-        k_step, chunks = 8, F32_CHUNKS[element]
+        chunks = F32_CHUNKS[element]
     elif element in ELEMENTS:
-        k_step, chunks = 16, CHUNKS
+        chunks = CHUNKS
     else:
         return None
-    if rows % WARP_ROWS or block_k % 16:
+    atom = ATOMS[element]
+    if rows % WARP_ROWS or block_k % M16N8K16.k:  # key tiles of whole 16-bit products, either kind
         return None
-    if head_dim <= 0 or head_dim % k_step or value_dim <= 0 or value_dim % 8:
+    if head_dim <= 0 or head_dim % atom.k or value_dim <= 0 or value_dim % atom.n:
         return None
     widest = max(head_dim, value_dim)
     chunk = next((c for most, c in chunks if widest <= most), 0)
     while chunk and block_k % chunk:
         chunk //= 2
-    if chunk < (8 if element in TF32_PRODUCTS else 16):  # the keys of one product: 8 in tf32, 16 else
+    if chunk < atom.k:  # the keys of one product
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, element, storage, rows, chunk)
     if plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:

@@ -14,10 +14,10 @@ with float32 atomics); what differs is the operands:
   memory): keys, values, query rows and output-gradient rows, row by row, each row padded by four words (the fragment
   loads of every product then touch distinct banks, but dQ's key reads, two-way); no transposed
   tiles: an m16n8k8 fragment reads a row's four neighbouring words, or a column's, as cheaply.
-- ``P^T`` and ``dS^T`` feed ``dV += P^T dO`` and ``dK += dS^T Q`` from their C fragments, which
-  hold rows ``2t`` and ``2t + 1`` of each 8 where the A fragment wants ``k = t`` and ``t + 4``.  The
-  product sums over its rows, so a lane feeds row ``2t`` as ``k = t`` and ``2t + 1`` as ``k = t + 4``
-  and reads the B rows of ``dO`` and ``Q`` in that order: no shuffle.
+- ``P^T`` and ``dS^T`` feed ``dV += P^T dO`` and ``dK += dS^T Q`` from their C fragments, in the
+  order of ``mma_atoms.M16N8K8_TF32`` (``feed_order``: the product sums over its rows, so a lane's
+  accumulator rows are fed as the ``k`` of its ``k_order``) and the B rows of ``dO`` and ``Q`` are
+  read in that order (``fed_b_rows``): no shuffle.
 - dS goes to shared memory as such words (rows by keys, over the query rows once dK has read them).
 
 Head dims up to 64 (multiples of 8); 64 keys per thread block (four warps), query rows 16 at a time
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, MmaAtom
 from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.ir.core import Op
@@ -47,17 +48,12 @@ from numba import cuda
 {warp}
 """
 
-#: a lane's C places (rows 2t, 2t + 1 of keys g, g + 8) in the order of its A registers
-#: (g, k = t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-A_ORDER = (0, 2, 1, 3)
-
 
 class Tf32BackwardKernelWriter(MmaBackwardKernelWriter):
     """The float32 tensor-core backward of one ``ac.key_grid``: one tf32 product ("tf32") or three
     of split operands ("3xtf32")."""
 
-    #: features a product step takes (the k of m16n8k8)
-    K_STEP = 8
+    ATOM: MmaAtom = M16N8K8_TF32
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -122,46 +118,55 @@ class Tf32BackwardKernelWriter(MmaBackwardKernelWriter):
     # products -----------------------------------------------------------------------------
     def transposed_products(self, out: str, a_tile: str, a_pitch: int, b_tile: str, width: int) -> None:
         """``out^T = A B^T`` over ``width`` features, as ``MmaBackwardKernelWriter``'s, 8 at a time."""
-        p = self.mp
-        a_names, b_names = [f"a_{r}" for r in range(4)], ["b_0", "b_1"]
-        for kc in range(width // self.K_STEP):
-            places = ((0, 0), (8, 0), (0, 4), (8, 4))
-            a = [self.sh(a_tile, f"(w16 + g + {row}) * {a_pitch} + tq + {kc * 8 + word}") for row, word in places]
+        p, atom = self.mp, self.ATOM
+        a_names, b_names = self.operand_names()
+        for kc in range(width // atom.k):
+            at = kc * atom.step_words
+            a = [self.sh(a_tile, f"(w16 + g + {row}) * {a_pitch} + tq + {at + word}") for row, word in atom.a_words]
             self.from_words(a_names, a)
-            for n in range(p.rows // 8):
-                b = [self.sh(b_tile, f"(g + {n * 8}) * {a_pitch} + tq + {kc * 8 + word}") for word in (0, 4)]
+            for n in range(p.rows // atom.n):
+                b = [self.sh(b_tile, f"(g + {n * atom.n}) * {a_pitch} + tq + {at + word}") for word in atom.b_words]
                 self.from_words(b_names, b)
-                fragment = ", ".join(f"{out}_{n}_{e}" for e in range(4))
+                fragment = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
                 self.product(fragment, a_names, b_names, fragment if kc else "ZERO, ZERO, ZERO, ZERO")
 
+    def operand_names(self) -> tuple[list[str], list[str]]:
+        """The names of a product's A and B registers."""
+        atom = self.ATOM
+        return [f"a_{r}" for r in range(atom.a.registers)], [f"b_{r}" for r in range(atom.b.registers)]
+
     def row_products(self, out: str, values: str, b_tile: str, pitch: int, width: int) -> None:
-        """``out += A B``: A the chunk's ``values`` fragments (keys by rows), rows in ``A_ORDER``; B
-        ``width`` features of a staged row tile (``o`` or ``q``), read in that order."""
-        p = self.mp
-        for n in range(p.rows // 8):
-            for reg, e in enumerate(A_ORDER):
+        """``out += A B``: A the chunk's ``values`` fragments (keys by rows), rows in the atom's
+        ``feed_order``; B ``width`` features of a staged row tile (``o`` or ``q``), read in that
+        order (``fed_b_rows``)."""
+        p, atom = self.mp, self.ATOM
+        c, b_names = atom.c, self.operand_names()[1]
+        for n in range(p.rows // atom.k):
+            for reg, e in enumerate(atom.feed_order()):
                 self.from_value(f"pa_{n}_{reg}", f"{values}_{n}_{e}")
-        for en in range(width // 8):
-            acc = ", ".join(f"{out}_{en}_{e}" for e in range(4))
-            for n in range(p.rows // 8):
-                words = [self.sh(b_tile, f"({n * 8} + t2 + {b}) * {pitch} + {en * 8} + g") for b in (0, 1)]
-                self.from_words(["b_0", "b_1"], words)
-                self.product(acc, [f"pa_{n}_{r}" for r in range(4)], ["b_0", "b_1"], acc)
+        for en in range(width // atom.n):
+            acc = ", ".join(f"{out}_{en}_{e}" for e in range(c.registers))
+            for n in range(p.rows // atom.k):
+                rows = (f"({n * atom.k} + {c.col_term} + {b})" for (b,) in atom.fed_b_rows())
+                words = [self.sh(b_tile, f"{row} * {pitch} + {en * atom.n} + g") for row in rows]
+                self.from_words(b_names, words)
+                self.product(acc, [f"pa_{n}_{r}" for r in range(atom.a.registers)], b_names, acc)
 
     def store_ds(self) -> None:
         """dS into ``ds[row][key]`` (``stored``): each lane its own places, no trade."""
-        p, w = self.mp, self.w
-        for n in range(p.rows // 8):
-            for e in range(4):
-                at = f"({n * 8 + e % 2} + t2) * {p.kt_pitch} + w16 + g + {8 * (e // 2)}"
+        p, w, c = self.mp, self.w, self.ATOM.c
+        for n in range(p.rows // c.cols):
+            for e, (row, col) in enumerate(c.offsets):
+                at = f"({n * c.cols + col} + {c.col_term}) * {p.kt_pitch} + w16 + {c.row_term} + {row}"
                 w.line(f"{self.sh('ds', at)} = {self.stored(f'ds_{n}_{e}')}")
 
     def dq_step(self, kk: int, acc: str) -> None:
         """``dq_{e} = dS K + acc`` over key step ``kk``: B from the key rows."""
-        p = self.mp
-        a_names, b_names = [f"a_{r}" for r in range(4)], ["b_0", "b_1"]
+        p, b_frag = self.mp, self.ATOM.b
+        a_names, b_names = self.operand_names()
         self.from_words(a_names, self.ds_words(kk))
-        b = [self.sh("k", f"({kk * 8 + word} + tq) * {p.k_pitch} + n8 + g") for word in (0, 4)]
+        rows = (f"({kk * self.ATOM.k + row} + {b_frag.row_term})" for row, _ in b_frag.offsets)
+        b = [self.sh("k", f"{row} * {p.k_pitch} + n8 + {b_frag.col_term}") for row in rows]
         self.from_words(b_names, b)
         self.product("dq_0, dq_1, dq_2, dq_3", a_names, b_names, acc)
 

@@ -6,7 +6,7 @@ registers (a device function linked in through ``link=`` would pass them
 through local memory).  Every instruction goes through :func:`call_asm`: a warp-synchronous one
 (``.sync``) is a ``convergent`` call, which LLVM may not move into divergent code, and one that
 touches memory has side effects.  ``warp_sim.py`` runs the same instructions under
-Numba's CUDA simulator, with the same fragment layout (``warp.py``).
+Numba's CUDA simulator, with the same fragment layout (``mma_atoms.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba.cuda import types
 from numba.cuda.extending import intrinsic
 from numba.cuda.typing import signature
+
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -44,7 +46,7 @@ def call_asm(builder: ir.IRBuilder, fnty: ir.FunctionType, text: str, constraint
 def _mma(shape: str, element: str):
     """``mma.sync.aligned.{shape}.row.col.f32.{element}.{element}.f32``: D = A B + C for one warp.
 
-    A is four 32-bit registers, B two, C and D four float32 (layouts in ``warp.py``): for
+    A is four 32-bit registers, B two, C and D four float32 (layouts in ``mma_atoms.py``): for
     ``m16n8k16`` a register holds two 16-bit elements (A 16 x 16, B 16 x 8); for ``m16n8k8`` in
     tf32 one element (A 16 x 8, B 8 x 8), float32 bits whose low 13 are zero (``warp.tf32_round``)."""
     text = (
@@ -68,9 +70,9 @@ def _mma(shape: str, element: str):
     return mma
 
 
-mma_f16 = _mma("m16n8k16", "f16")
-mma_bf16 = _mma("m16n8k16", "bf16")
-mma_tf32 = _mma("m16n8k8", "tf32")
+mma_f16 = _mma(M16N8K16.shape, "f16")
+mma_bf16 = _mma(M16N8K16.shape, "bf16")
+mma_tf32 = _mma(M16N8K8_TF32.shape, "tf32")
 
 
 @intrinsic

@@ -6,9 +6,10 @@ shuffles) goes through its warp's exchange: each lane leaves its registers there
 warp's barrier, whose parties are the warp's threads (32, or fewer in a partial last warp); the
 last lane to arrive computes the instruction once for the whole warp (the 16 x 8 product of an
 ``mma``, every lane's value of a shuffle) and each lane takes its places of the result (lane ``l``
-holds the same elements as on the GPU, ``warp.py``).  The block's barrier (``cuda.syncthreads``)
-is never touched: warps run apart as on the GPU, so a kernel that lacks a ``syncthreads`` between
-one warp's stores to shared memory and another warp's loads reads memory nobody wrote here too.
+holds the same elements as on the GPU: the places of ``mma_atoms.py``'s table).  The block's
+barrier (``cuda.syncthreads``) is never touched: warps run apart as on the GPU, so a kernel that
+lacks a ``syncthreads`` between one warp's stores to shared memory and another warp's loads reads
+memory nobody wrote here too.
 
 A warp instruction needs every lane of its warp, as ``mma.sync`` and ``shfl.sync`` do on the GPU
 (the kernels call these where every thread of the block does, never under a per-thread
@@ -26,8 +27,19 @@ import ml_dtypes
 import numpy as np
 from numba import cuda
 
-_LANE = np.arange(32)
-_G, _T = _LANE >> 2, _LANE & 3
+from attncomp.backends.numba_cuda.mma_atoms import (
+    ACCUMULATOR,
+    HALF_SHIFTS,
+    LANES,
+    M16N8K8_TF32,
+    M16N8K16,
+    Fragment,
+    MmaAtom,
+)
+
+_LANE = np.arange(LANES)
+#: the XOR masks of a quad's butterfly (the lanes that share an accumulator row)
+_QUAD = ACCUMULATOR.row_lane_masks()
 #: seconds a waiting lane sleeps between looks at its block (aborted, or a lane that cannot come)
 _PATIENCE = 0.25
 #: looks in a row that find a lane at ``cuda.syncthreads`` before that is an error
@@ -177,25 +189,23 @@ def _block_threads(thread) -> dict:
 
 
 def _halves(words: np.ndarray, element: type) -> np.ndarray:
-    """The low and high 16-bit elements of 32-bit registers, as float64, along a new last axis."""
-    lo = (words & 0xFFFF).astype(np.uint16).view(element).astype(np.float64)
-    hi = (words >> 16).astype(np.uint16).view(element).astype(np.float64)
-    return np.stack((lo, hi), axis=-1)
+    """The 16-bit elements of 32-bit registers (half 0, then half 1: ``HALF_SHIFTS``), as float64,
+    along a new last axis."""
+    halves = [((words >> shift) & 0xFFFF).astype(np.uint16).view(element).astype(np.float64) for shift in HALF_SHIFTS]
+    return np.stack(halves, axis=-1)
 
 
-def _flat(places, columns: int) -> np.ndarray:
-    """(row, column) places of a matrix with ``columns`` columns as indices into its flattened array."""
-    return np.stack([row * columns + col for row, col in places], axis=-1)
+def _flat(fragment: Fragment) -> np.ndarray:
+    """A fragment's places (``mma_atoms``) as indices into its matrix's flattened array: by lane,
+    register and element of the register."""
+    places = np.array(fragment.places())
+    return places[..., 0] * fragment.cols + places[..., 1]
 
 
-#: m16n8k16, by lane: A's (16 x 16) places of a0..a3, low then high half; B's (16 x 8) of b0, b1
-_A16 = _flat(((_G, 2 * _T), (_G + 8, 2 * _T), (_G, 2 * _T + 8), (_G + 8, 2 * _T + 8)), 16)[:, :, None] + [0, 1]
-_B16 = _flat(((2 * _T, _G), (2 * _T + 8, _G)), 8)[:, :, None] + [0, 8]
-#: m16n8k8 tf32, by lane: A's (16 x 8) places of a0..a3; B's (8 x 8) of b0, b1
-_A8 = _flat(((_G, _T), (_G + 8, _T), (_G, _T + 4), (_G + 8, _T + 4)), 8)
-_B8 = _flat(((_T, _G), (_T + 4, _G)), 8)
-#: C and D (16 x 8), by lane: the places of c0..c3
-_C = _flat(((_G, 2 * _T), (_G, 2 * _T + 1), (_G + 8, 2 * _T), (_G + 8, 2 * _T + 1)), 8)
+#: by lane, register and element: A's and B's places of m16n8k16 and of m16n8k8 (tf32); C's and D's
+_A16, _B16 = _flat(M16N8K16.a), _flat(M16N8K16.b)
+_A8, _B8 = _flat(M16N8K8_TF32.a), _flat(M16N8K8_TF32.b)
+_C = _flat(ACCUMULATOR)[..., 0]
 #: the registers of a lane the warp lacks: NaN as 16-bit, tf32 and float32 elements
 _ABSENT = (0xFFFFFFFF,) * 6 + (np.nan,) * 4
 
@@ -211,12 +221,17 @@ def _accumulate(d: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (c + d.ravel()[_C]).astype(np.float32)
 
 
+def _product(x: np.ndarray, c: np.ndarray, a_places: np.ndarray, b_places: np.ndarray, atom: MmaAtom) -> np.ndarray:
+    """Every lane's D fragment from the warp's A and B elements ``x`` (by lane, register, element)
+    placed by the atom's table, and its C fragments ``c``."""
+    a, b = np.empty(atom.m * atom.k), np.empty(atom.k * atom.n)
+    a[a_places], b[b_places] = x[:, : atom.a.registers], x[:, atom.a.registers :]
+    return _accumulate(a.reshape(atom.m, atom.k) @ b.reshape(atom.k, atom.n), c)
+
+
 def _mma16(rows: list, element: type) -> np.ndarray:
     words, c = _fragments(rows)
-    x = _halves(words, element)
-    a, b = np.empty(16 * 16), np.empty(16 * 8)
-    a[_A16], b[_B16] = x[:, :4], x[:, 4:]
-    return _accumulate(a.reshape(16, 16) @ b.reshape(16, 8), c)
+    return _product(_halves(words, element), c, _A16, _B16, M16N8K16)
 
 
 def _mma_f16(rows: list) -> np.ndarray:
@@ -234,10 +249,7 @@ def _tf32(words: np.ndarray) -> np.ndarray:
 
 def _mma_tf32(rows: list) -> np.ndarray:
     words, c = _fragments(rows)
-    x = _tf32(words)
-    a, b = np.empty(16 * 8), np.empty(8 * 8)
-    a[_A8], b[_B8] = x[:, :4], x[:, 4:]
-    return _accumulate(a.reshape(16, 8) @ b.reshape(8, 8), c)
+    return _product(_tf32(words)[..., None], c, _A8, _B8, M16N8K8_TF32)
 
 
 def _mma(combine, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> tuple:
@@ -311,18 +323,20 @@ def _floats(values: list) -> np.ndarray:
 
 
 def _quad_max(values: list) -> np.ndarray:
-    """Every lane's ``max(x, shfl(x, l ^ 1))``, then the same with ``l ^ 2``: Python's ``max(a, b)``
-    (``b if b > a else a``) of float32, lane by lane."""
+    """Every lane's ``max(x, shfl(x, l ^ 1))``, then the same with ``l ^ 2`` (``_QUAD``): Python's
+    ``max(a, b)`` (``b if b > a else a``) of float32, lane by lane."""
     x = _floats(values)
-    x = np.where(x[_LANE ^ 1] > x, x[_LANE ^ 1], x)
-    return np.where(x[_LANE ^ 2] > x, x[_LANE ^ 2], x)
+    for mask in _QUAD:
+        x = np.where(x[_LANE ^ mask] > x, x[_LANE ^ mask], x)
+    return x
 
 
 def _quad_sum(values: list) -> np.ndarray:
-    """Every lane's ``x + shfl(x, l ^ 1)``, then the same with ``l ^ 2``, in float32."""
+    """Every lane's ``x + shfl(x, l ^ 1)``, then the same with ``l ^ 2`` (``_QUAD``), in float32."""
     x = _floats(values)
-    x = x + x[_LANE ^ 1]
-    return x + x[_LANE ^ 2]
+    for mask in _QUAD:
+        x = x + x[_LANE ^ mask]
+    return x
 
 
 @_device
