@@ -1,8 +1,10 @@
-"""Random inputs and error measures for checking backends against the interpreter."""
+"""Random inputs and error measures for checking backends against the interpreter, and a
+count of the compilations a block of calls causes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -103,3 +105,31 @@ def directional_derivatives(
         minus[k] = base[k] - eps * direction
         found.append((objective(plus) - objective(minus)) / (2 * eps))
     return found
+
+
+@contextmanager
+def counting_compiles() -> Iterator[list[str]]:
+    """The Numba compilations that the calls inside the block cause, by function name, as a list
+    filled while it runs (a kernel loaded from the disk cache is no compilation). attncomp's
+    kernels are shape-generic: after a function's first call at a head dimension and type, a call
+    at any other length compiles nothing.
+
+    >>> with counting_compiles() as compiled:
+    ...     fn(q, k, v)
+    >>> compiled
+    []
+    """
+    from numba.core import event
+
+    compiled: list[str] = []
+
+    class Listener(event.Listener):
+        def on_start(self, ev: event.Event) -> None:
+            pass
+
+        def on_end(self, ev: event.Event) -> None:
+            dispatcher = (ev.data or {}).get("dispatcher")
+            compiled.append(getattr(dispatcher, "__qualname__", None) or getattr(dispatcher, "__name__", "?"))
+
+    with event.install_listener("numba:compile", Listener()):
+        yield compiled
