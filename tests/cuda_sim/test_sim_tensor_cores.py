@@ -132,6 +132,26 @@ def packed(m, at, lane, r):
     return word(m[at[lane, r, 0, 0], at[lane, r, 0, 1]], m[at[lane, r, 1, 0], at[lane, r, 1, 1]])
 
 
+@cuda.jit(device=True)
+def accumulators(c, at, lane):
+    """A lane's four accumulator registers, from their places in ``c`` (``at``: the table)."""
+    return (
+        c[at[lane, 0, 0, 0], at[lane, 0, 0, 1]],
+        c[at[lane, 1, 0, 0], at[lane, 1, 0, 1]],
+        c[at[lane, 2, 0, 0], at[lane, 2, 0, 1]],
+        c[at[lane, 3, 0, 0], at[lane, 3, 0, 1]],
+    )
+
+
+@cuda.jit(device=True)
+def store_accumulators(out, at, lane, d0, d1, d2, d3):
+    """A lane's four accumulator registers, back to their places in ``out``."""
+    out[at[lane, 0, 0, 0], at[lane, 0, 0, 1]] = d0
+    out[at[lane, 1, 0, 0], at[lane, 1, 0, 1]] = d1
+    out[at[lane, 2, 0, 0], at[lane, 2, 0, 1]] = d2
+    out[at[lane, 3, 0, 0], at[lane, 3, 0, 1]] = d3
+
+
 def fragment_kernel(mma):
     """A kernel of one warp: A (16 x 16), B (16 x 8) bits and C (16 x 8) -> fragments placed by the
     atom table, one product, the D fragments back to their places."""
@@ -146,13 +166,9 @@ def fragment_kernel(mma):
             packed(a, a_at, lane, 3),
         )
         b0, b1 = packed(b, b_at, lane, 0), packed(b, b_at, lane, 1)
-        c0, c1 = c[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]], c[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]]
-        c2, c3 = c[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]], c[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]]
+        c0, c1, c2, c3 = accumulators(c, c_at, lane)
         d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-        out[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]] = d0
-        out[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]] = d1
-        out[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]] = d2
-        out[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]] = d3
+        store_accumulators(out, c_at, lane, d0, d1, d2, d3)
 
     return product
 

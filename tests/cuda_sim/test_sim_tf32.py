@@ -15,7 +15,14 @@ from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32
 from attncomp.backends.numba_cuda.warp import bits_f32, f32_bits, mma_tf32, tf32_rest, tf32_round
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host
-from tests.cuda_sim.test_sim_tensor_cores import ON_GPU, SIZES, attention_cases, places
+from tests.cuda_sim.test_sim_tensor_cores import (
+    ON_GPU,
+    SIZES,
+    accumulators,
+    attention_cases,
+    places,
+    store_accumulators,
+)
 
 #: two warps of query rows, one key tile of 16
 PIPELINE = "cse,softmax-fusion,flash-tiling{{block_q=32,block_k=16{}}},mask-elimination,canonicalize,cse,dce"
@@ -67,13 +74,9 @@ def fragment_kernel(a, b, c, a_at, b_at, c_at, out):
     a0, a1 = rounded(a, a_at, lane, 0), rounded(a, a_at, lane, 1)
     a2, a3 = rounded(a, a_at, lane, 2), rounded(a, a_at, lane, 3)
     b0, b1 = rounded(b, b_at, lane, 0), rounded(b, b_at, lane, 1)
-    c0, c1 = c[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]], c[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]]
-    c2, c3 = c[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]], c[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]]
+    c0, c1, c2, c3 = accumulators(c, c_at, lane)
     d0, d1, d2, d3 = mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-    out[c_at[lane, 0, 0, 0], c_at[lane, 0, 0, 1]] = d0
-    out[c_at[lane, 1, 0, 0], c_at[lane, 1, 0, 1]] = d1
-    out[c_at[lane, 2, 0, 0], c_at[lane, 2, 0, 1]] = d2
-    out[c_at[lane, 3, 0, 0], c_at[lane, 3, 0, 1]] = d3
+    store_accumulators(out, c_at, lane, d0, d1, d2, d3)
 
 
 def test_tf32_mma_fragments_follow_the_documented_layout():
