@@ -1,0 +1,73 @@
+"""The kernels reported: a spec of ``benchmarks/specs.py`` in one float type at one head dim, forward
+or backward, built as a call with C-contiguous arrays launches it (``KernelInfo``: its signature and
+launch bounds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import attncomp as ac
+from benchmarks import specs
+
+
+@dataclass(frozen=True)
+class Case:
+    spec: str  # a spec's name in ``benchmarks/specs.py``
+    dtype: str  # "bf16", "f16", "f32"
+    head_dim: int  # D = E
+    backward: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec} {self.dtype} D={self.head_dim} {'bwd' if self.backward else 'fwd'}"
+
+
+#: what ``python -m benchmarks.kernel_report`` reports without options
+DEFAULT = [
+    Case("causal_any", "bf16", 64),
+    Case("causal_any", "bf16", 128),
+    Case("dense_any", "f16", 128),
+    Case("causal_any", "f32", 64),  # 3xTF32, the default precision
+    Case("causal_any", "bf16", 64, backward=True),
+    Case("causal_any", "bf16", 128, backward=True),
+]
+
+
+@dataclass(frozen=True)
+class Built:
+    case: Case
+    kernel: Any  # ``attncomp.backends.numba_cuda.KernelInfo``
+    products: str  # the tensor-core products' type ("bf16", "3xtf32", ...), or "scalar"
+    threads: int  # the block size it is launched with
+
+
+def build(case: Case, pipeline: str | None = None) -> list[Built]:
+    """The attention kernels of one case (the forward's, or the backward's)."""
+    from attncomp.backends import numba_cuda
+
+    spec = getattr(specs, case.spec, None)
+    if not isinstance(spec, ac.Spec):
+        raise ValueError(f"no spec {case.spec!r} in benchmarks/specs.py")
+    fn = ac.compile(spec, backend="interp", pipeline=pipeline)
+    if not fn.generic and case.dtype != "f32":
+        raise ValueError(f"{case.spec} declares its types; use a generic spec (ac.floating) for {case.dtype}")
+    fn = fn.for_dtype(case.dtype)
+    if case.backward:
+        impl = numba_cuda.build(fn.backward.module)
+        groups, prefix = impl.backward, "attention_backward_kernel_"
+    else:
+        impl = numba_cuda.build(fn.module)
+        groups, prefix = impl.attention, "attention_kernel_"
+    d = case.head_dim
+    plans = [group.mma_plan(d, d) for group in groups]
+    products = ",".join(sorted({plan.element for plan in plans if plan is not None})) or "scalar"
+    found = []
+    for kernel in impl.kernels(d, d):
+        if kernel.name.startswith(prefix):
+            if not isinstance(kernel.launch_bounds, int):  # the CUDA simulator's kernels have none
+                raise ValueError(f"{kernel.name}: no launch bounds (NUMBA_ENABLE_CUDASIM set?)")
+            found.append(Built(case, kernel, products, kernel.launch_bounds))
+    if not found:
+        raise ValueError(f"{case.label}: no attention kernel")
+    return found
