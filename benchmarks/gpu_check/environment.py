@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.cuda_tools import find_cuda_tool
 from benchmarks.gpu_check.plan import DISTRIBUTIONS, KNOWN_FAULTS, NEEDED, OPTIONAL, ROOT
 from benchmarks.gpu_check.processes import emit
 
@@ -28,25 +29,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def find_sanitizer() -> str | None:
     """``compute-sanitizer``: on PATH, under ``$CUDA_HOME`` or ``/usr/local/cuda*``, or in an nvidia wheel."""
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    places = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
-    places += sorted(str(p) for p in Path("/usr/local").glob("cuda-*"))
-    for place in filter(None, places):
-        for candidate in (
-            Path(place) / "bin" / "compute-sanitizer",
-            Path(place) / "compute-sanitizer" / "compute-sanitizer",
-        ):
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    for entry in sys.path:
-        nvidia = Path(entry) / "nvidia"
-        if nvidia.is_dir():
-            for candidate in sorted(nvidia.glob("**/compute-sanitizer")):
-                if candidate.is_file() and os.access(candidate, os.X_OK):
-                    return str(candidate)
-    return None
+    return find_cuda_tool("compute-sanitizer")
 
 
 def gpu_reason(info: dict) -> str | None:

@@ -10,34 +10,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.cuda_tools import find_cuda_tool
 
 _SHARED = re.compile(r"(\d+) bytes smem")
 
 
 def find_nvdisasm() -> str | None:
-    """``nvdisasm``: in an nvidia wheel (the version nvJitLink comes with), on PATH, or under
-    ``$CUDA_HOME`` or ``/usr/local/cuda*``."""
-    for entry in sys.path:
-        nvidia = Path(entry or ".") / "nvidia"
-        if nvidia.is_dir():
-            for candidate in sorted(nvidia.glob("**/bin/nvdisasm")):
-                if candidate.is_file() and os.access(candidate, os.X_OK):
-                    return str(candidate)
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    places = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
-    places += sorted(str(p) for p in Path("/usr/local").glob("cuda-*"))
-    for place in filter(None, places):
-        candidate = Path(place) / "bin" / "nvdisasm"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+    """``nvdisasm``: in an nvidia wheel first (the version nvJitLink comes with), else a toolkit's."""
+    return find_cuda_tool("nvdisasm", wheels_first=True)
 
 
 def toolchain_missing() -> str | None:
