@@ -148,6 +148,15 @@ class CompiledFunction:
         """The PTX of each CUDA kernel, by kernel name (the ``cuda`` backend)."""
         return self.compilation.program.ptx
 
+    def kernels(self, head_dim: int | None = None, value_dim: int | None = None) -> list[Any]:
+        """The ``cuda`` backend's kernels, each a ``KernelInfo`` (name, Python function, signature,
+        source, launch bounds, and for attention and backward kernels ``choice``: which kernel runs,
+        ``numba_cuda.choice.KernelChoice``); attention kernels for these head dims (default: the last
+        ones called, else 64)."""
+        if self.backend != "cuda":
+            raise ValueError(f"fn.kernels() lists the cuda backend's kernels; this function's is {self.backend!r}")
+        return self.compilation.program.kernels(head_dim, value_dim)
+
     def inspect_llvm(self) -> str:
         """Numba's LLVM IR of the kernels compiled so far (call the function first)."""
         return self.compilation.program.inspect_llvm()

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.base import Program
+from attncomp.backends.numba_cuda.choice import KernelChoice, choose
 from attncomp.errors import AttncompError
 from attncomp.ir.copying import copy_module
 from attncomp.ir.core import Func, Module, Op
@@ -45,13 +46,16 @@ def _require_numba_cuda() -> None:
 @dataclass(frozen=True)
 class KernelInfo:
     """One generated kernel: its Python function, the Numba signature its PTX is made for (what a call
-    with C-contiguous arrays dispatches), its source, and the launch bounds it is compiled with."""
+    with C-contiguous arrays dispatches), its source, the launch bounds it is compiled with, and for
+    an attention or backward kernel which kernel it is (``choice.KernelChoice``: family, scalar FMA
+    or tensor-core atom, storage, accumulation, deterministic or atomic; None for the graph kernels)."""
 
     name: str
     py_func: Any
     signature: str
     source: str
     launch_bounds: Any = None
+    choice: KernelChoice | None = None
 
 
 class CudaFunction(Program):
@@ -213,25 +217,22 @@ class CudaFunction(Program):
         return "\n\n".join(chunks)
 
     def kernels(self, head_dim: int | None = None, value_dim: int | None = None) -> list[KernelInfo]:
-        """Every kernel; attention kernels for these head dims (default: the last ones called, else 64)."""
+        """Every kernel; attention kernels for these head dims (default: the last ones called, else 64),
+        each with its ``choice`` (``KernelInfo.choice``)."""
         found = []
         for kernel in self.graph_kernels:
             dispatcher = getattr(self.module, kernel.name)
             info = KernelInfo(kernel.name, dispatcher.py_func, kernel.signature, kernel.source, bounds(dispatcher))
             found.append(info)
-        for kernels in self.attention:
+        for kernels in [*self.attention, *self.backward]:
             dims = self._head_dims(kernels, head_dim, value_dim)
             name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            source, dispatcher = kernels.source(*dims), kernels.kernel(*dims)
-            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
-        for kernels in self.backward:
-            dims = self._head_dims(kernels, head_dim, value_dim)
-            name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            source, dispatcher = kernels.source(*dims), kernels.kernel(*dims)
-            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
-            for suffix, kernel, signature in kernels.extra_kernels(*dims):
+            source, dispatcher, choice = kernels.source(*dims), kernels.kernel(*dims), kernels.choice_for(*dims)
+            info = KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher), choice)
+            found.append(info)
+            for suffix, kernel, signature, extra in kernels.extra_kernels(*dims):
                 name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"
-                found.append(KernelInfo(name, kernel.py_func, signature, source, bounds(kernel)))
+                found.append(KernelInfo(name, kernel.py_func, signature, source, bounds(kernel), extra))
         return found
 
     def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
@@ -241,8 +242,8 @@ class CudaFunction(Program):
         for kernels in self.attention:
             name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}]"
             dispatcher = kernels.kernel(head_dim, value_dim, rows)
-            source = kernels.source(head_dim, value_dim, rows)
-            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher)))
+            source, choice = kernels.source(head_dim, value_dim, rows), kernels.choice_for(head_dim, value_dim, rows)
+            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher), choice))
         return found
 
     def ptx_for(
@@ -301,13 +302,12 @@ def widened(module: Module) -> Module:
     return wide
 
 
-def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[tuple[str | None, str]], frozenset[int]]:
-    """Per ``ac.tile_grid``: the type its products run in on tensor cores (query, key and value of
-    one type: f16 or bf16; float32 as "3xtf32", or "tf32" where the grid's ``precision`` opts in;
-    None: not on tensor cores, as float32 with ``precision = "ieee"`` or ``fixed_lanes``, a layout of
-    the scalar kernels asked for) and the storage the kernel reads its query, key and value from
-    (``mma_plan.MmaPlan.storage``); and the positions of the bf16 arguments kept in 16 bits on the
-    device.
+def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[KernelChoice], frozenset[int]]:
+    """Per ``ac.tile_grid``: the kernel it runs (``choice.choose``: on tensor cores where query, key
+    and value are one type, f16, bf16, or float32 unless its ``precision`` is "ieee" or
+    ``fixed_lanes``, a layout of the scalar kernels, is asked for), with the storage the kernel reads
+    its query, key and value from (``KernelChoice.storage``); and the positions of the bf16
+    arguments kept in 16 bits on the device.
 
     A bf16 argument stays 16-bit (``"bits"``) when tile loads are all that read it (query, key and
     value passed straight to the attention; it may also be returned); when it is a decoder's cache
@@ -319,7 +319,6 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
     projected query) from 16-bit copies rounded before it (the driver's ``bf16_patterns``), so that
     the cache can stay bf16.  bf16 values anything else computes with are widened to float32
     (``widen-bf16``)."""
-    from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
     from attncomp.backends.tiles import read_tiled_attention
 
     func = module.main
@@ -377,19 +376,11 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
             return cached
         return read_as_patterns(value) and all(map(read_as_patterns, origins(value)))
 
-    elements: list[str | None] = []
-    for op, values in zip(grids, sources):
-        types = {v.type.dtype for v in values}
-        if types == {"f32"} and not fixed_lanes:
-            # float32 on tf32 tensor cores: three products of split operands unless opted into one
-            precision = op.attrs.get("precision", "exact")
-            elements.append({"exact": "3xtf32", "tf32": "tf32"}.get(precision))
-        else:
-            elements.append(types.pop() if len(types) == 1 and types <= set(ELEMENTS) else None)
+    chosen = [choose(op, fixed_lanes=fixed_lanes) for op in grids]
     bits = set()
     for k, values in enumerate(sources):
         cached = any(appended(v) is not None for v in values)
-        if elements[k] == "bf16" and all(as_patterns(v, cached) for v in values):
+        if chosen[k].operands == "bf16" and all(as_patterns(v, cached) for v in values):
             bits.add(k)
     args_of = [{a for v in values for a in origins(v)} for values in sources]
     while True:  # an argument kept 16-bit is so for every grid that reads it
@@ -397,10 +388,7 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[t
         if not shared:
             break
         bits -= shared
-    found: list[tuple[str | None, str]] = []
-    for k, element in enumerate(elements):
-        storage = "bits" if k in bits else "f16" if element == "f16" else "f32"
-        found.append((element, storage))
+    found = [choose(op, "bits", fixed_lanes) if k in bits else chosen[k] for k, op in enumerate(grids)]
     kept = {func.args.index(a) for k in bits for a in args_of[k]}
     return found, frozenset(kept)
 
@@ -423,26 +411,13 @@ def bf16_outputs(module: Module) -> list[bool]:
     return found
 
 
-def backward_tensor_core_types(module: Module) -> list[tuple[str | None, str]]:
-    """Per ``ac.key_grid``: the type its products run in on tensor cores (query, key, value and
-    output gradient of one type: f16 or bf16, or float32 as "3xtf32" or "tf32" by the grid's
-    ``precision``, "exact" or "tf32"; None: the scalar kernel) and how the device holds them ("f16", or "f32": float32,
-    or bf16 widened, ``widen-bf16``)."""
-    from attncomp.backends.backward_tiles import read_tiled_backward
-    from attncomp.backends.numba_cuda.mma_plan import ELEMENTS
-
-    found: list[tuple[str | None, str]] = []
-    for op in module.main.body.ops:
-        if op.name != "ac.key_grid":
-            continue
-        t = read_tiled_backward(op)
-        loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
-        types = {load.operands[0].type.dtype for load in loads}
-        element = types.pop() if len(types) == 1 and types <= {*ELEMENTS, "f32"} else None
-        if element == "f32":  # float32: three tf32 products of split operands, or one if opted into
-            element = {"exact": "3xtf32", "tf32": "tf32"}.get(op.attrs.get("precision", "exact"))
-        found.append((element, "f16" if element == "f16" else "f32"))
-    return found
+def backward_choices(module: Module, fixed_lanes: bool = False) -> list[KernelChoice]:
+    """Per ``ac.key_grid``: the kernel it runs (``choice.choose``): on tensor cores where query, key,
+    value and output gradient are one type (f16 or bf16, or float32 as 3xTF32 or tf32 by the grid's
+    ``precision``, "exact" or "tf32"), else, for a ``deterministic`` grid or with ``fixed_lanes`` (a
+    layout of the scalar kernel), the scalar kernels; the device holds the operands as "f16", or
+    "f32": float32, or bf16 widened (``widen-bf16``)."""
+    return [choose(op, fixed_lanes=fixed_lanes) for op in module.main.body.ops if op.name == "ac.key_grid"]
 
 
 def build(
@@ -471,21 +446,21 @@ def build(
     from attncomp.backends.numba_cuda.driver import generate_driver
 
     declared = [r.type.dtype for r in module.main.results]
-    products, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
+    choices, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
     narrow = bf16_outputs(module)
-    backward_types = backward_tensor_core_types(module)
+    backward_chosen = backward_choices(module, fixed_lanes=backward_lanes is not None)
     if lowered is None or not holds_dtype(module, "bf16"):
         # nothing to widen: the pipeline's module itself, whose value names the sources keep
         lowered = widened(module)
     func = lowered.main
     grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
     attention = {
-        op: AttentionKernels(k, op, func, lanes, split, *products[k], out_bits=narrow[k]) for k, op in enumerate(grids)
+        op: AttentionKernels(k, op, func, choices[k], lanes, split, out_bits=narrow[k]) for k, op in enumerate(grids)
     }
     key_grids = [op for op in func.body.ops if op.name == "ac.key_grid"]
     backward = {
-        op: BackwardKernels(k, op, func, backward_lanes, *types)
-        for k, (op, types) in enumerate(zip(key_grids, backward_types))
+        op: BackwardKernels(k, op, func, choice, backward_lanes)
+        for k, (op, choice) in enumerate(zip(key_grids, backward_chosen))
     }
     source, graph_kernels = generate_driver(func, attention, backward)
     module_ = load_source(source, "cuda")

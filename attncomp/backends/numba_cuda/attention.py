@@ -24,8 +24,10 @@ import numpy as np
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cuda import runtime as rt
+from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma_f32_kernel import Tf32KernelWriter
 from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_mma
@@ -39,6 +41,8 @@ from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 MAX_SPLIT = 64
 #: the streams whose scratch buffers a kernel keeps (``AttentionKernels._workspace``)
 SCRATCH_STREAMS = 8
+#: the tensor-core kernel writer of each atom's shape (``KernelChoice.atom``)
+WRITERS = {M16N8K16: MmaKernelWriter, M16N8K8_TF32: Tf32KernelWriter}
 
 
 class AttentionKernels:
@@ -50,10 +54,9 @@ class AttentionKernels:
         index: int,
         grid: Op,
         func: Func,
+        choice: KernelChoice | None = None,
         lanes: int | None = None,
         split: int | None = None,
-        element: str | None = None,
-        storage: str = "f32",
         out_bits: bool = False,
     ):
         self.index = index
@@ -69,17 +72,17 @@ class AttentionKernels:
         self.name = f"attention_kernel_{index}"
         self.lanes = lanes
         self.split = split
-        #: the type the products can run in on tensor cores (None: scalar kernels only), and the
-        #: type the query, key and value arrays hold it in on the device
-        self.element = element
-        self.storage = storage
+        #: the kernel the grid asks for (``choice.choose``: made from the IR before ``widen-bf16``,
+        #: ``numba_cuda.build``), on tensor cores where the head dims fit (:meth:`choice_for`); by
+        #: default the scalar kernel on float32
+        self.choice = choice if choice is not None else KernelChoice(FORWARD, accumulate=self.acc_dtype)
         #: the output (a bf16 result of the function) is written as its 16-bit patterns, rounded
         #: to nearest even in the kernel: half the bytes, and no rounding pass after
         self.out_bits = out_bits
         t = self.tiled
         #: the tile sources read as bf16 bit patterns (query, key and value kept 16-bit)
         self.bits = frozenset(
-            load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load) if storage == "bits"
+            load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load) if self.choice.storage == "bits"
         )
         #: the key splits of the last launch (1: none)
         self.last_split = 1
@@ -87,6 +90,17 @@ class AttentionKernels:
         self._buffers: dict[tuple[int, Any, int], Any] = {}
         self._streams: list[int] = []  # the streams that have buffers, the most recently used last
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
+
+    @property
+    def element(self) -> str | None:
+        """The products' kind the grid asks for on tensor cores ("f16", "bf16", "tf32", "3xtf32"; None:
+        the scalar kernels), ``KernelChoice.products``."""
+        return self.choice.products
+
+    @property
+    def storage(self) -> str:
+        """How the device holds query, key and value ("f32", "f16", "bits"), ``KernelChoice.storage``."""
+        return self.choice.storage
 
     @property
     def head_dims(self) -> tuple[Dim, Dim]:
@@ -110,7 +124,17 @@ class AttentionKernels:
         """The tensor-core plan of a launch with these head dims and rows per block, if it has one."""
         t = self.tiled
         rows = t.block_q if rows is None else rows
-        return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.element, self.storage, rows)
+        return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
+
+    def choice_for(self, head_dim: int, value_dim: int, rows: int | None = None) -> KernelChoice:
+        """The kernel a launch with these head dims and rows per block runs: the grid's choice where
+        its tensor-core plan fits, else the scalar kernel."""
+        mma = self.mma_plan(head_dim, value_dim, rows)
+        return mma.choice if mma is not None else self.choice.scalar()
+
+    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
+        """None: one kernel per launch (``BackwardKernels.extra_kernels``)."""
+        return []
 
     def threads(self, head_dim: int, value_dim: int, rows: int | None = None) -> int:
         """Threads per block of the kernel for these head dims and rows."""
@@ -122,9 +146,10 @@ class AttentionKernels:
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
         mma = self.mma_plan(head_dim, value_dim, rows)
         if mma is not None:
-            writer = Tf32KernelWriter if mma.tf32 else MmaKernelWriter
-            return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
-        return write_attention_kernel(*args, self.plan(head_dim, value_dim, rows), self.bits, self.out_bits)
+            writer = WRITERS[mma.atom](self.name, self.tiled, self.captured, self.dims, mma, self.out_bits)
+            return writer.write(self.func_name)
+        plan, choice = self.plan(head_dim, value_dim, rows), self.choice.scalar()
+        return write_attention_kernel(*args, plan, self.bits, self.out_bits, choice)
 
     def signature(self) -> str:
         """The Numba signature the PTX is compiled for: the specialisation a call with C-contiguous

@@ -28,30 +28,34 @@ from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
+from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
 from attncomp.backends.numba_cuda.deterministic_backward import site_bytes, uniform_sites, write_deterministic_backward
 from attncomp.backends.numba_cuda.dq_plan import DqPlan, plan_dq
 from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
-from attncomp.backends.numba_cuda.mma_plan import TF32_PRODUCTS
 from attncomp.backends.numba_cuda.mma_tf32_backward_kernel import Tf32BackwardKernelWriter
 from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
+#: the tensor-core backward writer of each atom (``KernelChoice.atom``)
+WRITERS = {M16N8K16: MmaBackwardKernelWriter, M16N8K8_TF32: Tf32BackwardKernelWriter}
+
 
 class BackwardKernels:
-    """The kernels of one ``ac.key_grid``; ``lanes`` fixes the threads per key of the scalar kernel
-    (default: chosen, and tensor cores where ``element`` names their 16-bit type)."""
+    """The kernels of one ``ac.key_grid``: ``choice`` says which (``choice.choose``: tensor cores
+    where it names an atom and the head dims fit); ``lanes`` fixes the threads per key of the scalar
+    kernel (default: chosen)."""
 
     def __init__(
         self,
         index: int,
         grid: Op,
         func: Func,
+        choice: KernelChoice | None = None,
         lanes: int | None = None,
-        element: str | None = None,
-        storage: str = "f32",
     ):
         self.index = index
         self.grid = grid
@@ -61,16 +65,33 @@ class BackwardKernels:
         self.func_name = func.name
         self.name = f"attention_backward_kernel_{index}"
         self.lanes = lanes
-        #: the 16-bit type the products run in on tensor cores (None: the scalar kernel), and how the
-        #: device holds the query, key, value and output gradient ("f16", or "f32": bf16 widened)
-        self.element = None if lanes is not None else element
-        self.storage = storage
-        #: sums in an order fixed from run to run (the grid's ``deterministic``): the scalar kernels
-        #: of ``deterministic_backward.py``, no floating-point atomics
-        self.deterministic = bool(grid.attrs.get("deterministic", False))
+        #: the kernel the grid asks for (``choice.choose``, made from the IR before ``widen-bf16``,
+        #: ``numba_cuda.build``): its atom (None: the scalar kernel), how the device holds the query,
+        #: key, value and output gradient ("f16", or "f32": bf16 widened), and whether it is
+        #: deterministic (the scalar kernels of ``deterministic_backward.py``, no floating-point
+        #: atomics); by default the grid's ``deterministic`` on the scalar kernels
+        if choice is None:
+            deterministic = bool(grid.attrs.get("deterministic", False))
+            choice = KernelChoice(BACKWARD, accumulate=self.acc_dtype, deterministic=deterministic)
+        self.choice = choice
         #: the sites a deterministic kernel sums per thread (their index is the block's)
         self.uniform = uniform_sites(self.tiled, self.captured) if self.deterministic else set()
         self._kernels: dict[tuple[int, int], Any] = {}
+
+    @property
+    def element(self) -> str | None:
+        """The products' kind on tensor cores ("f16", "bf16", "tf32", "3xtf32"; None: the scalar
+        kernels), ``KernelChoice.products``."""
+        return self.choice.products
+
+    @property
+    def storage(self) -> str:
+        return self.choice.storage
+
+    @property
+    def deterministic(self) -> bool:
+        """Sums in an order fixed from run to run (``KernelChoice.deterministic``)."""
+        return self.choice.deterministic
 
     @property
     def head_dims(self) -> tuple[Dim, Dim]:
@@ -101,11 +122,16 @@ class BackwardKernels:
         return plan_dq(self.tiled.block_q, self.tiled.block_k, head_dim, value_dim, self.acc_bytes)
 
     def mma_plan(self, head_dim: int, value_dim: int) -> MmaBackwardPlan | None:
-        """The tensor-core plan for these head dims, if the kernel has one (a deterministic grid has none)."""
+        """The tensor-core plan for these head dims, if the kernel has one (a deterministic grid's
+        choice has no atom)."""
         t = self.tiled
-        if self.deterministic:
-            return None
-        return plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.element, self.storage)
+        return plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+
+    def choice_for(self, head_dim: int, value_dim: int) -> KernelChoice:
+        """The kernel a launch with these head dims runs: the grid's choice where its tensor-core plan
+        fits, else the scalar kernel."""
+        mma = self.mma_plan(head_dim, value_dim)
+        return mma.choice if mma is not None else self.choice.scalar()
 
     def launch_plan(self, head_dim: int, value_dim: int) -> BackwardPlan | MmaBackwardPlan:
         """The plan a launch with these head dims runs: on tensor cores where it can."""
@@ -114,14 +140,14 @@ class BackwardKernels:
     def source(self, head_dim: int, value_dim: int) -> str:
         mma = self.mma_plan(head_dim, value_dim)
         if mma is not None:
-            kind = Tf32BackwardKernelWriter if mma.element in TF32_PRODUCTS else MmaBackwardKernelWriter
-            return kind(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
-        plan = self.plan(head_dim, value_dim)
-        if self.deterministic:
+            writer = WRITERS[mma.atom](self.name, self.tiled, self.captured, self.dims, mma)
+            return writer.write(self.func_name)
+        plan, choice = self.plan(head_dim, value_dim), self.choice.scalar()
+        if choice.deterministic:
             dq = self.dq_plan(head_dim, value_dim)
-            args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype)
+            args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype, choice)
             return write_deterministic_backward(self.name, self.func_name, *args)
-        return write_backward_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan)
+        return write_backward_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan, choice)
 
     def signature(self) -> str:
         """The Numba signature the PTX is compiled for (outputs C-contiguous in the accumulation type; a
@@ -146,15 +172,17 @@ class BackwardKernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return getattr(self._kernels[key], self.name + suffix)
 
-    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str]]:
-        """(suffix, kernel, signature) of the kernels a deterministic grid runs after the key-major one."""
+    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
+        """(suffix, kernel, signature, choice) of the kernels a deterministic grid runs after the
+        key-major one: the dQ pass, and the ordered sums (the backward's)."""
         if not self.deterministic:
             return []
         rows, row = array_type(self.acc_dtype, 2, contiguous=True), array_type(self.acc_dtype, 1, contiguous=True)
+        choice = self.choice_for(head_dim, value_dim)
         return [
-            ("_dq", self.kernel(head_dim, value_dim, "_dq"), self.signature()),
-            ("_heads", self.kernel(head_dim, value_dim, "_heads"), f"void({rows}, int64[:, ::1], {rows})"),
-            ("_sites", self.kernel(head_dim, value_dim, "_sites"), f"void({rows}, {row})"),
+            ("_dq", self.kernel(head_dim, value_dim, "_dq"), self.signature(), choice.dq()),
+            ("_heads", self.kernel(head_dim, value_dim, "_heads"), f"void({rows}, int64[:, ::1], {rows})", choice),
+            ("_sites", self.kernel(head_dim, value_dim, "_sites"), f"void({rows}, {row})", choice),
         ]
 
     @property

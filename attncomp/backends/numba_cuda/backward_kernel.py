@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
+from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.runtime import jit_decorator
@@ -78,10 +79,18 @@ class BackwardKernelWriter(CudaKernelSource):
     """Writes the backward kernel of one ``ac.key_grid`` for one plan."""
 
     def __init__(
-        self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: BackwardPlan
+        self,
+        name: str,
+        tiled: TiledBackward,
+        captured: dict[Value, str],
+        dims: list[str],
+        plan: BackwardPlan,
+        choice: KernelChoice | None = None,
     ):
         super().__init__(captured, dims)
         self.name = name
+        #: which kernel this is (``choice.KernelChoice``), the first line of the source
+        self.choice = choice
         self.t = tiled
         self.plan = plan
         self.lanes, self.threads = plan.lanes, plan.threads
@@ -336,6 +345,7 @@ class BackwardKernelWriter(CudaKernelSource):
 
     def write(self, func_name: str) -> str:
         w = self.w
+        w.lines.extend(kernel_line(self.choice))
         w.lines.extend(HEADER.format(func=func_name, p=self.plan, device_math=IMPORT).splitlines())
         w.line()
         w.line()
@@ -416,6 +426,12 @@ class BackwardKernelWriter(CudaKernelSource):
 
 
 def write_backward_kernel(
-    name: str, func_name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: BackwardPlan
+    name: str,
+    func_name: str,
+    tiled: TiledBackward,
+    captured: dict[Value, str],
+    dims: list[str],
+    plan: BackwardPlan,
+    choice: KernelChoice | None = None,
 ) -> str:
-    return BackwardKernelWriter(name, tiled, captured, dims, plan).write(func_name)
+    return BackwardKernelWriter(name, tiled, captured, dims, plan, choice).write(func_name)

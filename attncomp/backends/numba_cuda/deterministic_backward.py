@@ -25,6 +25,7 @@ from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR
 from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
+from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.dq_kernel import DqKernelWriter
 from attncomp.backends.numba_cuda.dq_plan import DqPlan
@@ -272,12 +273,15 @@ def write_deterministic_backward(
     dq_plan: DqPlan,
     uniform: set[int],
     acc: str,
+    choice: KernelChoice | None = None,
 ) -> str:
     """The module of a deterministic backward: the key-major kernel ``name``, the dQ kernel
     ``name_dq``, the sum over the query positions of a key/value head ``name_heads`` and the sum of
-    the sites' slices ``name_sites``."""
+    the sites' slices ``name_sites``; ``choice`` (the key-major kernel's) and its dQ pass's head
+    the source."""
     keys = DeterministicBackwardWriter(name, tiled, captured, dims, plan, uniform).write(func_name)
     dq = DqKernelWriter(f"{name}_dq", tiled, captured, dims, dq_plan).write(func_name)
-    header = HEADER.format(func=func_name, p=plan, q=dq_plan, device_math=IMPORT)
+    lines = kernel_line(choice) + kernel_line(choice.dq() if choice is not None else None)
+    header = "\n".join([*lines, HEADER.format(func=func_name, p=plan, q=dq_plan, device_math=IMPORT)])
     sums = [head_sums_source(f"{name}_heads", acc), site_sums_source(f"{name}_sites", acc)]
     return "\n\n".join([header, keys, dq, *sums])

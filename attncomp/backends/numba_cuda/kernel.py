@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
+from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.plan import AttentionPlan
@@ -80,8 +81,11 @@ class AttentionKernelWriter(CudaKernelSource):
         plan: AttentionPlan,
         bits: frozenset[Value] = frozenset(),
         out_bits: bool = False,
+        choice: KernelChoice | None = None,
     ):
         self.name = name
+        #: which kernel this is (``choice.KernelChoice``), the first line of the source
+        self.choice = choice
         self.bits = bits
         #: the output is stored as bf16 patterns (uint16), rounded to nearest even
         self.out_bits = out_bits
@@ -213,6 +217,7 @@ class AttentionKernelWriter(CudaKernelSource):
     # the kernel ---------------------------------------------------------------
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.plan, self.w
+        w.lines.extend(kernel_line(self.choice))
         w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT).splitlines())
         w.line()
         w.line()
@@ -348,5 +353,6 @@ def write_attention_kernel(
     plan: AttentionPlan,
     bits: frozenset[Value] = frozenset(),
     out_bits: bool = False,
+    choice: KernelChoice | None = None,
 ) -> str:
-    return AttentionKernelWriter(name, tiled, captured, dims, plan, bits, out_bits).write(func_name)
+    return AttentionKernelWriter(name, tiled, captured, dims, plan, bits, out_bits, choice).write(func_name)

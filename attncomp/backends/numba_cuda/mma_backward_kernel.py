@@ -34,6 +34,7 @@ from contextlib import nullcontext
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
+from attncomp.backends.numba_cuda.choice import kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.mma_atoms import HALF_SHIFTS, M16N8K16, MmaAtom, plus
@@ -80,11 +81,12 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
         self.sites = [
             (rank, f"sacc_{k}", [f"sidx_{k}_{a}" for a in range(rank)]) for k, rank in enumerate(tiled.site_ranks)
         ]
+        choice = plan.choice
         #: a loaded pair of elements -> one register; two float32 -> one register
-        self.pack_loaded = "pack_halves" if plan.storage == "f16" else f"pack_{plan.element}x2"
-        self.pack = f"pack_{plan.element}x2"
-        self.zero = "np.float16(0.0)" if plan.storage == "f16" else "ACC(0.0)"
-        self.mma = f"mma_{plan.element}"
+        self.pack = f"pack_{choice.operands}x2"
+        self.pack_loaded = "pack_halves" if choice.storage == "f16" else self.pack
+        self.zero = "np.float16(0.0)" if choice.storage == "f16" else "ACC(0.0)"
+        self.mma = f"mma_{choice.operands}"
         #: the first dK/dQ and dV columns of this thread block's share
         self.fd, self.fe = ("fd", "fe") if plan.halves > 1 else ("0", "0")
 
@@ -408,6 +410,7 @@ class MmaBackwardKernelWriter(BackwardKernelWriter):
 
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
+        w.lines.extend(kernel_line(p.choice))
         w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()

@@ -37,30 +37,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
 from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
-from attncomp.backends.numba_cuda.mma_atoms import ATOMS, M16N8K8_TF32, M16N8K16, MmaAtom
-from attncomp.backends.numba_cuda.mma_plan import ELEMENTS, PAD_WORDS, TF32_PRODUCTS
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma_plan import PAD_WORDS
 
 #: (keys, query rows, halves) per thread block by the widest head dim they serve
 KEYS_ROWS = ((64, 64, 32, 1), (128, 32, 16, 2))
 
 
 @dataclass(frozen=True)
-class MmaBackwardPlan:
+class MmaBackwardPlan(OnTensorCores):
     block_q: int  # query rows of the IR's tile
     block_k: int  # keys of the IR's tile
     head_dim: int  # D
     value_dim: int  # E
-    element: str  # "f16" or "bf16"
-    storage: str  # how query, key, value and output gradient are held: "f16", or "f32" (bf16 widened)
+    #: the kernel (``choice.KernelChoice``): its atom and operand type, and how query, key, value and
+    #: output gradient are held ("f16", or "f32": float32, or bf16 widened)
+    choice: KernelChoice
     keys: int  # keys per thread block (a part of one IR key block)
     rows: int  # query rows per chunk
     halves: int = 1  # thread blocks sharing the keys, each the dK, dV and dQ columns of its share
-
-    @property
-    def atom(self) -> MmaAtom:
-        """The instruction of the products (``mma_atoms``)."""
-        return ATOMS[self.element]
 
     @property
     def d_share(self) -> int:
@@ -82,7 +79,7 @@ class MmaBackwardPlan:
 
     @property
     def per_word(self) -> int:
-        """Elements per 32-bit shared word: two 16-bit ones, or one tf32 (``element == "tf32"``)."""
+        """Elements per 32-bit shared word: two 16-bit ones, or one tf32."""
         return self.atom.a.per_register
 
     @property
@@ -112,7 +109,7 @@ class MmaBackwardPlan:
     @property
     def layout(self) -> dict[str, int]:
         """Each tile's first word in the one shared array (``ds`` over ``q``), and ``"words"``, the total."""
-        if self.element in TF32_PRODUCTS:  # no transposed tiles: fragments read rows and columns alike
+        if self.choice.tf32:  # no transposed tiles: fragments read rows and columns alike
             sizes = {
                 "k": self.keys * self.k_pitch,
                 "v": self.keys * self.v_pitch,
@@ -167,13 +164,16 @@ TF32_KEYS_ROWS = (64, 16)
 
 
 def plan_mma_backward(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, element: str | None, storage: str
+    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice
 ) -> MmaBackwardPlan | None:
-    """The tensor-core backward plan for these sizes, or None where the scalar kernel must run them."""
-    if element in TF32_PRODUCTS:
-        return plan_tf32_backward(block_q, block_k, head_dim, value_dim, element)
-    k = M16N8K16.k  # keys (rows of S^T), query rows, D and E are each the k of some product
-    if element not in ELEMENTS or block_q % k or block_k % k:
+    """The tensor-core backward plan of ``choice`` for these sizes, or None where the scalar kernel
+    must run them (``choice`` is not on tensor cores, or the sizes do not fit)."""
+    if choice.atom is None:
+        return None
+    if choice.tf32:
+        return plan_tf32_backward(block_q, block_k, head_dim, value_dim, choice)
+    k = choice.atom.k  # keys (rows of S^T), query rows, D and E are each the k of some product
+    if block_q % k or block_k % k:
         return None
     if head_dim <= 0 or head_dim % k or value_dim <= 0 or value_dim % k:
         return None
@@ -181,21 +181,21 @@ def plan_mma_backward(
     fit = next(((keys, rows, halves) for most, keys, rows, halves in KEYS_ROWS if widest <= most), None)
     if fit is None:
         return None
-    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, storage, *fit))
+    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, choice, *fit))
 
 
 def plan_tf32_backward(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, element: str = "tf32"
+    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice
 ) -> MmaBackwardPlan | None:
-    """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32: one product ("tf32",
-    flash-tiling's ``precision = "tf32"``) or three of split operands ("3xtf32", ``"exact"``); D and
-    E multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
+    """The plan of float32 gradients on ``mma.sync.m16n8k8`` in tf32: one product (flash-tiling's
+    ``precision = "tf32"``) or three of split operands (``choice.exact``, ``"exact"``); D and E
+    multiples of 8 up to 64, blocks multiples of 16; None: the scalar kernel."""
     m, k = M16N8K8_TF32.m, M16N8K8_TF32.k
     if block_q % m or block_k % m or head_dim <= 0 or value_dim <= 0:
         return None
     if head_dim % k or value_dim % k or max(head_dim, value_dim) > 64:
         return None
-    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, element, "f32", *TF32_KEYS_ROWS))
+    return _fitted(MmaBackwardPlan(block_q, block_k, head_dim, value_dim, choice, *TF32_KEYS_ROWS))
 
 
 def _fitted(plan: MmaBackwardPlan) -> MmaBackwardPlan | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from attncomp.backends.codegen import dim_expr
 from attncomp.backends.lse_merge import write_finish
+from attncomp.backends.numba_cuda.choice import kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel import AttentionKernelWriter
 from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR, M16N8K16, MmaAtom, plus
@@ -71,12 +72,15 @@ class MmaKernelWriter(AttentionKernelWriter):
         plan: MmaPlan,
         out_bits: bool = False,
     ):
-        super().__init__(name, tiled, captured, dims, plan, out_bits=out_bits)  # float32 accumulators
+        super().__init__(
+            name, tiled, captured, dims, plan, out_bits=out_bits, choice=plan.choice
+        )  # float32 accumulators
         self.mp = plan
+        choice = plan.choice
         #: a loaded pair of elements -> one register; two float32 -> one register
-        self.pack_loaded = {"f16": "pack_halves", "bits": "pack_bits"}.get(plan.storage, f"pack_{plan.element}x2")
-        self.pack = f"pack_{plan.element}x2"
-        self.zero = {"f16": "np.float16(0.0)", "bits": "np.uint16(0)"}.get(plan.storage, "ACC(0.0)")
+        self.pack = f"pack_{choice.operands}x2"
+        self.pack_loaded = {"f16": "pack_halves", "bits": "pack_bits"}.get(choice.storage, self.pack)
+        self.zero = {"f16": "np.float16(0.0)", "bits": "np.uint16(0)"}.get(choice.storage, "ACC(0.0)")
 
     # loads ----------------------------------------------------------------------
     def element(self, load: Op, row: str, col: str) -> str:
@@ -196,7 +200,7 @@ class MmaKernelWriter(AttentionKernelWriter):
                 w.line(f"{o} = {self.mma()}({a}, {b}, {o})")
 
     def mma(self) -> str:
-        return f"mma_{self.mp.element}"
+        return f"mma_{self.mp.choice.operands}"
 
     def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """The score region on every element a lane holds, the mask region where it applies, and
@@ -272,6 +276,7 @@ class MmaKernelWriter(AttentionKernelWriter):
 
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
+        w.lines.extend(kernel_line(self.choice))
         w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()

@@ -28,55 +28,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
-from attncomp.backends.numba_cuda.mma_atoms import ATOMS, M16N8K16, MmaAtom
+from attncomp.backends.numba_cuda.mma_atoms import M16N8K16
 
 #: query rows per warp (the m of m16n8k16)
 WARP_ROWS = M16N8K16.m
 #: words a shared-memory row is padded by
 PAD_WORDS = 4
-#: the 16-bit element types tensor cores multiply (with float32 accumulation)
-ELEMENTS = ("f16", "bf16")
-#: float32 products on tensor cores: three tf32 products of split operands, or one
-TF32_PRODUCTS = ("3xtf32", "tf32")
 #: keys per chunk by the largest head dim they serve: a lane holds D / 4 query and E / 4 output
 #: registers, and chunk / 4 scores (``ptxas`` reports no spills at these, see the PTX tests).
 #: Head dims past 128 would spill (64 query and 128 output registers at 256): the scalar kernels
 #: run them.
 CHUNKS = ((64, 64), (128, 32))
 #: the same for float32 operands (a lane holds D / 2 query and E / 2 output registers), by
-#: product kind.  3xTF32 past D = 64 spills (272 bytes at D = 128, even with the query's rests
-#: made once per chunk instead of kept): those head dims run the float32 FMA kernels.
-F32_CHUNKS = {"tf32": ((64, 32), (128, 16)), "3xtf32": ((64, 16),)}
+#: whether they are exact (``KernelChoice.exact``: 3xTF32) or one tf32 product.  3xTF32 past D = 64
+#: spills (272 bytes at D = 128, even with the query's rests made once per chunk instead of kept):
+#: those head dims run the float32 FMA kernels.
+F32_CHUNKS = {False: ((64, 32), (128, 16)), True: ((64, 16),)}
 
 
 @dataclass(frozen=True)
-class MmaPlan:
+class MmaPlan(OnTensorCores):
     block_q: int  # query rows of the IR's tile
     block_k: int  # keys of the IR's tile
     head_dim: int  # D
     value_dim: int  # E
-    element: str  # the products' type: "f16", "bf16", "tf32" or "3xtf32" (``TF32_PRODUCTS``)
-    #: how the query, key and value arrays hold it on the device: "f16"; "bits" (bf16 as its 16-bit
-    #: patterns, uint16 or int16); "f32" (bf16 widened, ``numba_cuda.widened``)
-    storage: str
+    #: the kernel (``choice.KernelChoice``): its atom and operand type, and how the query, key and
+    #: value arrays hold them on the device ("f16"; "bits": bf16 as its 16-bit patterns, uint16 or
+    #: int16; "f32": float32, or bf16 widened, ``numba_cuda.widened``)
+    choice: KernelChoice
     rows: int  # query rows per thread block
     chunk: int  # keys computed at a time (divides block_k)
 
     @property
-    def atom(self) -> MmaAtom:
-        """The instruction of the products (``mma_atoms``)."""
-        return ATOMS[self.element]
-
-    @property
     def tf32(self) -> bool:
         """float32 operands on ``m16n8k8`` tf32 products (``mma_f32_kernel.py``)."""
-        return self.element in TF32_PRODUCTS
+        return self.choice.tf32
 
     @property
     def split(self) -> bool:
         """Each operand as two tf32 parts, three products (3xTF32)."""
-        return self.element == "3xtf32"
+        return self.choice.tf32 and self.choice.exact
 
     @property
     def warps(self) -> int:
@@ -127,18 +120,15 @@ def plan_mma(
     block_k: int,
     head_dim: int,
     value_dim: int,
-    element: str | None,
-    storage: str,
+    choice: KernelChoice,
     rows: int,
 ) -> MmaPlan | None:
-    """The tensor-core plan for these sizes, or None where the scalar kernels must run them."""
-    if element in TF32_PRODUCTS:
-        chunks = F32_CHUNKS[element]
-    elif element in ELEMENTS:
-        chunks = CHUNKS
-    else:
+    """The tensor-core plan of ``choice`` for these sizes, or None where the scalar kernels must run
+    them (``choice`` is not on tensor cores, or the sizes do not fit)."""
+    atom = choice.atom
+    if atom is None:
         return None
-    atom = ATOMS[element]
+    chunks = F32_CHUNKS[choice.exact] if choice.tf32 else CHUNKS
     if rows % WARP_ROWS or block_k % M16N8K16.k:  # key tiles of whole 16-bit products, either kind
         return None
     if head_dim <= 0 or head_dim % atom.k or value_dim <= 0 or value_dim % atom.n:
@@ -149,7 +139,7 @@ def plan_mma(
         chunk //= 2
     if chunk < atom.k:  # the keys of one product
         return None
-    plan = MmaPlan(block_q, block_k, head_dim, value_dim, element, storage, rows, chunk)
+    plan = MmaPlan(block_q, block_k, head_dim, value_dim, choice, rows, chunk)
     if plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
         return None
     return plan

@@ -50,18 +50,15 @@ from numba import cuda
 
 
 class Tf32BackwardKernelWriter(MmaBackwardKernelWriter):
-    """The float32 tensor-core backward of one ``ac.key_grid``: one tf32 product ("tf32") or three
-    of split operands ("3xtf32")."""
+    """The float32 tensor-core backward of one ``ac.key_grid``: one tf32 product, or three of split
+    operands (``KernelChoice.exact``: 3xTF32)."""
 
     ATOM: MmaAtom = M16N8K8_TF32
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.mma = "mma_tf32"
-
     @property
     def split(self) -> bool:
-        return self.mp.element == "3xtf32"
+        """Each operand as two tf32 parts, three products (``KernelChoice.exact``)."""
+        return self.mp.choice.exact
 
     def header(self, func_name: str) -> str:
         kind = "3xTF32 (split operands, three products)" if self.split else "TF32 (one product)"
