@@ -37,22 +37,6 @@ REASONS = (
     "a fragment",
 )
 
-# Pages edited elsewhere at present: their markers live here, by 1-based block number, until
-# they move into the page itself (as `<!-- snippet: not run (REASON) -->` before the block).
-NOT_RUN: dict[tuple[str, int], str] = {
-    ("docs/api.md", 2): "a fragment (q, k, v, slopes come from the caller)",
-    ("docs/api.md", 3): "a signature",
-    ("docs/api.md", 4): "a signature",
-    ("docs/api.md", 5): "a fragment (the prompt and token arrays come from the caller)",
-    ("docs/api.md", 6): "a fragment (q, k, v, slopes, d_out come from the caller)",
-    ("docs/api.md", 7): "needs a GPU",
-    ("docs/api.md", 8): "a fragment (q, k, v, slopes come from the caller)",
-    ("docs/api.md", 9): "a fragment (the per-sequence arrays come from the caller)",
-    ("docs/api.md", 10): "needs a Dask cluster",
-    ("docs/api.md", 11): "a fragment (the float32 and bf16 arrays come from the caller)",
-    ("docs/api.md", 12): "a fragment (cfg and my_alibi come from the caller)",
-}
-
 # Optional extras, by the top-level module a block imports (or a call that imports it).
 EXTRAS = {"torch": "torch", "transformers": "hf", "dask": "dask", "distributed": "dask", "matplotlib": "plot"}
 NEEDS_MODULE = {"plot_attention": "matplotlib"}
@@ -141,7 +125,7 @@ def plan(page: Path) -> list[tuple[Block, str | None]]:
     """Each python block of the page with the reason it does not run here (None: it runs)."""
     out, after = [], None
     for block in python_blocks(page):
-        reason = block.marker or NOT_RUN.get((block.page, block.number))
+        reason = block.marker
         if reason is None and after is not None:
             reason = f"follows a block that {after}"
         if reason is None:
@@ -157,12 +141,7 @@ RUN_PAGES = [page for page, blocks in PLANS.items() if any(reason is None for _,
 NOT_RUN_BLOCKS = [(block, reason) for blocks in PLANS.values() for block, reason in blocks if reason is not None]
 
 
-def test_markers_and_table_name_known_reasons_and_real_blocks():
-    for (page, number), reason in NOT_RUN.items():
-        assert reason.startswith(REASONS), (page, number, reason)
-        blocks = PLANS[page]
-        assert 1 <= number <= len(blocks), f"{page} has no python block {number}"
-        assert blocks[number - 1][0].marker is None, f"{page} block {number}: marked in the page and in NOT_RUN"
+def test_markers_name_known_reasons_before_python_blocks():
     for page in PAGES:  # a marker names a known reason, right before a python block
         lines = page.read_text().splitlines()
         for n, line in enumerate(lines):
