@@ -186,6 +186,12 @@ class AttentionKernels:
         """The (D, E) pairs compiled so far."""
         return list(dict.fromkeys((d, e) for d, e, _ in self._kernels))
 
+    @property
+    def specialisations(self) -> list[tuple[int, int, int]]:
+        """The kernels generated so far, by (D, E, query rows per thread block): one per head dims
+        for calls of a block's rows or more, and one per power of two below that (``rows_for``)."""
+        return list(self._kernels)
+
     def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any, zeroed: bool = False) -> Any:
         """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small
         (``zeroed``: zeroed when it is made; the kernels leave it zero after each launch).
