@@ -141,12 +141,18 @@ def test_a_python_float_takes_the_type_it_meets(dtype):
     text = str(spec.ir if dtype != "floating" else spec.trace_as(call))
     assert "f64" not in text
     assert f"-> tensor<B x H x T x D x {call}>" in text
+    runs_fused(spec, call)
+
+
+def runs_fused(spec, dtype: str) -> None:
+    """``spec`` called in ``dtype`` on the interpreter: one fused attention, the result in ``dtype``
+    and within its tolerance of float64."""
     fn = ac.compile(spec, backend="interp")
-    inputs = inputs_for(spec, call)
+    inputs = inputs_for(spec, dtype)
     out = fn(*inputs)
-    assert out.dtype == NUMPY[call]
-    assert_fused(fn, call)
-    assert worst_error([out], exact(spec, call, inputs)) < TOLERANCE[call]
+    assert out.dtype == NUMPY[dtype]
+    assert_fused(fn, dtype)
+    assert worst_error([out], exact(spec, dtype, inputs)) < TOLERANCE[dtype]
 
 
 def test_the_fused_op_shows_its_score_type():
@@ -172,12 +178,7 @@ def test_scores_widened_past_the_score_type_say_so():
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("spec", PARAMETER_SPECS, ids=SPEC_IDS)
 def test_float32_parameters_fuse_in_16_bits(spec, dtype):
-    fn = ac.compile(spec, backend="interp")
-    inputs = inputs_for(spec, dtype)
-    out = fn(*inputs)
-    assert out.dtype == NUMPY[dtype]
-    assert_fused(fn, dtype)
-    assert worst_error([out], exact(spec, dtype, inputs)) < TOLERANCE[dtype]
+    runs_fused(spec, dtype)
 
 
 CONSTANT_SLOPE = constant_slope_spec("floating")

@@ -184,7 +184,7 @@ class AttentionKernels:
     @property
     def specialised(self) -> list[tuple[int, int]]:
         """The (D, E) pairs compiled so far."""
-        return list(dict.fromkeys((d, e) for d, e, _ in self._kernels))
+        return list(dict.fromkeys((d, e) for d, e, _ in self.specialisations))
 
     @property
     def specialisations(self) -> list[tuple[int, int, int]]:
