@@ -38,7 +38,9 @@ def test_bf16_runs_on_bf16_tensor_cores_from_its_16_bit_patterns():
     (kernels,) = _build(_spec("bf16")).attention
     choice = kernels.choice_for(64, 64)
     assert (choice.family, choice.atom, choice.operands, choice.storage) == ("forward", M16N8K16, "bf16", "bits")
-    assert choice.describe() == "forward, mma m16n8k16 bf16, storage bf16 bits, accumulate f32, atomic"
+    assert choice.describe() == "forward, mma m16n8k16 bf16, async copies, storage bf16 bits, accumulate f32, atomic"
+    staged = kernels.choice_for(64, 64, dense=False)  # strided rows: staged by loads and stores
+    assert staged.describe() == "forward, mma m16n8k16 bf16, storage bf16 bits, accumulate f32, atomic"
     assert kernels.source(64, 64).splitlines()[0] == f"# kernel: {choice.describe()}"
     (backward,) = _build(_spec("bf16"), backward=True).backward
     assert backward.choice_for(64, 64).describe() == "backward, mma m16n8k16 bf16, storage f32, accumulate f32, atomic"
@@ -90,7 +92,10 @@ def test_fn_kernels_lists_each_attention_kernels_choice():
     fn = ac.compile(_spec("bf16"), backend="cuda")
     listed = {k.name: k for k in fn.kernels(64, 64)}
     forward = listed["attention_kernel_0[D=64,E=64]"]
-    assert forward.choice.describe() == "forward, mma m16n8k16 bf16, storage bf16 bits, accumulate f32, atomic"
+    assert (
+        forward.choice.describe()
+        == "forward, mma m16n8k16 bf16, async copies, storage bf16 bits, accumulate f32, atomic"
+    )
     assert forward.source.startswith(forward.choice.header() + "\n")
     assert all(k.choice is None for name, k in listed.items() if not name.startswith("attention_"))
     backward = ac.compile(_spec(), backend="cuda", deterministic=True).backward

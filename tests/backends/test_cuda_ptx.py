@@ -145,8 +145,29 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
     _check(impl, head_dim, attention, texts)
     # per chunk of keys: (D / 16) (chunk / 8) products for S, (E / 8) (chunk / 16) for O
     products = head_dim // 16 * plan.chunk // 8 + head_dim // 8 * plan.chunk // 16
+    assert plan.async_copies  # a call with C-contiguous arrays: 16-byte copies and ldmatrix
     for ptx in texts.values():
         assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
+        assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+
+
+@pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("f16", 64)])
+def test_strided_calls_run_the_staged_tensor_core_kernels(dtype, head_dim):
+    """A call whose key or value rows are not dense runs the kernel that stages 32-bit words by loads
+    and stores (no cp.async, no ldmatrix): on tensor cores too, without spills."""
+    from attncomp.backends.numba_cuda import KernelInfo, bounds
+    from tests.cuda_sim.helpers import retyped
+
+    group = _build(retyped(load_example("alibi").causal_alibi, dtype)).attention[0]
+    staged = group.choice_for(head_dim, head_dim, dense=False)
+    assert staged.mma and not staged.async_copies and group.choice_for(head_dim, head_dim).async_copies
+    dispatcher = group.kernel(head_dim, head_dim, dense=False)
+    source = group.source(head_dim, head_dim, dense=False)
+    info = KernelInfo("staged", dispatcher.py_func, group.signature(), source, bounds(dispatcher), staged)
+    texts: dict = {}
+    _check(None, head_dim, [info], texts)
+    for ptx in texts.values():
+        assert "mma.sync.aligned.m16n8k16" in ptx and "cp.async" not in ptx and "ldmatrix" not in ptx
 
 
 @pytest.mark.parametrize("precision,head_dim", [("exact", 64), ("tf32", 128)])

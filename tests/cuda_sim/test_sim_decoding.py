@@ -57,7 +57,7 @@ def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
     got = fn(q, k, v)
     kernels = fn.compilation.program.attention[0]
     assert kernels.last_split > 1
-    assert (8, 8, 1) in kernels._kernels and kernels.plan(8, 8, 1).threads == 32
+    assert (8, 8, 1) in kernels.specialisations and kernels.plan(8, 8, 1).threads == 32
     np.testing.assert_allclose(got, module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)
 
 

@@ -29,8 +29,9 @@ from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, c
 from attncomp.backends.numba_cuda.kernel import write_attention_kernel
 from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma_f32_kernel import Tf32KernelWriter
+from attncomp.backends.numba_cuda.mma_flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_mma
+from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_flash, plan_mma
 from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op, captured_values
@@ -84,6 +85,14 @@ class AttentionKernels:
         self.bits = frozenset(
             load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load) if self.choice.storage == "bits"
         )
+        #: where the query, key and value arrays are in a launch's arguments (after the outputs)
+        loads = (self.tiled.q_load, self.tiled.masked.k_load, self.tiled.masked.v_load)
+        names = list(self.captured.values())
+        self._qkv_args = [
+            self.n_outs + names.index(self.captured[load.operands[0]])
+            for load in loads
+            if load.operands[0] in self.captured
+        ]
         #: the key splits of the last launch (1: none)
         self.last_split = 1
         self._kernels: dict[tuple[int, int, int], Any] = {}
@@ -120,33 +129,46 @@ class AttentionKernels:
         t = self.tiled
         return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes, rows)
 
-    def mma_plan(self, head_dim: int, value_dim: int, rows: int | None = None) -> MmaPlan | None:
-        """The tensor-core plan of a launch with these head dims and rows per block, if it has one."""
+    @property
+    def paged(self) -> bool:
+        """Keys or values read through a page table (the asynchronous copies read dense rows only)."""
+        loads = (self.tiled.masked.k_load, self.tiled.masked.v_load)
+        return any(getattr(load.operands[0].owner, "name", None) == "ac.page_view" for load in loads)
+
+    def mma_plan(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> MmaPlan | None:
+        """The tensor-core plan of a launch with these head dims and rows per block, if it has one:
+        asynchronous copies where the call's key and value rows are ``dense`` and the plan fits
+        (``plan_flash``), else the staged one."""
         t = self.tiled
         rows = t.block_q if rows is None else rows
+        if dense and not self.paged:
+            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
+            if flash is not None:
+                return flash
         return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
 
-    def choice_for(self, head_dim: int, value_dim: int, rows: int | None = None) -> KernelChoice:
+    def choice_for(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> KernelChoice:
         """The kernel a launch with these head dims and rows per block runs: the grid's choice where
         its tensor-core plan fits, else the scalar kernel."""
-        mma = self.mma_plan(head_dim, value_dim, rows)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense)
         return mma.choice if mma is not None else self.choice.scalar()
 
     def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
         """None: one kernel per launch (``BackwardKernels.extra_kernels``)."""
         return []
 
-    def threads(self, head_dim: int, value_dim: int, rows: int | None = None) -> int:
+    def threads(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> int:
         """Threads per block of the kernel for these head dims and rows."""
-        mma = self.mma_plan(head_dim, value_dim, rows)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense)
         return mma.threads if mma is not None else self.plan(head_dim, value_dim, rows).threads
 
-    def source(self, head_dim: int, value_dim: int, rows: int | None = None) -> str:
+    def source(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> str:
         """The kernel's source: on tensor cores where the plan allows, else the scalar kernel."""
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
-        mma = self.mma_plan(head_dim, value_dim, rows)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense)
         if mma is not None:
-            writer = WRITERS[mma.atom](self.name, self.tiled, self.captured, self.dims, mma, self.out_bits)
+            writer = FlashKernelWriter if mma.async_copies else WRITERS[mma.atom]
+            writer = writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits)
             return writer.write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim, rows), self.choice.scalar()
         return write_attention_kernel(*args, plan, self.bits, self.out_bits, choice)
@@ -171,15 +193,21 @@ class AttentionKernels:
         types.append("int32[::1]")  # each unit's count of finished splits (``kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
-    def _module(self, head_dim: int, value_dim: int, rows: int | None) -> Any:
-        key = (head_dim, value_dim, self.tiled.block_q if rows is None else rows)
+    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool) -> Any:
+        rows = self.tiled.block_q if rows is None else rows
+        # calls whose plans are the same share a kernel: dense rows matter only where they change it
+        dense = dense and self.mma_plan(head_dim, value_dim, rows, True) != self.mma_plan(
+            head_dim, value_dim, rows, False
+        )
+        key = (head_dim, value_dim, rows, dense)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
 
-    def kernel(self, head_dim: int, value_dim: int, rows: int | None = None) -> Any:
-        """The attention kernel for these head dims (and query rows per thread block)."""
-        return getattr(self._module(head_dim, value_dim, rows), self.name)
+    def kernel(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> Any:
+        """The attention kernel for these head dims (and query rows per thread block), for a call
+        whose key and value rows are ``dense`` or not (``runtime.dense_rows``)."""
+        return getattr(self._module(head_dim, value_dim, rows, dense), self.name)
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
@@ -189,8 +217,9 @@ class AttentionKernels:
     @property
     def specialisations(self) -> list[tuple[int, int, int]]:
         """The kernels generated so far, by (D, E, query rows per thread block): one per head dims
-        for calls of a block's rows or more, and one per power of two below that (``rows_for``)."""
-        return list(self._kernels)
+        for calls of a block's rows or more, and one per power of two below that (``rows_for``); a
+        call with strided keys or values may add a second of the same sizes (:meth:`kernel`)."""
+        return list(dict.fromkeys(key[:3] for key in self._kernels))
 
     def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any, zeroed: bool = False) -> Any:
         """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small
@@ -239,7 +268,8 @@ class AttentionKernels:
         if blocks <= 0:
             return
         rows = rows_for(self.tiled.block_q, n_rows)
-        threads = self.threads(head_dim, value_dim, rows)
+        dense = all(rt.dense_rows(args[n]) for n in self._qkv_args)
+        threads = self.threads(head_dim, value_dim, rows, dense)
         n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
         outs = args[: self.n_outs]
@@ -251,5 +281,5 @@ class AttentionKernels:
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
             done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
-            kernel = self.kernel(head_dim, value_dim, rows)
+            kernel = self.kernel(head_dim, value_dim, rows, dense)
             rt.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

@@ -51,6 +51,10 @@ class KernelChoice:
     storage: str = "f32"
     accumulate: str = "f32"
     deterministic: bool = False
+    #: keys and values staged by 16-byte asynchronous copies into swizzled shared tiles and read by
+    #: ``ldmatrix`` (``mma_flash_kernel.py``): 16-bit operands whose key and value rows are dense
+    #: (``runtime.dense_rows``); else staged by loads and stores of 32-bit words
+    async_copies: bool = False
 
     @property
     def mma(self) -> bool:
@@ -70,7 +74,7 @@ class KernelChoice:
 
     def scalar(self) -> KernelChoice:
         """The same grid on the scalar FMA kernels (where its head dims do not fit the tensor cores)."""
-        return replace(self, atom=None, operands=None, exact=False)
+        return replace(self, atom=None, operands=None, exact=False, async_copies=False)
 
     def dq(self) -> KernelChoice:
         """A deterministic backward's dQ pass."""
@@ -81,7 +85,8 @@ class KernelChoice:
         arithmetic = f"mma {self.atom.shape} {self.products}" if self.atom is not None else "fma"
         storage = STORAGE_NAMES.get(self.storage, self.storage)
         order = "deterministic" if self.deterministic else "atomic"
-        return f"{self.family}, {arithmetic}, storage {storage}, accumulate {self.accumulate}, {order}"
+        copies = ", async copies" if self.async_copies else ""
+        return f"{self.family}, {arithmetic}{copies}, storage {storage}, accumulate {self.accumulate}, {order}"
 
     def header(self) -> str:
         """The comment line a generated kernel's source starts with."""

@@ -243,6 +243,66 @@ M16N8K8_TF32 = MmaAtom(
     c=ACCUMULATOR,
 )
 
+#: shared memory's banks: 32 of 4 bytes; a warp's access is served in one pass ("wavefront") per set
+#: of distinct 4-byte words that share no bank, so two distinct words of one bank in one phase cost
+#: a pass more (a bank conflict)
+BANKS = 32
+BANK_BYTES = 4
+
+
+@dataclass(frozen=True)
+class LdMatrix:
+    """``ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16``: ``count`` 8 x 8 matrices of 16-bit
+    elements from shared memory into ``count`` registers of every lane (PTX ISA, "Warp-level matrix
+    load instruction: ldmatrix").  Lanes ``8 j .. 8 j + 7`` give the addresses of matrix ``j``'s eight
+    rows (16 contiguous bytes each; row ``lane % 8``), and register ``j`` of every lane holds its
+    places of matrix ``j`` by :attr:`fragment`: ``(g, 2t)`` and ``(g, 2t + 1)`` (the low half first),
+    or with ``.trans`` ``(2t, g)`` and ``(2t + 1, g)``.  Read so, the rows of a row-major tile are B
+    fragments of ``m16n8k16`` along ``k`` (``b0, b1`` of :data:`M16N8K16` are matrices ``k`` 0-7 and
+    8-15 of one 8-column tile), and ``.trans`` gives them from a tile whose rows are ``k``.  One
+    phase a matrix: its eight rows are conflict-free when they fall in eight distinct 16-byte
+    quarters of the 128 bytes the banks span."""
+
+    count: int
+    trans: bool
+    fragment: Fragment
+    rows: int = 8
+    row_bytes: int = 16
+
+    @property
+    def name(self) -> str:
+        return f"ldmatrix.sync.aligned.m8n8.x{self.count}{'.trans' if self.trans else ''}.shared.b16"
+
+    def matrix_of(self, lane: int) -> tuple[int, int]:
+        """(matrix, row) whose address a lane gives."""
+        return divmod(lane, self.rows)
+
+
+#: ldmatrix's places: a lane holds row ``g``, columns ``2t, 2t + 1``; transposed, rows ``2t, 2t + 1`` of column ``g``
+LDMATRIX_X4 = LdMatrix(4, False, Fragment(8, 8, (1, 0), (0, 2), ((0, 0),), per_register=2, high=(0, 1)))
+LDMATRIX_X4_TRANS = LdMatrix(4, True, Fragment(8, 8, (0, 2), (1, 0), ((0, 0),), per_register=2, high=(1, 0)))
+
+
+@dataclass(frozen=True)
+class AsyncCopy:
+    """``cp.async.cg.shared.global [dst], [src], 16, src_size``: 16 bytes from global memory to shared
+    memory, asynchronously, bypassing L1 (PTX ISA, "cp.async").  ``src_size`` bytes are read and the
+    rest zero-filled (0: all zeros, the tile's keys past the end).  Copies a thread issues join a
+    group at ``cp.async.commit_group``; ``cp.async.wait_group n`` waits until at most ``n`` of the
+    thread's groups are in flight, and only then are their bytes in shared memory, seen by other
+    threads after a barrier.  A warp's 16-byte stores are served a quarter-warp (8 lanes, 128 bytes)
+    a phase."""
+
+    bytes: int = 16
+    lanes_per_phase: int = 8
+
+    @property
+    def name(self) -> str:
+        return f"cp.async.cg.shared.global [dst], [src], {self.bytes}, src_size"
+
+
+CP_ASYNC_16 = AsyncCopy()
+
 #: the atom of each element type the kernels multiply
 ATOMS = {"f16": M16N8K16, "bf16": M16N8K16, "tf32": M16N8K8_TF32, "3xtf32": M16N8K8_TF32}
 

@@ -329,13 +329,18 @@ class MmaKernelWriter(AttentionKernelWriter):
                 w.line("per_split = (max(kb_hi - kb_lo, 0) + n_split - 1) // n_split")
                 w.line("kb_lo = kb_lo + sp * per_split")
                 w.line("kb_hi = min(kb_hi, kb_lo + per_split)")
-            w.line("for kb in range(kb_lo, kb_hi):")
-            with w.indent():
-                self.names[t.loop.regions[0].args[0]] = "kb"
-                self.loop_body(hoisted)
+            self.key_loop(hoisted)
             self.finish()
             self.write_merge(p.block_q, p.threads)
         return w.text()
+
+    def key_loop(self, hoisted: dict[Op, list[Op]]) -> None:
+        """The key blocks ``[kb_lo, kb_hi)``, one IR tile at a time."""
+        w = self.w
+        w.line("for kb in range(kb_lo, kb_hi):")
+        with w.indent():
+            self.names[self.t.loop.regions[0].args[0]] = "kb"
+            self.loop_body(hoisted)
 
     def finish(self) -> None:
         t, p, w, c = self.t, self.mp, self.w, self.ATOM.c

@@ -26,7 +26,7 @@ second copy of each with the parts ``big`` missed.  They need ``D`` and ``E`` mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
@@ -86,13 +86,22 @@ class MmaPlan(OnTensorCores):
         return 1
 
     @property
+    def async_copies(self) -> bool:
+        """Keys and values staged by asynchronous copies into swizzled tiles (``mma_flash_kernel.py``)."""
+        return self.choice.async_copies
+
+    @property
     def k_pitch(self) -> int:
-        """Words per row of the shared key tile."""
+        """Words per row of the shared key tile (unpadded where swizzled)."""
+        if self.async_copies:
+            return self.head_dim // 2
         return self.head_dim // self.atom.a.per_register + PAD_WORDS
 
     @property
     def v_pitch(self) -> int:
-        """Words per row of the shared value tile (transposed for 16-bit elements)."""
+        """Words per row of the shared value tile (transposed for 16-bit elements, unless swizzled)."""
+        if self.async_copies:
+            return self.value_dim // 2
         return self.value_dim + PAD_WORDS if self.tf32 else self.chunk // self.atom.b.per_register + PAD_WORDS
 
     @property
@@ -101,7 +110,7 @@ class MmaPlan(OnTensorCores):
 
     @property
     def v_words(self) -> int:
-        return self.chunk * self.v_pitch if self.tf32 else self.value_dim * self.v_pitch
+        return self.chunk * self.v_pitch if self.tf32 or self.async_copies else self.value_dim * self.v_pitch
 
     @property
     def query_rest_words(self) -> int:
@@ -113,6 +122,38 @@ class MmaPlan(OnTensorCores):
     @property
     def shared_bytes(self) -> int:
         return 4 * ((self.k_words + self.v_words) * (2 if self.split else 1) + self.query_rest_words)
+
+
+#: keys per chunk of the asynchronous-copy kernels by the largest head dim, as ``CHUNKS``: at D = 128
+#: a chunk of 64 keys needs every one of a thread's 255 registers and spills on sm_80 where the
+#: score or mask reads key positions (ALiBi: 68 bytes), so it computes 32 at a time
+FLASH_CHUNKS = ((64, 64), (128, 32))
+#: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
+FLASH_DIM = 64
+#: keys per 16-byte copy row's chunk: 8 16-bit elements
+COPY_ELEMENTS = 8
+
+
+def plan_flash(
+    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int
+) -> MmaPlan | None:
+    """The plan of the asynchronous-copy kernel (``mma_flash_kernel.py``), or None where it does not
+    apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
+    same number of copies."""
+    if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
+        return None
+    if rows % WARP_ROWS or block_k % M16N8K16.k:
+        return None
+    chunk = next((c for most, c in FLASH_CHUNKS if max(head_dim, value_dim) <= most), 0)
+    while chunk and block_k % chunk:
+        chunk //= 2
+    if chunk < M16N8K16.k:
+        return None
+    plan = MmaPlan(block_q, block_k, head_dim, value_dim, replace(choice, async_copies=True), rows, chunk)
+    uneven = any(chunk * dim // COPY_ELEMENTS % plan.threads for dim in (head_dim, value_dim))
+    if uneven or plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
+        return None
+    return plan
 
 
 def plan_mma(

@@ -136,6 +136,35 @@ def device_view(x: Any) -> Any:
     return cuda.as_cuda_array(x)
 
 
+#: the alignment of a 16-byte asynchronous copy's source
+COPY_ALIGN = 16
+
+
+def _device_address(x: Any) -> int | None:
+    """The address of a device array's first element (the simulator's: its host array's)."""
+    fake = _simulated_array_type()
+    if fake is not None and isinstance(x, fake):
+        return int(np.asarray(x).ctypes.data)  # the simulator's device array: a view of its host array
+    pointer = getattr(x, "device_ctypes_pointer", None)
+    return None if pointer is None else pointer.value
+
+
+def dense_rows(x: Any) -> bool:
+    """Whether a kernel may read ``x`` (a device view) a 16-byte chunk at a time as dense rows: the
+    last axis contiguous, the rows one after another, every other stride and the first element
+    16-byte aligned (a C-contiguous array, or a decoder cache's prefix of one)."""
+    shape, strides = tuple(x.shape), tuple(x.strides)
+    if len(shape) < 2 or 0 in shape:
+        return False
+    item = x.dtype.itemsize
+    if (shape[-1] > 1 and strides[-1] != item) or (shape[-2] > 1 and strides[-2] != shape[-1] * item):
+        return False
+    if (shape[-1] * item) % COPY_ALIGN or any(s % COPY_ALIGN for n, s in zip(shape[:-2], strides[:-2]) if n > 1):
+        return False
+    address = _device_address(x)
+    return address is not None and address % COPY_ALIGN == 0
+
+
 def to_device(x: Any) -> Any:
     """An argument on the device: device memory as it is, host arrays copied in."""
     if is_device(x):

@@ -25,6 +25,15 @@ operand of the next without leaving registers, in the order ``MmaAtom.feed`` giv
   quieted; past bf16's range, infinity), by integer arithmetic on ``f32_bits``: the same code on the
   GPU and in the simulator, where ``cvt.rn.bf16.f32`` would need an emulation.
 - ``exp2_approx(x)``: ``ex2.approx``, the softmax's exponential (``exp(x) = 2^(x log2 e)``).
+- ``cp_async16(dst, dst_byte, src, src_elem, src_bytes)``: 16 bytes from element ``src_elem`` of a
+  global array to byte ``dst_byte`` of a shared one, asynchronously (``cp.async.cg``, zero-filled past
+  ``src_bytes``); ``cp_async_commit()`` closes this thread's group of copies and
+  ``cp_async_wait(n)`` waits until at most ``n`` groups are in flight (``mma_atoms.CP_ASYNC_16``).
+- ``load_pair16(array, index)``, ``store_pair16(array, index, word)``: two neighbouring 16-bit
+  elements of a dense array (``index`` even) as one 32-bit load or store, the first in the low half.
+- ``ldmatrix_x4(sh, byte)``, ``ldmatrix_x4_trans(sh, byte)``: four 8 x 8 matrices of 16-bit elements
+  from shared memory, a lane giving one row's address, into four registers a lane
+  (``mma_atoms.LDMATRIX_X4``, ``LDMATRIX_X4_TRANS``): B fragments of ``m16n8k16``.
 
 On the GPU these are ``warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) ``warp_sim.py``'s emulation with the same layout.
@@ -39,8 +48,14 @@ from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR
 if getattr(cuda.config, "ENABLE_CUDASIM", 0):
     from attncomp.backends.numba_cuda.warp_sim import (
         bits_f32,
+        cp_async16,
+        cp_async_commit,
+        cp_async_wait,
         exp2_approx,
         f32_bits,
+        ldmatrix_x4,
+        ldmatrix_x4_trans,
+        load_pair16,
         mma_bf16,
         mma_f16,
         mma_tf32,
@@ -52,6 +67,7 @@ if getattr(cuda.config, "ENABLE_CUDASIM", 0):
         quad_sum,
         round_bf16,
         shuffle_xor,
+        store_pair16,
         tf32_rest,
         tf32_round,
         widen_bf16,
@@ -59,8 +75,14 @@ if getattr(cuda.config, "ENABLE_CUDASIM", 0):
 else:
     from attncomp.backends.numba_cuda.warp_ptx import (
         bits_f32,
+        cp_async16,
+        cp_async_commit,
+        cp_async_wait,
         exp2_approx,
         f32_bits,
+        ldmatrix_x4,
+        ldmatrix_x4_trans,
+        load_pair16,
         mma_bf16,
         mma_f16,
         mma_tf32,
@@ -70,6 +92,7 @@ else:
         pack_halves,
         round_bf16,
         shuffle_xor,
+        store_pair16,
         tf32_rest,
         tf32_round,
         widen_bf16,
@@ -91,8 +114,14 @@ else:
 
 __all__ = [
     "bits_f32",
+    "cp_async16",
+    "cp_async_commit",
+    "cp_async_wait",
     "exp2_approx",
     "f32_bits",
+    "ldmatrix_x4",
+    "ldmatrix_x4_trans",
+    "load_pair16",
     "mma_bf16",
     "mma_f16",
     "mma_tf32",
@@ -104,6 +133,7 @@ __all__ = [
     "quad_sum",
     "round_bf16",
     "shuffle_xor",
+    "store_pair16",
     "tf32_rest",
     "tf32_round",
     "widen_bf16",

@@ -16,7 +16,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 from numba.cuda.typing import signature
 
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma_atoms import LDMATRIX_X4, LDMATRIX_X4_TRANS, M16N8K8_TF32, M16N8K16
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -230,5 +230,129 @@ def round_bf16(typingctx, x):
         odd = builder.and_(top, ir.Constant(_I32, 1))
         rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(_I32, 0x7FFF)), odd), ir.Constant(_I32, 16))
         return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return sig, codegen
+
+
+def _shared_address(context, builder, array_type, array, byte):
+    """The 32-bit shared-window address of byte ``byte`` (a uint32) of a shared array: the array's
+    generic data pointer cast back to the shared state space (``cvta.to.shared``, loop-invariant)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    shared = builder.addrspacecast(data, ir.PointerType(data.type.pointee, 3))
+    return builder.add(builder.ptrtoint(shared, _I32), byte)
+
+
+def _uint32(context, builder, value, value_type):
+    return context.cast(builder, value, value_type, types.uint32)
+
+
+@intrinsic
+def cp_async16(typingctx, dst, dst_byte, src, src_elem, src_bytes):
+    """``cp.async.cg.shared.global``: 16 bytes from element ``src_elem`` (non-negative) of the global
+    array ``src`` (its last axes dense, 16-byte aligned) to byte ``dst_byte`` of the shared array ``dst``;
+    ``src_bytes`` of them read, the rest zero (0: a row past the end).  Lands at ``cp_async_wait``."""
+    sig = signature(
+        types.void, dst, types.unliteral(dst_byte), src, types.unliteral(src_elem), types.unliteral(src_bytes)
+    )
+
+    def codegen(context, builder, sig, args):
+        at = _shared_address(context, builder, sig.args[0], args[0], _uint32(context, builder, args[1], sig.args[1]))
+        data = context.make_array(sig.args[2])(context, builder, args[2]).data
+        # a signed 64-bit offset: a constant added to it folds into the instruction's address
+        offset = context.cast(builder, args[3], sig.args[3], types.int64)
+        source = builder.ptrtoint(builder.gep(data, [offset]), ir.IntType(64))
+        size = _uint32(context, builder, args[4], sig.args[4])
+        fnty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
+        call_asm(builder, fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r", [at, source, size])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_commit(typingctx):
+    """``cp.async.commit_group``: this thread's copies issued since the last commit become a group."""
+    sig = signature(types.void)
+
+    def codegen(context, builder, sig, args):
+        call_asm(builder, ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "", [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_wait(typingctx, pending):
+    """``cp.async.wait_group pending``: wait until at most ``pending`` (a constant) of this thread's
+    groups are in flight; the rest have landed (seen by other threads after a barrier)."""
+    if not isinstance(pending, types.IntegerLiteral):
+        return None
+    sig = signature(types.void, pending)
+    text = f"cp.async.wait_group {pending.literal_value};"
+
+    def codegen(context, builder, sig, args):
+        call_asm(builder, ir.FunctionType(ir.VoidType(), []), text, "", [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _ldmatrix(atom):
+    """``ldmatrix`` of ``atom`` (``mma_atoms.LdMatrix``): this lane's registers of four 8 x 8 matrices,
+    the lane giving the address (byte ``byte`` of the shared array ``sh``) of its row."""
+    registers = ", ".join(f"${k}" for k in range(atom.count))
+    text = f"{atom.name} {{{registers}}}, [${atom.count}];"
+    constraints = ",".join(["=r"] * atom.count + ["r"])
+
+    @intrinsic
+    def ldmatrix(typingctx, sh, byte):
+        sig = signature(types.UniTuple(types.uint32, atom.count), sh, types.unliteral(byte))
+
+        def codegen(context, builder, sig, args):
+            at = _shared_address(
+                context, builder, sig.args[0], args[0], _uint32(context, builder, args[1], sig.args[1])
+            )
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * atom.count), [_I32])
+            result = call_asm(builder, fnty, text, constraints, [at])
+            parts = [builder.extract_value(result, k) for k in range(atom.count)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    return ldmatrix
+
+
+ldmatrix_x4 = _ldmatrix(LDMATRIX_X4)
+ldmatrix_x4_trans = _ldmatrix(LDMATRIX_X4_TRANS)
+
+
+def _word_pointer(context, builder, array_type, array, index, index_type):
+    """The 32-bit word at element ``index`` (even, a uint32) of a dense array of 16-bit elements."""
+    data = context.make_array(array_type)(context, builder, array).data
+    at = builder.gep(data, [builder.zext(_uint32(context, builder, index, index_type), ir.IntType(64))])
+    return builder.bitcast(at, ir.PointerType(_I32))
+
+
+@intrinsic
+def load_pair16(typingctx, array, index):
+    """Elements ``index`` and ``index + 1`` (``index`` even) of a dense 16-bit array as one register,
+    the first in the low half: one 32-bit load."""
+    sig = signature(types.uint32, array, types.unliteral(index))
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_word_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_pair16(typingctx, array, index, word):
+    """A register's two 16-bit halves into elements ``index`` and ``index + 1`` (``index`` even) of a
+    dense 16-bit array, the low half first: one 32-bit store."""
+    sig = signature(types.void, array, types.unliteral(index), types.uint32)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _word_pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+        return context.get_dummy_value()
 
     return sig, codegen

@@ -1,0 +1,97 @@
+"""The asynchronous-copy tensor-core forward (``mma_flash_kernel.py``) against the float64 interpreter.
+
+Keys and values reach shared memory by ``cp.async`` and the B fragments by ``ldmatrix``, in the
+simulator through ``warp_sim.py``'s emulation: a copy lands only at its wait, warps run apart, and
+every shared access is counted by bank.  A call with dense key and value rows runs this kernel;
+one with strided rows runs the staged kernel (``mma_kernel.py``) of the same plan sizes.
+"""
+
+import numpy as np
+import pytest
+
+from attncomp.backends.numba_cuda import warp_sim
+from attncomp.backends.numba_cuda.mma_atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
+from attncomp.testing import TOLERANCE, random_inputs, worst_error
+from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
+from tests.cuda_sim.test_sim_tensor_cores import attention_cases
+
+#: two warps of query rows; key tiles of 32, one chunk each
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=32},mask-elimination,canonicalize,cse,dce"
+#: key tiles of 128: two chunks of 64 a tile
+LONG_TILES = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=128},mask-elimination,canonicalize,cse,dce"
+SIZES = {"B": 1, "H": 2, "KV": 1, "T": 33, "S": 45, "D": 64, "E": 64, "R": 33}
+CASES = dict(attention_cases())
+
+
+def run(name: str, dtype: str, pipeline: str = PIPELINE, sizes: dict | None = None, strided: bool = False):
+    """(attention kernels, got, want) of an example in ``dtype``; ``strided``: keys and values given
+    as views whose rows are not one after another."""
+    typed = retyped(CASES[name], dtype)
+    fn, impl = build_cuda(typed, pipeline)
+    sizes = {**SIZES, **(sizes or {})}
+    inputs = random_inputs(typed.ir.main, sizes, seed=7)
+    rng = np.random.default_rng(7)
+    inputs = [rng.integers(1, sizes["S"], x.shape).astype(x.dtype) if x.dtype.kind == "i" else x for x in inputs]
+    given = inputs
+    if strided:  # every other feature of an array twice as wide
+        given = [_strided(x) if x.ndim == 4 and x.shape[-2] == sizes["S"] else x for x in inputs]
+    got = [host(g) for g in as_list(impl.call(fn.func, given, fn.constraints))]
+    return impl.attention[0], got, fn.compilation.run(inputs, exact=True)
+
+
+def _strided(x: np.ndarray):
+    """``x`` as a device view of every other feature of an array twice as wide (a host array would
+    go over C-contiguous)."""
+    from numba import cuda
+
+    wide = np.zeros((*x.shape[:-1], 2 * x.shape[-1]), x.dtype)
+    wide[..., ::2] = x
+    from attncomp.backends.numba_cuda.runtime import Bf16Bits
+
+    if x.dtype == np.float16:
+        return cuda.to_device(wide)[..., ::2]
+    return Bf16Bits(cuda.to_device(wide.view(np.uint16))[..., ::2])
+
+
+@pytest.fixture
+def banks():
+    warp_sim.reset_bank_counts()
+    yield warp_sim.bank_counts
+    warp_sim.reset_bank_counts()
+
+
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("lse.causal_with_lse", "bf16"),
+        ("alibi.causal_alibi", "f16"),
+        ("gqa.grouped_query_attention", "bf16"),
+        ("document_mask.causal_document_mask", "bf16"),
+    ],
+)
+def test_example_with_async_copies(name, dtype, banks):
+    kernels, got, want = run(name, dtype)
+    source = kernels.source(64, 64)
+    assert "cp_async16(" in source and "ldmatrix_x4_trans(" in source
+    assert kernels.choice_for(64, 64).async_copies
+    assert worst_error(got, want) < TOLERANCE[dtype]
+    counts = banks()
+    for atom in (CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS):
+        instructions, conflicts = counts[atom.name]
+        assert instructions > 0 and conflicts == 0, (atom.name, counts[atom.name])
+
+
+def test_two_chunks_a_tile_and_one_warp(banks):
+    """Key tiles of 128 computed 64 keys at a time, 16 query rows a block (one warp)."""
+    kernels, got, want = run("lse.causal_with_lse", "bf16", LONG_TILES, {"T": 20, "S": 150})
+    assert kernels.mma_plan(64, 64, rows=16).chunk == 64
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+    assert all(conflicts == 0 for _, conflicts in banks().values())
+
+
+def test_strided_keys_and_values_run_the_staged_kernel(banks):
+    kernels, got, want = run("lse.causal_with_lse", "bf16", strided=True)
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+    assert banks()[CP_ASYNC_16.name][0] == 0  # no copies: the staged kernel ran
+    assert not kernels.choice_for(64, 64, dense=False).async_copies
+    assert "cp_async16(" not in kernels.source(64, 64, dense=False)
