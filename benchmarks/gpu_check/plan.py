@@ -42,9 +42,11 @@ GATE_FILES = (
     "tests/cuda_sim/test_sim_tensor_cores.py",
     "tests/cuda_sim/test_sim_tf32.py",
     "tests/cuda_sim/test_sim_bf16_pool.py",
+    "tests/cuda_sim/test_sim_copies.py",
 )
 GATE_KEYWORDS = (
     "documented_layout or quad_reductions_and_packing or tf32_round_and_split or rounding_to_bf16_on_the_device"
+    " or ldmatrix_places or ldmatrix_gives_b_fragments"
 )
 #: the hardware's own tests first (the torch op on CUDA tensors, Hugging Face, determinism, bf16
 #: training), then the simulator's matrix on the GPU: a phase cut short has run those first

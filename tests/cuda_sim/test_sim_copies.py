@@ -1,4 +1,5 @@
-"""The simulator's shared-memory instructions (``warp_sim.py``): ``ldmatrix`` and ``cp.async``.
+"""The shared-memory instructions ``ldmatrix`` and ``cp.async``: the simulator's emulation
+(``warp_sim.py``), and the layouts on a GPU too.
 
 ``ldmatrix_x4`` (``.trans``) is checked against the PTX ISA's layout written out here with plain
 arithmetic, and as the B operand of ``mma``: a row-major K tile gives ``Q K^T``, a row-major V
@@ -17,18 +18,19 @@ import pytest
 from numba import cuda
 
 from attncomp.backends.numba_cuda.mma_atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
-from attncomp.backends.numba_cuda.warp_sim import (
-    bank_counts,
+from attncomp.backends.numba_cuda.warp import (
     cp_async16,
     cp_async_commit,
     cp_async_wait,
     ldmatrix_x4,
     ldmatrix_x4_trans,
     mma_bf16,
-    reset_bank_counts,
 )
+from attncomp.backends.numba_cuda.warp_sim import bank_counts, reset_bank_counts
 
-pytestmark = pytest.mark.skipif(
+#: what only the emulation shows (when a copy lands, bank counts); the layout tests also run on a
+#: GPU (``ATTNCOMP_TEST_GPU=1``), where the same kernels run the PTX
+SIMULATOR_ONLY = pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="the simulator's emulation of warp instructions"
 )
 
@@ -135,6 +137,7 @@ def copy_and_wait(src, sizes, before, after):
         after[4 * lane + i] = sh[4 * lane + i]
 
 
+@SIMULATOR_ONLY
 def test_copies_land_at_the_wait_and_zero_fill():
     src = np.arange(1, 257, dtype=np.uint16) * 3
     sizes = np.where(np.arange(32) % 2, 0, 16).astype(np.int32)  # odd lanes: 16 zero bytes
@@ -172,6 +175,7 @@ def two_groups(src, first, second):
         second[1, 4 * lane + i] = b[4 * lane + i]
 
 
+@SIMULATOR_ONLY
 def test_wait_leaves_the_newest_groups_pending():
     src = np.arange(512, dtype=np.uint16) + 7
     first, second = np.zeros((2, 128), np.uint32), np.zeros((2, 128), np.uint32)
@@ -197,6 +201,7 @@ def copy_flat(src, whole, part):
         part[4 * lane + i] = b[4 * lane + i]
 
 
+@SIMULATOR_ONLY
 def test_copies_from_a_flat_offset_of_a_float16_array():
     src = np.random.default_rng(3).standard_normal((2, 4, 64)).astype(np.float16)
     whole, part = np.zeros(128, np.uint32), np.zeros(128, np.uint32)
@@ -222,6 +227,7 @@ def left_pending(src, out):
             out[4 * lane + i] = sh[4 * lane + i]
 
 
+@SIMULATOR_ONLY
 def test_pending_copies_stay_with_their_block():
     src = np.arange(256, dtype=np.uint16)
     for _ in range(2):  # and with their launch
@@ -263,6 +269,7 @@ def handover(synchronised: bool, loaded: list):
     return kernel
 
 
+@SIMULATOR_ONLY
 @pytest.mark.parametrize("synchronised", [True, False], ids=["with-barrier", "without-barrier"])
 def test_a_missing_barrier_after_the_wait_reads_stale_memory(synchronised):
     src = np.arange(256, dtype=np.uint16) + 1
@@ -293,6 +300,7 @@ def pitched_load(swizzled: bool):
     return kernel
 
 
+@SIMULATOR_ONLY
 @pytest.mark.parametrize("swizzled,conflicts", [(False, 4 * 7), (True, 0)], ids=["pitch-128", "swizzled"])
 def test_ldmatrix_bank_conflicts(swizzled, conflicts):
     """Unswizzled, a matrix's 8 rows fall in the same 4 banks: 8 passes, 7 conflicts, for each of 4 matrices."""
@@ -308,6 +316,7 @@ def test_ldmatrix_bank_conflicts(swizzled, conflicts):
     np.testing.assert_array_equal(trans, ldmatrix_expected(rows, trans=True))
 
 
+@SIMULATOR_ONLY
 def test_ldmatrix_rows_given_twice_are_broadcast():
     """Every matrix's 8 lanes give rows 0 and 8 only (128 bytes apart: the same banks): two distinct
     words a bank, 2 passes, 1 conflict a matrix."""
@@ -332,6 +341,7 @@ def pitched_copy(src, pitch, out):
         out[4 * lane + i] = sh[pitch // 4 * lane + i]
 
 
+@SIMULATOR_ONLY
 @pytest.mark.parametrize("pitch,conflicts", [(16, 0), (128, 4 * 7)], ids=["consecutive", "pitch-128"])
 def test_cp_async_bank_conflicts(pitch, conflicts):
     """Consecutive chunks: each quarter warp's 128 bytes cover the 32 banks once; 128 bytes apart,

@@ -58,8 +58,9 @@ class FlashKernelWriter(MmaKernelWriter):
     def shared_arrays(self) -> None:
         """The key and value tiles, and each lane's ldmatrix addresses into them."""
         p, w, atom = self.mp, self.w, self.ATOM
-        w.line(f"k_sh = cuda.shared.array({p.k_words}, np.uint32)")
-        w.line(f"v_sh = cuda.shared.array({p.v_words}, np.uint32)")
+        # 16-byte aligned (``warp.COPY_ALIGNMENT``): a copy's destination and an ldmatrix row are
+        w.line(f"k_sh = cuda.shared.array({p.k_words}, np.uint32, alignment=COPY_ALIGNMENT)")
+        w.line(f"v_sh = cuda.shared.array({p.v_words}, np.uint32, alignment=COPY_ALIGNMENT)")
         k_row, v_row = self.row_bytes(p.head_dim), self.row_bytes(p.value_dim)
         w.line(f"lm_j = lane // {LDMATRIX_X4.rows}  # the matrix whose row this lane addresses")
         w.line(f"lm_r = lane % {LDMATRIX_X4.rows}")

@@ -45,7 +45,13 @@ from numba import cuda
 
 from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR
 
-if getattr(cuda.config, "ENABLE_CUDASIM", 0):
+SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
+#: the alignment of shared tiles that ``cp_async16`` writes and ``ldmatrix`` reads (16 bytes; a
+#: uint32 array's own is 4); None in the simulator, whose shared arrays take none (numpy's
+#: allocations are 16-byte aligned anyway)
+COPY_ALIGNMENT = None if SIMULATED else 16
+
+if SIMULATED:
     from attncomp.backends.numba_cuda.warp_sim import (
         bits_f32,
         cp_async16,
@@ -113,6 +119,7 @@ else:
 
 
 __all__ = [
+    "COPY_ALIGNMENT",
     "bits_f32",
     "cp_async16",
     "cp_async_commit",
