@@ -362,7 +362,8 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
     """
     from numba import cuda
 
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
+    from attncomp.backends.numba_cuda.host.launches import on_stream
 
     device = inputs[0].device
     torch_stream = torch.cuda.current_stream(device)
@@ -370,19 +371,17 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
     # attention) goes as its bit patterns; other bf16 runs as float32 (``widen-bf16``)
     bits = compiled.program.bf16_bits
     args = [
-        (runtime.Bf16Bits(t.contiguous().view(torch.int16)) if k in bits else t.float())
-        if t.dtype == torch.bfloat16
-        else t
+        (Bf16Bits(t.contiguous().view(torch.int16)) if k in bits else t.float()) if t.dtype == torch.bfloat16 else t
         for k, t in enumerate(inputs)
     ]
-    with runtime.on_stream(cuda.external_stream(torch_stream.cuda_stream)):
+    with on_stream(cuda.external_stream(torch_stream.cuda_stream)):
         outputs = compiled.run(args)
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
     for out, value in zip(outputs, compiled.func.results):
         if isinstance(out, np.ndarray):  # 0-d results stay on the host
             result = from_numpy(torch, np.array(out)).to(device)
-        elif isinstance(out, runtime.Bf16Bits):  # written as bf16 patterns by the kernel
+        elif isinstance(out, Bf16Bits):  # written as bf16 patterns by the kernel
             result = torch.as_tensor(out.bits.view(np.int16), device=device).view(torch.bfloat16)
         else:
             result = torch.as_tensor(out, device=device)

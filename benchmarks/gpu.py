@@ -170,7 +170,7 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
     copy_gbps = 2 * big.numel() / (copy_ms * 1e-3) / 1e9  # read + write
     read = kc.numel() * 4 * 2
     gbps = read / (ours * 1e-3) / 1e9
-    from attncomp.backends.numba_cuda.runtime import launch_count
+    from attncomp.backends.numba_cuda.host.launches import launch_count
 
     splits = dec.fn.program.attention[0].last_split
     before = launch_count()

@@ -8,6 +8,8 @@
   backends share lives in attncomp/backends/ itself).
 - No module reads another module's underscore names.
 - The README, the docs and the docstrings point only to files that exist.
+- No file of the CUDA backend (``attncomp/backends/numba_cuda/``, its rooms included) is over
+  ``CUDA_BACKEND_LINES`` lines: a file that grows past it is split along what it holds.
 """
 
 from __future__ import annotations
@@ -209,3 +211,16 @@ def test_docstrings_point_to_files_that_exist():
                 missing.append(f"{path.relative_to(ROOT)}: {target}")
         assert "API.md" not in path.read_text().replace("docs/api.md", ""), f"{path}: cites API.md, not docs/api.md"
     assert not missing, "\n".join(missing)
+
+
+#: the most lines a file of ``attncomp/backends/numba_cuda/`` (recursively) may have
+CUDA_BACKEND_LINES = 450
+
+
+def test_cuda_backend_files_stay_small():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in sorted((PACKAGE / "backends" / "numba_cuda").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > CUDA_BACKEND_LINES
+    ]
+    assert not long, f"split these (over {CUDA_BACKEND_LINES} lines):\n" + "\n".join(long)

@@ -46,7 +46,7 @@ class Program:
     #: results of the declared types (then callers that build their arguments may skip the checks)
     runs_host_arrays: bool = False
     #: argument positions whose bf16 values the device keeps in 16 bits: a caller with bf16 device
-    #: memory for one passes its 16-bit patterns (``numba_cuda.runtime.Bf16Bits``), not a widened copy
+    #: memory for one passes its 16-bit patterns (``numba_cuda.host.arrays.Bf16Bits``), not a widened copy
     bf16_bits: frozenset[int] = frozenset()
 
     # running ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What both backends' host drivers share: graph ops as numpy calls, constants and shapes as source.
 
 The cpu driver (``numba_cpu/driver.py``) runs every graph-level op with numpy; the cuda driver
-(``numba_cuda/driver.py``) runs on the host what it does not launch as a kernel, spelled the same.
+(``numba_cuda/host/driver.py``) runs on the host what it does not launch as a kernel, spelled the same.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class PagePool:
         self._ids = itertools.count()
         #: one ``[num_pages, *heads, page_size, d]`` array per cached tensor, made at the first append
         self.arrays: list[Any] | None = None
-        #: where the pages live: host memory, or a backend's device (``backends.numba_cuda.pages``)
+        #: where the pages live: host memory, or a backend's device (``backends.numba_cuda.host.pages``)
         self.storage = HostPages() if storage is None else storage
 
     @property

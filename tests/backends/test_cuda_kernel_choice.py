@@ -33,7 +33,7 @@ def _build(spec, pipeline: str | None = None, backward: bool = False, **constant
 
 
 def test_bf16_runs_on_bf16_tensor_cores_from_its_16_bit_patterns():
-    from attncomp.backends.numba_cuda.mma_atoms import M16N8K16
+    from attncomp.backends.numba_cuda.mma.atoms import M16N8K16
 
     (kernels,) = _build(_spec("bf16")).attention
     choice = kernels.choice_for(64, 64)
@@ -47,7 +47,7 @@ def test_bf16_runs_on_bf16_tensor_cores_from_its_16_bit_patterns():
 
 
 def test_float32_runs_3xtf32_by_default_and_one_tf32_product_when_opted_in():
-    from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32
+    from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32
 
     (kernels,) = _build(_spec()).attention
     choice = kernels.choice_for(64, 64)

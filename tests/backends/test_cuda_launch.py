@@ -23,28 +23,28 @@ pytestmark = pytest.mark.skipif(
     ],
 )
 def test_blocks_are_checked_against_the_register_file(threads, registers, fits):
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import launches
 
-    assert (runtime.block_registers(registers, threads) <= runtime.REGISTER_FILE) == fits
+    assert (launches.block_registers(registers, threads) <= launches.REGISTER_FILE) == fits
     if fits:
-        runtime.check_block("attention_kernel_0", threads, registers)
+        launches.check_block("attention_kernel_0", threads, registers)
         return
-    with pytest.raises(runtime.LaunchResourceError, match=rf"attention_kernel_0: a block of {threads} threads"):
-        runtime.check_block("attention_kernel_0", threads, registers)
+    with pytest.raises(launches.LaunchResourceError, match=rf"attention_kernel_0: a block of {threads} threads"):
+        launches.check_block("attention_kernel_0", threads, registers)
 
 
 def test_the_driver_limit_on_threads_is_checked_too():
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import launches
 
-    with pytest.raises(runtime.LaunchResourceError, match="the driver allows 256 threads"):
-        runtime.check_block("k", 512, 32, max_threads=256)
+    with pytest.raises(launches.LaunchResourceError, match="the driver allows 256 threads"):
+        launches.check_block("k", 512, 32, max_threads=256)
 
 
 def test_generated_kernels_carry_launch_bounds_outside_the_simulator():
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import launches
 
-    assert not runtime.SIMULATED
-    assert runtime.jit_decorator(128) == "@cuda.jit(cache=True, launch_bounds=128)"
+    assert not launches.SIMULATED
+    assert launches.jit_decorator(128) == "@cuda.jit(cache=True, launch_bounds=128)"
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_generated_kernels_carry_launch_bounds_outside_the_simulator():
 def test_inline_ptx_is_marked_by_what_it_does(text, convergent, side_effect):
     from llvmlite import ir
 
-    from attncomp.backends.numba_cuda.warp_ptx import asm_flags, call_asm
+    from attncomp.backends.numba_cuda.mma.warp_ptx import asm_flags, call_asm
 
     assert asm_flags(text) == (convergent, side_effect)
     module = ir.Module()
@@ -77,11 +77,11 @@ def test_inline_ptx_is_marked_by_what_it_does(text, convergent, side_effect):
 
 
 def test_a_launch_checks_its_block_before_it_runs(monkeypatch):
-    """``runtime.launch`` hands numba-cuda a pre-launch check: a compiled kernel whose registers times
+    """``launches.launch`` hands numba-cuda a pre-launch check: a compiled kernel whose registers times
     the block's threads pass the register file raises before the launch, with the kernel's name."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import launches
 
-    monkeypatch.setattr(runtime, "_REGISTERS", [runtime.REGISTER_FILE])
+    monkeypatch.setattr(launches, "_REGISTERS", [launches.REGISTER_FILE])
     launched = []
 
     def attention_kernel_0():
@@ -106,8 +106,8 @@ def test_a_launch_checks_its_block_before_it_runs(monkeypatch):
         def __getitem__(self, config):
             return Configured(config[1])
 
-    runtime.launch(Dispatcher(), 4, 256, "argument")  # 8 warps x 206 registers: 53248 of 65536
+    launches.launch(Dispatcher(), 4, 256, "argument")  # 8 warps x 206 registers: 53248 of 65536
     assert launched == [("argument",)]
-    with pytest.raises(runtime.LaunchResourceError, match="attention_kernel_0: a block of 512 threads"):
-        runtime.launch(Dispatcher(), 4, 512, "argument")
+    with pytest.raises(launches.LaunchResourceError, match="attention_kernel_0: a block of 512 threads"):
+        launches.launch(Dispatcher(), 4, 512, "argument")
     assert len(launched) == 1

@@ -155,7 +155,7 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
 def test_strided_calls_run_the_staged_tensor_core_kernels(dtype, head_dim):
     """A call whose key or value rows are not dense runs the kernel that stages 32-bit words by loads
     and stores (no cp.async, no ldmatrix): on tensor cores too, without spills."""
-    from attncomp.backends.numba_cuda import KernelInfo, bounds
+    from attncomp.backends.numba_cuda.program import KernelInfo, bounds
     from tests.cuda_sim.helpers import retyped
 
     group = _build(retyped(load_example("alibi").causal_alibi, dtype)).attention[0]
@@ -411,7 +411,7 @@ def test_paged_attention_kernels(rows):
 def test_page_writing_kernels(element):
     """The kernels a device pool is written with: new rows into their slots, a page copied on write;
     a bf16 pool's (uint16 patterns) move 16-bit words.  No local memory."""
-    from attncomp.backends.numba_cuda import pages
+    from attncomp.backends.numba_cuda.host import pages
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
 
     for kernel, signature in pages.SIGNATURES[element].items():
@@ -459,15 +459,15 @@ def test_decoder_rounding_append_and_query_kernels():
 
 @pytest.mark.parametrize("bits", ["uint16", "int16"])
 def test_bf16_conversion_kernels(bits):
-    """The kernels that widen bf16 device memory given as patterns (``runtime.widen``; torch's bf16 is
-    viewed as int16) and round float32 device results to bf16 patterns (``runtime.rounded``): integer
+    """The kernels that widen bf16 device memory given as patterns (``arrays.widen``; torch's bf16 is
+    viewed as int16) and round float32 device results to bf16 patterns (``arrays.rounded``): integer
     moves and shifts, no local memory."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import arrays
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
 
     for kernel, signature in [
-        (runtime._widen_kernel, f"void(float32[::1], {bits}[::1])"),
-        (runtime._round_kernel, "void(uint16[::1], float32[::1])"),
+        (arrays._widen_kernel, f"void(float32[::1], {bits}[::1])"),
+        (arrays._round_kernel, "void(uint16[::1], float32[::1])"),
     ]:
         for cc, ptx in compile_ptx_for(kernel.py_func, signature, TARGETS).items():
             assert f".target sm_{cc[0]}{cc[1]}" in ptx and ".entry" in ptx
@@ -494,7 +494,7 @@ def test_a_block_of_256_query_rows_fits_the_register_file():
     """flash-tiling{block_q=256} (float32 at D = 64: 512 threads a block): without launch bounds ptxas
     gives each thread more registers than 512 threads may have, and the launch would fail; with them
     it keeps to 128, and the check before a launch agrees."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host import launches
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, ptxas_report
 
     pipeline = "cse,softmax-fusion,flash-tiling{block_q=256},mask-elimination,canonicalize,cse,dce"
@@ -504,16 +504,18 @@ def test_a_block_of_256_query_rows_fits_the_register_file():
     assert threads == kernel.launch_bounds == 512
     bounded = ptxas_report(compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], threads)[8, 0], (8, 0))
     assert bounded.registers <= 128
-    runtime.check_block(kernel.name, threads, bounded.registers)
+    launches.check_block(kernel.name, threads, bounded.registers)
     free = ptxas_report(compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)])[8, 0], (8, 0))
     assert free.registers > 128
-    with pytest.raises(runtime.LaunchResourceError, match="512 threads"):
-        runtime.check_block(kernel.name, threads, free.registers)
+    with pytest.raises(launches.LaunchResourceError, match="512 threads"):
+        launches.check_block(kernel.name, threads, free.registers)
 
 
 def test_warp_instructions_are_convergent_calls():
-    """The inline PTX of the tensor-core kernels: mma.sync and shfl.sync are ``convergent`` calls (LLVM
-    may not move them into code some lanes skip); none of it touches memory, so none has side effects."""
+    """The inline PTX of the tensor-core kernels: mma.sync, shfl.sync and ldmatrix.sync are
+    ``convergent`` calls (LLVM may not move them into code some lanes skip); the copies and ldmatrix
+    touch shared memory, so they have side effects (never dropped, merged or moved across a
+    barrier), and the arithmetic has none."""
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     from tests.cuda_sim.helpers import retyped
@@ -536,7 +538,9 @@ def test_warp_instructions_are_convergent_calls():
         lto=False,
     )
     calls = [line for line in library.get_llvm_str().splitlines() if " asm " in line and "call " in line]
-    warp = [line for line in calls if "mma.sync" in line or "shfl.sync" in line]
+    warp = [line for line in calls if "mma.sync" in line or "shfl.sync" in line or "ldmatrix.sync" in line]
     assert len(warp) > 16 and all(line.rstrip().endswith("convergent") for line in warp)
-    assert not any("asm sideeffect" in line for line in calls)
+    memory = ("cp.async", "ldmatrix")
+    assert any("cp.async.cg" in line for line in calls) and any("ldmatrix" in line for line in calls)
+    assert all(("asm sideeffect" in line) == any(m in line for m in memory) for line in calls)
     assert all(" convergent" not in line for line in calls if "cvt.rn" in line or "ex2.approx" in line)

@@ -70,7 +70,7 @@ def test_grouped_query_attention_reads_key_heads_by_index():
 
 @pytest.mark.parametrize("head_dim,lanes", [(32, 1), (64, 2), (128, 4), (256, 8)])
 def test_lanes_per_row_follow_the_head_dim(head_dim, lanes):
-    from attncomp.backends.numba_cuda.plan import plan_attention
+    from attncomp.backends.numba_cuda.simt.forward_plan import plan_attention
 
     plan = plan_attention(64, 64, head_dim, head_dim)
     assert plan.lanes == lanes and plan.threads == 64 * lanes
@@ -82,7 +82,7 @@ def test_lanes_per_row_follow_the_head_dim(head_dim, lanes):
 
 @pytest.mark.parametrize("rows,lanes", [(1, 32), (2, 16), (8, 4), (64, 2)])
 def test_few_query_rows_get_small_thread_blocks_with_a_warp(rows, lanes):
-    from attncomp.backends.numba_cuda.plan import plan_attention, rows_for
+    from attncomp.backends.numba_cuda.simt.forward_plan import plan_attention, rows_for
 
     assert rows_for(64, rows) == rows and rows_for(64, 1000) == 64 and rows_for(64, 3) == 4
     plan = plan_attention(64, 64, 64, 64, rows=rows)
@@ -112,3 +112,19 @@ def test_the_split_merge_reads_the_partial_states_after_a_fence(pipeline):
     assert merge.index("cuda.threadfence()") < atomic  # release: this block's state, before its count
     after = merge.index("cuda.threadfence()", atomic)  # acquire: the others' states, after the count
     assert after < merge.index("cuda.syncthreads()", atomic) < merge.index("part_m[", atomic)
+
+
+def test_every_rt_call_a_driver_writes_is_in_the_runtime_a_driver_imports():
+    """Generated drivers import ``numba_cuda/runtime.py`` as ``rt`` by its path; the helpers live in
+    ``host/``.  Each ``rt.NAME`` the driver writers spell is one that module hands on."""
+    import re
+    from pathlib import Path
+
+    from attncomp.backends.numba_cuda import runtime
+
+    backends = Path(runtime.__file__).resolve().parents[1]
+    writers = [backends / "host_ops.py", *sorted((backends / "numba_cuda" / "host").glob("*.py"))]
+    called = {name for path in writers for name in re.findall(r"\brt\.(\w+)\(", path.read_text())}
+    assert "launch_map" in called and "kernel_scalar" in called
+    assert sorted(called - set(runtime.__all__)) == []
+    assert all(hasattr(runtime, name) for name in runtime.__all__)

@@ -13,7 +13,7 @@ block has ended or a thread has raised. The threads are the simulator's own ``Bl
 kept in a pool: a thread that has run its part of a block waits for the next block's, with
 that block's indices, rather than ending.
 
-What the rest of the simulator and ``warp_sim.py`` read is kept: each thread's indices,
+What the rest of the simulator and ``mma/warp_sim.py`` read is kept: each thread's indices,
 ``syncthreads_blocked`` while it waits, ``abort`` once another thread has raised,
 ``is_alive()`` false once its part of the block has ended, and the block's threads as the local
 ``threads`` of ``BlockManager.run``. The first exception a thread raises is raised from the
@@ -126,7 +126,7 @@ def install() -> None:
         self.thread_id = self.threadIdx.x + size.x * (self.threadIdx.y + size.y * self.threadIdx.z)
         self.exception, self.abort, self.syncthreads_blocked = None, False, False
         self.syncthreads_event.clear()
-        self.__dict__.pop("_warp_sim_lane", None)  # warp_sim.py's cache: a warp of the last block
+        self.__dict__.pop("_warp_sim_lane", None)  # mma/warp_sim.py's cache: a warp of the last block
         self._barrier, self.running, self.job = barrier, True, (target, barrier)
         self.woken.set()
 
@@ -140,7 +140,7 @@ def install() -> None:
 
     def run(self, grid_point, *args) -> None:
         shape = list(np.ndindex(*self._block_dim))
-        threads = pool.take(len(shape), self)  # the name warp_sim.py looks for
+        threads = pool.take(len(shape), self)  # the name mma/warp_sim.py looks for
         barrier = BlockBarrier(threads)
 
         def target():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attncomp as ac
-from attncomp.backends.numba_cuda import runtime
+from attncomp.backends.numba_cuda.host.arrays import is_device
 from attncomp.testing import TOLERANCE, worst_error
 from tests.conftest import load_example
 from tests.cuda_sim.helpers import PIPELINE, as_list, build_cuda, host, run_cuda
@@ -27,7 +27,7 @@ def test_device_arrays_stay_on_the_device():
     on_host = impl.call(fn.func, [q, k, v], fn.constraints)
     on_device = impl.call(fn.func, [cuda.to_device(x) for x in (q, k, v)], fn.constraints)
     assert isinstance(on_host, np.ndarray)
-    assert runtime.is_device(on_device) and not isinstance(on_device, np.ndarray)
+    assert is_device(on_device) and not isinstance(on_device, np.ndarray)
     np.testing.assert_array_equal(host(on_device), on_host)
     assert worst_error([on_host], [ac.interpret(pass_specs.causal, q, k, v)]) < 5 * TOLERANCE["f32"]
 

@@ -14,7 +14,7 @@ import pytest
 from numba import cuda
 
 import attncomp as ac
-from attncomp.backends.numba_cuda import runtime as rt
+from attncomp.backends.numba_cuda.host.arrays import Bf16Bits, widen
 from attncomp.backends.numba_cuda.warp import round_bf16
 from attncomp.testing import TOLERANCE, worst_error
 from tests.cuda_sim.helpers import projected_attention
@@ -77,7 +77,7 @@ def test_the_pool_holds_bf16_patterns(bf16_server, history):
     _, first, later, forked = history
     assert srv.paged.fn.program.attention[0].storage == "bits" and {1, 2} <= srv.paged.fn.program.bf16_bits
     assert srv.pool.storage.bits
-    assert all(isinstance(a, rt.Bf16Bits) and a.bits.dtype == np.uint16 for a in srv.pool.arrays)
+    assert all(isinstance(a, Bf16Bits) and a.bits.dtype == np.uint16 for a in srv.pool.arrays)
     wide = ac.compile(alibi, backend="cuda").paged_decoder(page_size=4, num_pages=8, dtype="f32")
     wide.step({wide.new(): tuple(as_type(x, "f32") for x in first)})
     assert not wide.pool.storage.bits and all(a.dtype == np.float32 for a in wide.pool.arrays)
@@ -132,14 +132,14 @@ def test_patterns_are_never_read_as_float32():
     bf16 = ac.compile(alibi, backend="cuda").for_dtype("bf16").compilation
     assert 3 not in bf16.program.bf16_bits
     on_host = bf16.run([q, k, v, slopes])[0]
-    on_device = [rt.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in (q, k, v, slopes)]
+    on_device = [Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in (q, k, v, slopes)]
     got = bf16.run(on_device)[0]
-    assert isinstance(got, rt.Bf16Bits)
+    assert isinstance(got, Bf16Bits)
     np.testing.assert_array_equal(got.copy_to_host().view(np.uint16), on_host.view(np.uint16))
-    wide = rt.widen(on_device[3])
+    wide = widen(on_device[3])
     assert wide.dtype == np.float32
     np.testing.assert_array_equal(wide.copy_to_host(), slopes.astype(np.float32))
-    strided = rt.Bf16Bits(cuda.to_device(np.repeat(slopes.view(np.uint16), 2))[::2])
+    strided = Bf16Bits(cuda.to_device(np.repeat(slopes.view(np.uint16), 2))[::2])
     with pytest.raises(TypeError, match="slopes: .* needs it C-contiguous"):
         bf16.run([*on_device[:3], strided])
 
@@ -162,7 +162,7 @@ def test_computed_keys_are_cached_rounded_to_bf16():
     assert program.bf16_bits == {4, 5} and program.attention[0].storage == "bits"  # the caches
     assert "round_bf16(new_0[" in program.driver_source and "bf16_patterns" in program.driver_source
     cache = dec.cache
-    assert all(isinstance(c, rt.Bf16Bits) and c.bits.dtype == np.uint16 for c in cache.values())
+    assert all(isinstance(c, Bf16Bits) and c.bits.dtype == np.uint16 for c in cache.values())
     for name, c in cache.items():
         float32 = wide.cache[name].copy_to_host()
         assert float32.dtype == np.float32 and not np.array_equal(float32, float32.astype(BF16))

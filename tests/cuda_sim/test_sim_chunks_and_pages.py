@@ -53,7 +53,7 @@ def test_paged_decoder_on_cuda():
 def test_the_pool_stays_on_the_device():
     """Pages are device arrays, written in place (copies on write included), read by the kernel
     through the page table; a sequence reads back what was appended to it."""
-    from attncomp.backends.numba_cuda import runtime as rt
+    from attncomp.backends.numba_cuda.host.arrays import is_device
 
     rng = np.random.default_rng(2)
     fn = ac.compile(specs.causal_alibi, backend="cuda", window=6)
@@ -61,7 +61,7 @@ def test_the_pool_stays_on_the_device():
     q, k, v = (rng.standard_normal((1, 2, 7, 8), dtype=np.float32) for _ in range(3))
     a = srv.new()
     srv.step({a: (q[:, :, :6], k[:, :, :6], v[:, :, :6], SLOPES)})
-    assert all(rt.is_device(x) for x in srv.pool.arrays)
+    assert all(is_device(x) for x in srv.pool.arrays)
     assert "_table[" in srv.paged.fn.source  # key and value rows read through the page table
     b = srv.fork(a)
     srv.step({b: (q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], SLOPES)})  # b's last page is copied, then written

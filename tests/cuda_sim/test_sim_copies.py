@@ -1,5 +1,5 @@
 """The shared-memory instructions ``ldmatrix`` and ``cp.async``: the simulator's emulation
-(``warp_sim.py``), and the layouts on a GPU too.
+(``mma/warp_sim.py``), and the layouts on a GPU too.
 
 ``ldmatrix_x4`` (``.trans``) is checked against the PTX ISA's layout written out here with plain
 arithmetic, and as the B operand of ``mma``: a row-major K tile gives ``Q K^T``, a row-major V
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attncomp.backends.numba_cuda.mma_atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
+from attncomp.backends.numba_cuda.mma.atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
+from attncomp.backends.numba_cuda.mma.warp_sim_copies import bank_counts, reset_bank_counts
 from attncomp.backends.numba_cuda.warp import (
     cp_async16,
     cp_async_commit,
@@ -26,7 +27,6 @@ from attncomp.backends.numba_cuda.warp import (
     ldmatrix_x4_trans,
     mma_bf16,
 )
-from attncomp.backends.numba_cuda.warp_sim import bank_counts, reset_bank_counts
 
 #: what only the emulation shows (when a copy lands, bank counts); the layout tests also run on a
 #: GPU (``ATTNCOMP_TEST_GPU=1``), where the same kernels run the PTX

@@ -64,7 +64,7 @@ def test_a_decoding_step_is_split_by_default_with_one_row_per_thread_block():
 def test_a_decoding_step_is_two_launches_with_its_splits_merged_in_the_attention_kernel():
     """The keys' and values' appends share one launch, and the unit's last split block merges the
     splits: a step is two kernel launches (it was four: two appends, attention, merge)."""
-    from attncomp.backends.numba_cuda.runtime import launch_count
+    from attncomp.backends.numba_cuda.host.launches import launch_count
 
     module = load_example("gqa")
     rng = np.random.default_rng(8)
@@ -137,7 +137,7 @@ def test_split_workspace_is_reused_and_grown_across_calls():
         q, k, v = _inputs(rng, (batch, 4, 1, 8), (batch, 2, keys, 8))
         got = as_list(impl.call(fn.func, [q, k, v], fn.constraints))
         assert worst_error(got, as_list(ac.interpret(pass_specs.spelled_gqa_lse, q, k, v))) < 5 * TOLERANCE["f32"]
-    from attncomp.backends.numba_cuda.runtime import stream_key
+    from attncomp.backends.numba_cuda.host.launches import stream_key
 
     buffers = impl.attention[0]._buffers
     assert buffers[(0, np.float32, stream_key())].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
@@ -149,7 +149,7 @@ def test_split_scratch_is_kept_per_stream():
     streams may run at once, so each has its own."""
     from numba import cuda
 
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.launches import on_stream, stream_key
 
     module = load_example("gqa")
     q, k, v = module.make_inputs(np.random.default_rng(6), B=1, H=2, KV=1, T=1, S=70, D=8, E=8)
@@ -158,23 +158,23 @@ def test_split_scratch_is_kept_per_stream():
     want = module.numpy_reference(q, k, v)
     np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
     assert kernels.last_split > 1
-    default = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == runtime.stream_key()}
+    default = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == stream_key()}
     side = cuda.stream()
-    with runtime.on_stream(side):
+    with on_stream(side):
         np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
-        mine = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == runtime.stream_key()}
+        mine = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == stream_key()}
     assert sorted(default) == sorted(mine) == [0, 1, 2, 3]
     assert all(mine[slot] is not default[slot] for slot in default)
     from attncomp.backends.numba_cuda.attention import SCRATCH_STREAMS
 
     others = [cuda.stream() for _ in range(SCRATCH_STREAMS)]  # buffers of the 8 most recent streams are kept
     for other in others:
-        with runtime.on_stream(other):
+        with on_stream(other):
             fn(q, k, v)
     held = {at for _, _, at in kernels._buffers}
-    assert len(held) == SCRATCH_STREAMS and runtime.stream_key() not in held
-    with runtime.on_stream(others[0]):
-        held_first = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == runtime.stream_key()}
+    assert len(held) == SCRATCH_STREAMS and stream_key() not in held
+    with on_stream(others[0]):
+        held_first = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == stream_key()}
         np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)  # kept: used again as it is
-        again = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == runtime.stream_key()}
+        again = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == stream_key()}
     assert all(again[slot] is held_first[slot] for slot in held_first)

@@ -1,9 +1,9 @@
-"""The asynchronous-copy tensor-core forward (``mma_flash_kernel.py``) against the float64 interpreter.
+"""The asynchronous-copy tensor-core forward (``mma/flash_kernel.py``) against the float64 interpreter.
 
 Keys and values reach shared memory by ``cp.async`` and the B fragments by ``ldmatrix``, in the
-simulator through ``warp_sim.py``'s emulation: a copy lands only at its wait, warps run apart, and
+simulator through ``mma/warp_sim.py``'s emulation: a copy lands only at its wait, warps run apart, and
 every shared access is counted by bank.  A call with dense key and value rows runs this kernel;
-one with strided rows runs the staged kernel (``mma_kernel.py``) of the same plan sizes.
+one with strided rows runs the staged kernel (``mma/forward_kernel.py``) of the same plan sizes.
 """
 
 import os
@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from attncomp.backends.numba_cuda import warp_sim
-from attncomp.backends.numba_cuda.mma_atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
+from attncomp.backends.numba_cuda.mma import warp_sim_copies
+from attncomp.backends.numba_cuda.mma.atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
 from tests.cuda_sim.test_sim_tensor_cores import attention_cases
@@ -48,7 +48,7 @@ def _strided(x: np.ndarray):
 
     wide = np.zeros((*x.shape[:-1], 2 * x.shape[-1]), x.dtype)
     wide[..., ::2] = x
-    from attncomp.backends.numba_cuda.runtime import Bf16Bits
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 
     if x.dtype == np.float16:
         return cuda.to_device(wide)[..., ::2]
@@ -62,9 +62,9 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 @pytest.fixture
 def banks():
     """The emulation's bank counts since the test began (on a GPU: counts of nothing, never read)."""
-    warp_sim.reset_bank_counts()
-    yield warp_sim.bank_counts
-    warp_sim.reset_bank_counts()
+    warp_sim_copies.reset_bank_counts()
+    yield warp_sim_copies.bank_counts
+    warp_sim_copies.reset_bank_counts()
 
 
 def no_conflicts(banks, *atoms) -> None:
@@ -128,7 +128,7 @@ def test_which_rows_are_dense():
     one whose rows start off 16 bytes."""
     from numba import cuda
 
-    from attncomp.backends.numba_cuda.runtime import dense_rows
+    from attncomp.backends.numba_cuda.host.arrays import dense_rows
 
     cache = cuda.to_device(np.zeros((2, 3, 40, 64), np.float16))
     assert dense_rows(cache) and dense_rows(cache[:, :, :17]) and dense_rows(cache[1:, 1:])

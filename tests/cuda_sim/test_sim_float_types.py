@@ -53,7 +53,7 @@ def test_a_bf16_paged_decoder_on_the_device():
 def test_a_bf16_decoder_keeps_its_device_cache_in_16_bits():
     """Keys and values appended as they came (bf16 patterns, never widened): the cache holds half the
     bytes, reads back as the bf16 it was given, and a failed step leaves it as it was."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 
     fn = ac.compile(alibi, backend="cuda")
     args = inputs(ml_dtypes.bfloat16, T=10)
@@ -61,7 +61,7 @@ def test_a_bf16_decoder_keeps_its_device_cache_in_16_bits():
     assert dec.fn.program.bf16_bits == {0, 1, 2, 4, 5}  # q, k, v, the caches; not the slopes
     outs = [dec(*(x[:, :, a:b] for x in args[:3]), args[3]) for a, b in [(0, 7), (7, 8), (8, 10)]]
     cache = dec.cache
-    assert all(isinstance(c, runtime.Bf16Bits) and c.bits.dtype == np.uint16 for c in cache.values())
+    assert all(isinstance(c, Bf16Bits) and c.bits.dtype == np.uint16 for c in cache.values())
     np.testing.assert_array_equal(cache["k_cache"].copy_to_host(), args[1])
     np.testing.assert_array_equal(cache["v_cache"].copy_to_host(), args[2])
     before = dec.cache["k_cache"].copy_to_host()

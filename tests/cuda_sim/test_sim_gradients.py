@@ -61,7 +61,7 @@ def test_a_call_runs_on_the_stream_it_is_given():
     """What fn.to_torch() does with PyTorch's current stream: every launch and copy on that stream."""
     from numba import cuda
 
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.launches import on_stream, stream
 
     spec = load_example("alibi").causal_alibi
     rng = np.random.default_rng(5)
@@ -70,10 +70,10 @@ def test_a_call_runs_on_the_stream_it_is_given():
     fn = ac.compile(spec, backend="cuda", pipeline=PIPELINE)
     d_out = normal(rng, 1, 2, 20, 8)
     want = fn.vjp(*args)[1](d_out)
-    with runtime.on_stream(cuda.stream()):
-        assert runtime.stream() != 0
+    with on_stream(cuda.stream()):
+        assert stream() != 0
         got = fn.vjp(*args)[1](d_out)
-    assert runtime.stream() == 0
+    assert stream() == 0
     for g, w in zip(got, want):  # atomics add in any order: equal up to float32 rounding
         assert relative_error(g, w) < 1e-6
 

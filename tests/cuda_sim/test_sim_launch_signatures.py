@@ -15,7 +15,8 @@ import pytest
 from numba.core import sigutils
 
 import attncomp as ac
-from attncomp.backends.numba_cuda import runtime as rt
+from attncomp.backends.numba_cuda.host import launches as host_launches
+from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 from tests.conftest import load_example
 from tests.cuda_sim.helpers import PIPELINE
 
@@ -32,13 +33,13 @@ def _numba_type(value):
 def launches(monkeypatch):
     """Every launch's (Python function, argument types), in order."""
     found = []
-    launch = rt.launch
+    launch = host_launches.launch
 
     def recording(kernel, grid, block, *args):
         found.append((kernel.py_func, tuple(_numba_type(a) for a in args)))
         launch(kernel, grid, block, *args)
 
-    monkeypatch.setattr(rt, "launch", recording)
+    monkeypatch.setattr(host_launches, "launch", recording)
     return found
 
 
@@ -103,6 +104,6 @@ def test_bf16_given_as_int16_launches_the_uint16_signature(launches):
     fn = ac.compile(retyped(load_example("causal").causal, "bf16"), backend="cuda", pipeline=PIPELINE)
     rng = np.random.default_rng(2)
     arrays = [rng.standard_normal((1, 1, 16, 16)).astype(ml_dtypes.bfloat16) for _ in range(3)]
-    out = fn(*(rt.Bf16Bits(cuda.to_device(a.view(np.int16))) for a in arrays))
-    assert isinstance(out, rt.Bf16Bits)
+    out = fn(*(Bf16Bits(cuda.to_device(a.view(np.int16))) for a in arrays))
+    assert isinstance(out, Bf16Bits)
     assert _check(launches, fn.compilation.program.kernels(16, 16)) == 1

@@ -1,7 +1,7 @@
-"""The tensor-core backward (``mma_backward_kernel.py``): f16/bf16 gradients of the example specs
+"""The tensor-core backward (``mma/backward_kernel.py``): f16/bf16 gradients of the example specs
 against the float64 interpreter's, from the same arguments and saved residuals.
 
-Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
+Under the simulator the warp instructions run ``mma/warp_sim.py``'s emulation; on a GPU
 (``ATTNCOMP_TEST_GPU=1``) every example runs, on the PTX.  Sizes are not multiples of the blocks, so
 skipped, masked and full tiles, padded query rows and padded keys all occur.
 """
@@ -122,18 +122,18 @@ def test_vjp_of_bf16_device_memory_stays_on_the_device():
     float64 interpreter's gradients at the same values.  A cotangent of another shape is refused."""
     from numba import cuda
 
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 
     spec = dict(attention_cases())["alibi.causal_alibi"]
     typed = retyped(spec, "bf16")
     inputs = random_inputs(typed.ir.main, SIZES, seed=7)
     d_out = np.random.default_rng(7).standard_normal((1, 2, 37, 16)).astype(ELEMENT["bf16"])
     fn = ac.compile(typed, backend="cuda", pipeline=PIPELINE)
-    bits = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in [*inputs, d_out]]
+    bits = [Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in [*inputs, d_out]]
     out, pullback = fn.vjp(*bits[:-1])
-    assert isinstance(out, runtime.Bf16Bits)
+    assert isinstance(out, Bf16Bits)
     got = pullback(bits[-1])
-    assert all(isinstance(g, runtime.Bf16Bits) for g in got)
+    assert all(isinstance(g, Bf16Bits) for g in got)
     on_host = fn.vjp(*inputs)[1](d_out)
     for g, h in zip(got, on_host):
         np.testing.assert_array_equal(g.copy_to_host().view(np.uint16), h.view(np.uint16))

@@ -1,9 +1,9 @@
-"""The tensor-core kernels: warp instructions against the fragment layouts of ``mma_atoms.py``'s
+"""The tensor-core kernels: warp instructions against the fragment layouts of ``mma/atoms.py``'s
 table, and the f16/bf16 attention kernels against the float64 interpreter.
 
-Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
+Under the simulator the warp instructions run ``mma/warp_sim.py``'s emulation; on a GPU
 (``ATTNCOMP_TEST_GPU=1``) the same tests run the PTX, so the two are held to one layout
-(``attncomp/backends/numba_cuda/mma_atoms.py``).  The simulator runs a few example specs (every
+(``attncomp/backends/numba_cuda/mma/atoms.py``).  The simulator runs a few example specs (every
 CUDA thread is a Python thread); a GPU runs every example in f16 and in bf16.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attncomp.backends.numba_cuda import warp_sim
-from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR, ATOMS, HALF_SHIFTS, LANES, M16N8K16, MmaAtom
+from attncomp.backends.numba_cuda.mma import warp_sim
+from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR, ATOMS, HALF_SHIFTS, LANES, M16N8K16, MmaAtom
 from attncomp.backends.numba_cuda.warp import mma_bf16, mma_f16, pack_bf16x2, pack_f16x2, quad_max, quad_sum
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.conftest import load_example
@@ -288,7 +288,7 @@ def test_bf16_query_key_value_stay_16_bit_on_the_device():
     """Query, key and value read only by tensor-core tile loads are kept as bf16 patterns: host arrays
     go over as their uint16 view, device memory as ``Bf16Bits``; kernels that cannot take them on
     tensor cores (fewer than 16 rows, D = 8) read the same patterns."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 
     spec = retyped(dict(attention_cases())["alibi.causal_alibi"], "bf16")
     fn, impl = build_cuda(spec, PIPELINE)
@@ -300,7 +300,7 @@ def test_bf16_query_key_value_stay_16_bit_on_the_device():
         assert impl.attention[0].mma_plan(inputs[0].shape[-1], 16, rows=8 if "T" in sizes else 32) is None
         assert worst_error([host(got)], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
     inputs = random_inputs(spec.ir.main, SIZES, seed=5)
-    on_device = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
+    on_device = [Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
     got = host(impl.call(fn.func, [*on_device, inputs[3]], fn.constraints))
     assert worst_error([got], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
     with pytest.raises(TypeError, match="k: expected bf16"):
@@ -313,7 +313,7 @@ def test_bf16_attention_outputs_are_written_16_bit():
     """An attention output the function returns as bf16 is written by the kernel as bf16 patterns,
     rounded to nearest even in the kernel (the split merge too): host calls get bf16, device calls
     ``Bf16Bits`` of the same bits.  An output other ops read stays float32."""
-    from attncomp.backends.numba_cuda import runtime
+    from attncomp.backends.numba_cuda.host.arrays import Bf16Bits
 
     spec = retyped(dict(attention_cases())["alibi.causal_alibi"], "bf16")
     fn, impl = build_cuda(spec, PIPELINE)
@@ -324,9 +324,9 @@ def test_bf16_attention_outputs_are_written_16_bit():
     got = impl.call(fn.func, inputs, fn.constraints)
     assert got.dtype == ml_dtypes.bfloat16
     assert worst_error([got], fn.compilation.run(inputs, exact=True)) < TOLERANCE["bf16"]
-    on_device = [runtime.Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
+    on_device = [Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in inputs[:3]]
     there = impl.call(fn.func, [*on_device, inputs[3]], fn.constraints)
-    assert isinstance(there, runtime.Bf16Bits)
+    assert isinstance(there, Bf16Bits)
     np.testing.assert_array_equal(there.copy_to_host().view(np.uint16), got.view(np.uint16))
     _, split = build_cuda(spec, PIPELINE, split=3)  # the merging block rounds what it merges
     merged = split.call(fn.func, inputs, fn.constraints)

@@ -1,17 +1,17 @@
-"""float32 attention on tensor cores: the tf32 product against its fragment layout (``mma_atoms.py``), the
+"""float32 attention on tensor cores: the tf32 product against its fragment layout (``mma/atoms.py``), the
 tf32 rounding and split, and float32 example specs as 3xTF32 (the default, float32-accurate) and as
 one TF32 product (``precision = "tf32"``) against the float64 interpreter.
 
-Under the simulator the warp instructions run ``warp_sim.py``'s emulation; on a GPU
+Under the simulator the warp instructions run ``mma/warp_sim.py``'s emulation; on a GPU
 (``ATTNCOMP_TEST_GPU=1``) the PTX (``attncomp/backends/numba_cuda/warp.py``), both placed by the
-table of ``attncomp/backends/numba_cuda/mma_atoms.py``.
+table of ``attncomp/backends/numba_cuda/mma/atoms.py``.
 """
 
 import numpy as np
 import pytest
 from numba import cuda
 
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32
 from attncomp.backends.numba_cuda.warp import bits_f32, f32_bits, mma_tf32, tf32_rest, tf32_round
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host

@@ -1,4 +1,4 @@
-"""The simulator's warp instructions (``warp_sim.py``) synchronise their warp, not the block.
+"""The simulator's warp instructions (``mma/warp_sim.py``) synchronise their warp, not the block.
 
 An emulated ``mma`` or shuffle waits for the lanes of its own warp only, as on the GPU: a kernel
 that lacks a ``cuda.syncthreads`` between one warp's stores to shared memory and another warp's
@@ -120,7 +120,7 @@ def products(a, b, out):
 
 
 def test_each_warp_computes_its_product_once(monkeypatch):
-    from attncomp.backends.numba_cuda import warp_sim
+    from attncomp.backends.numba_cuda.mma import warp_sim
 
     computed = []
     product = warp_sim._mma_f16

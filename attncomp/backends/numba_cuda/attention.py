@@ -9,7 +9,7 @@ query rows than a block (decoding) get a kernel whose thread blocks hold
 just those rows (``plan.rows_for``).
 
 A launch with fewer thread blocks than the GPU holds at once splits the
-keys (flash-decoding, see ``kernel.py``): ``split_for`` picks the number of
+keys (flash-decoding, see ``simt/forward_kernel.py``): ``split_for`` picks the number of
 parts, the attention kernel writes partial states into scratch arrays, and
 each unit's last part to finish merges them, in the same launch.
 """
@@ -23,16 +23,16 @@ import numpy as np
 
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cuda import runtime as rt
 from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
-from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
-from attncomp.backends.numba_cuda.kernel import write_attention_kernel
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
-from attncomp.backends.numba_cuda.mma_f32_kernel import Tf32KernelWriter
-from attncomp.backends.numba_cuda.mma_flash_kernel import FlashKernelWriter
-from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma_plan import MmaPlan, plan_flash, plan_mma
-from attncomp.backends.numba_cuda.plan import AttentionPlan, plan_attention, rows_for
+from attncomp.backends.numba_cuda.host import arrays, launches
+from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
+from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
+from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan, plan_flash, plan_mma
+from attncomp.backends.numba_cuda.mma.tf32_kernel import Tf32KernelWriter
+from attncomp.backends.numba_cuda.simt.forward_kernel import write_attention_kernel
+from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim
@@ -190,7 +190,7 @@ class AttentionKernels:
         types += ["int64"] * len(self.dims)
         acc = self.acc_dtype
         types += ["int64", array_type(acc, 3, True), array_type(acc, 2, True), array_type(acc, 2, True)]
-        types.append("int32[::1]")  # each unit's count of finished splits (``kernel.py``'s merge)
+        types.append("int32[::1]")  # each unit's count of finished splits (``simt/forward_kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
     def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool) -> Any:
@@ -206,7 +206,7 @@ class AttentionKernels:
 
     def kernel(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> Any:
         """The attention kernel for these head dims (and query rows per thread block), for a call
-        whose key and value rows are ``dense`` or not (``runtime.dense_rows``)."""
+        whose key and value rows are ``dense`` or not (``arrays.dense_rows``)."""
         return getattr(self._module(head_dim, value_dim, rows, dense), self.name)
 
     @property
@@ -233,7 +233,7 @@ class AttentionKernels:
         hold device memory for as long as the function lives.
         """
         size = int(np.prod(shape, dtype=np.int64))
-        stream = rt.stream_key()
+        stream = launches.stream_key()
         if not self._streams or self._streams[-1] != stream:
             if stream in self._streams:
                 self._streams.remove(stream)
@@ -244,7 +244,7 @@ class AttentionKernels:
         key = (slot, dtype, stream)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.size < size:
-            buffer = rt.zeros((max(size, 1),), dtype) if zeroed else rt.scratch((max(size, 1),), dtype)
+            buffer = arrays.zeros((max(size, 1),), dtype) if zeroed else arrays.scratch((max(size, 1),), dtype)
             self._buffers[key] = buffer
         return buffer[:size].reshape(shape)
 
@@ -254,7 +254,7 @@ class AttentionKernels:
         if self.split is not None:
             wanted = self.split
         else:
-            target = rt.resident_blocks(threads)
+            target = launches.resident_blocks(threads)
             if blocks >= target:
                 return 1
             wanted = -(-target // blocks)
@@ -268,7 +268,7 @@ class AttentionKernels:
         if blocks <= 0:
             return
         rows = rows_for(self.tiled.block_q, n_rows)
-        dense = all(rt.dense_rows(args[n]) for n in self._qkv_args)
+        dense = all(arrays.dense_rows(args[n]) for n in self._qkv_args)
         threads = self.threads(head_dim, value_dim, rows, dense)
         n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
@@ -282,4 +282,4 @@ class AttentionKernels:
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
             done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
             kernel = self.kernel(head_dim, value_dim, rows, dense)
-            rt.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)
+            launches.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

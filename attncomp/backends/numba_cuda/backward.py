@@ -4,13 +4,13 @@ As for the forward (``attention.py``), the dk and dv slices a thread keeps
 are named registers, so D and E are compile-time constants: the first call
 with new head dims generates and compiles that kernel; other sizes never
 recompile.  Where the spec's query, key, value and output gradient are one
-16-bit type the products run on tensor cores (``mma_backward_kernel.py``),
-else on the scalar kernel (``backward_kernel.py``).  The driver zeroes the
+16-bit type the products run on tensor cores (``mma/backward_kernel.py``),
+else on the scalar kernel (``simt/backward_kernel.py``).  The driver zeroes the
 outputs (every kernel adds into them) and launches one thread block per
 query batch position, IR key block and part of a key block.
 
 A grid marked ``deterministic = true`` runs the scalar kernels of
-``deterministic_backward.py`` instead, whatever the element type: a key-major
+``simt/deterministic_backward.py`` instead, whatever the element type: a key-major
 kernel per key/value batch position (dK, dV and the sites' per-block sums), a
 query-major dQ kernel, and the sum of the sites' per-block slices, with no
 floating-point atomics.
@@ -25,17 +25,21 @@ import numpy as np
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cuda import runtime as rt
-from attncomp.backends.numba_cuda.backward_kernel import write_backward_kernel
-from attncomp.backends.numba_cuda.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
-from attncomp.backends.numba_cuda.deterministic_backward import site_bytes, uniform_sites, write_deterministic_backward
-from attncomp.backends.numba_cuda.dq_plan import DqPlan, plan_dq
-from attncomp.backends.numba_cuda.graph_kernels import SCALAR_ARG, array_type, contiguous_at_call
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
-from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
-from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan, plan_mma_backward
-from attncomp.backends.numba_cuda.mma_tf32_backward_kernel import Tf32BackwardKernelWriter
+from attncomp.backends.numba_cuda.host import arrays, launches
+from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
+from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma.tf32_backward_kernel import Tf32BackwardKernelWriter
+from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
+from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
+from attncomp.backends.numba_cuda.simt.deterministic_backward import (
+    site_bytes,
+    uniform_sites,
+    write_deterministic_backward,
+)
+from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan, plan_dq
 from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
@@ -68,7 +72,7 @@ class BackwardKernels:
         #: the kernel the grid asks for (``choice.choose``, made from the IR before ``widen-bf16``,
         #: ``numba_cuda.build``): its atom (None: the scalar kernel), how the device holds the query,
         #: key, value and output gradient ("f16", or "f32": bf16 widened), and whether it is
-        #: deterministic (the scalar kernels of ``deterministic_backward.py``, no floating-point
+        #: deterministic (the scalar kernels of ``simt/deterministic_backward.py``, no floating-point
         #: atomics); by default the grid's ``deterministic`` on the scalar kernels
         if choice is None:
             deterministic = bool(grid.attrs.get("deterministic", False))
@@ -200,7 +204,7 @@ class BackwardKernels:
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts * plan.halves
         if blocks <= 0:
             return
-        rt.launch(self.kernel(head_dim, value_dim), blocks, plan.threads, *args)
+        launches.launch(self.kernel(head_dim, value_dim), blocks, plan.threads, *args)
 
     def launch_deterministic(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch
@@ -214,26 +218,26 @@ class BackwardKernels:
         shared = members.shape[1] > 1
         if shared:  # rows of their own for each query batch position, added up after
             batch = tuple(out_dq.shape)[:-2]
-            outputs[1] = rt.scratch((*batch, *tuple(out_dk.shape)[-2:]), out_dk.dtype)
-            outputs[2] = rt.scratch((*batch, *tuple(out_dv.shape)[-2:]), out_dv.dtype)
+            outputs[1] = arrays.scratch((*batch, *tuple(out_dk.shape)[-2:]), out_dk.dtype)
+            outputs[2] = arrays.scratch((*batch, *tuple(out_dv.shape)[-2:]), out_dv.dtype)
         key_blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts
-        slices = [rt.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
+        slices = [arrays.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
         launched = [*outputs[:3], *slices, *rest]
         if key_blocks > 0:
-            rt.launch(self.kernel(head_dim, value_dim), key_blocks, plan.threads, *launched)
+            launches.launch(self.kernel(head_dim, value_dim), key_blocks, plan.threads, *launched)
         query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * dq.parts
         if query_blocks > 0:
-            rt.launch(self.kernel(head_dim, value_dim, "_dq"), query_blocks, dq.threads, *launched)
+            launches.launch(self.kernel(head_dim, value_dim, "_dq"), query_blocks, dq.threads, *launched)
         if shared and key_blocks > 0:
-            heads, table = self.kernel(head_dim, value_dim, "_heads"), rt.from_host(members, members.shape)
+            heads, table = self.kernel(head_dim, value_dim, "_heads"), arrays.from_host(members, members.shape)
             for out, part in ((out_dk, outputs[1]), (out_dv, outputs[2])):
                 size = int(out.size) // members.shape[0]
                 flat_out, flat_part = out.reshape(members.shape[0], size), part.reshape(positions, size)
-                rt.launch_map(heads, int(out.size), flat_part, table, flat_out)
+                launches.launch_map(heads, int(out.size), flat_part, table, flat_out)
         sums = self.kernel(head_dim, value_dim, "_sites")
         for site, part in zip(outputs[3:], slices):
             size = int(site.size)
-            rt.launch_map(sums, size, part.reshape(part.shape[0], size), site.reshape(size))
+            launches.launch_map(sums, size, part.reshape(part.shape[0], size), site.reshape(size))
 
     def head_members(self, out_dq: Any, out_dk: Any, env: dict[str, int]) -> np.ndarray:
         """int64 ``[key/value batch positions, members]``: the flat query batch positions of each

@@ -1,10 +1,10 @@
 """Which kernel runs an attention: one value, :class:`KernelChoice`, made by :func:`choose`.
 
 An ``ac.tile_grid`` (the forward) or ``ac.key_grid`` (the backward) runs one of several kernels:
-the scalar FMA kernels (``kernel.py``, ``backward_kernel.py``, ``deterministic_backward.py`` with
-its dQ pass), or products on tensor cores (``mma_kernel.py``, ``mma_f32_kernel.py``,
-``mma_backward_kernel.py``, ``mma_tf32_backward_kernel.py``) on one of the atoms of
-``mma_atoms.ATOMS``.  :func:`choose` decides which from the grid's IR and the call's types (the
+the scalar FMA kernels (``simt/forward_kernel.py``, ``simt/backward_kernel.py``, ``simt/deterministic_backward.py`` with
+its dQ pass), or products on tensor cores (``mma/forward_kernel.py``, ``mma/tf32_kernel.py``,
+``mma/backward_kernel.py``, ``mma/tf32_backward_kernel.py``) on one of the atoms of
+``atoms.ATOMS``.  :func:`choose` decides which from the grid's IR and the call's types (the
 element type of query, key, value and output gradient, the grid's ``precision`` and
 ``deterministic``), once per grid; the plans and writers read the choice's fields.  Where the plan
 for a call's head dims (or rows) does not fit the tensor cores, the scalar kernel runs it
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from attncomp.backends.numba_cuda.mma_atoms import ATOMS, MmaAtom
-from attncomp.ir.core import Op
+from attncomp.backends.numba_cuda.mma.atoms import ATOMS, MmaAtom
+from attncomp.ir.core import Module, Op
 from attncomp.ir.types import accumulation_dtype
 
 #: the kernel families: an attention's forward, its backward (dK, dV, and dQ by atomics or in a
@@ -52,8 +52,8 @@ class KernelChoice:
     accumulate: str = "f32"
     deterministic: bool = False
     #: keys and values staged by 16-byte asynchronous copies into swizzled shared tiles and read by
-    #: ``ldmatrix`` (``mma_flash_kernel.py``): 16-bit operands whose key and value rows are dense
-    #: (``runtime.dense_rows``); else staged by loads and stores of 32-bit words
+    #: ``ldmatrix`` (``mma/flash_kernel.py``): 16-bit operands whose key and value rows are dense
+    #: (``arrays.dense_rows``); else staged by loads and stores of 32-bit words
     async_copies: bool = False
 
     @property
@@ -167,3 +167,121 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     if family == BACKWARD and (deterministic or fixed_lanes):
         return choice.scalar()  # the tensor-core backward adds dQ with atomics; lanes are the scalar kernel's
     return choice
+
+
+def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[KernelChoice], frozenset[int]]:
+    """Per ``ac.tile_grid``: the kernel it runs (``choice.choose``: on tensor cores where query, key
+    and value are one type, f16, bf16, or float32 unless its ``precision`` is "ieee" or
+    ``fixed_lanes``, a layout of the scalar kernels, is asked for), with the storage the kernel reads
+    its query, key and value from (``KernelChoice.storage``); and the positions of the bf16
+    arguments kept in 16 bits on the device.
+
+    A bf16 argument stays 16-bit (``"bits"``) when tile loads are all that read it (query, key and
+    value passed straight to the attention; it may also be returned); when it is a decoder's cache
+    and the appended cache is read by tile loads alone (new entries that are an argument so read are
+    appended as their patterns, computed ones rounded to bf16 as they are appended): a decoder's
+    device cache then holds bf16, half the bytes a step reads; or when it is a paged decoder's pool
+    whose pages (``ac.page_view``) tile loads alone read: the pool then holds bf16
+    (``CudaFunction.page_storage``).  A grid reading a decoder's cache reads its computed sources (a
+    projected query) from 16-bit copies rounded before it (the driver's ``bf16_patterns``), so that
+    the cache can stay bf16.  bf16 values anything else computes with are widened to float32
+    (``widen-bf16``)."""
+    from attncomp.backends.tiles import read_tiled_attention
+
+    func = module.main
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+    sources = []
+    for op in grids:
+        t = read_tiled_attention(op)
+        sources.append([load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load)])
+    tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
+
+    def appended(value) -> Op | None:
+        """The ``ac.cache_append`` to a decoder's cache (an argument) that ``value`` is."""
+        owner = value.owner
+        if getattr(owner, "name", None) == "ac.cache_append" and owner.operands[0] in func.args:
+            return owner
+        return None
+
+    def paged(value) -> Op | None:
+        """The ``ac.page_view`` of an argument (a paged decoder's pool) that ``value`` is."""
+        owner = value.owner
+        if getattr(owner, "name", None) == "ac.page_view" and owner.operands[0] in func.args:
+            return owner
+        return None
+
+    def computed(value) -> bool:
+        return value not in func.args and appended(value) is None and paged(value) is None
+
+    def origins(value) -> list:
+        """The arguments whose memory a tile source is: itself; the cache, and the new entries appended
+        to it where they are an argument; or the pool a page view reads (its table is integers)."""
+        append, view = appended(value), paged(value)
+        if append is not None:
+            return [v for v in append.operands if v in func.args]
+        if view is not None:
+            return [view.operands[0]]
+        return [value] if value in func.args else []
+
+    def read_as_patterns(value) -> bool:
+        """Every op reading ``value`` can take 16-bit patterns: tile loads, such an append or page view,
+        and (for an argument, handed back as it came) the return."""
+        allowed = tile_loads | {id(func.body.ops[-1])} if value in func.args else tile_loads
+        return all(id(op) in allowed or bool(op.results) and keeps_patterns(op) for op in readers.get(value, []))
+
+    def keeps_patterns(op: Op) -> bool:
+        return appended(op.results[0]) is not None or paged(op.results[0]) is not None
+
+    def as_patterns(value, cached: bool) -> bool:
+        """Whether a tile source can be read as patterns: its memory read as patterns alone, or (in a
+        grid reading a decoder's cache) computed, and rounded into a 16-bit copy."""
+        if computed(value):
+            return cached
+        return read_as_patterns(value) and all(map(read_as_patterns, origins(value)))
+
+    chosen = [choose(op, fixed_lanes=fixed_lanes) for op in grids]
+    bits = set()
+    for k, values in enumerate(sources):
+        cached = any(appended(v) is not None for v in values)
+        if chosen[k].operands == "bf16" and all(as_patterns(v, cached) for v in values):
+            bits.add(k)
+    args_of = [{a for v in values for a in origins(v)} for values in sources]
+    while True:  # an argument kept 16-bit is so for every grid that reads it
+        shared = {k for k in bits for j in set(range(len(grids))) - bits if args_of[k] & args_of[j]}
+        if not shared:
+            break
+        bits -= shared
+    found = [choose(op, "bits", fixed_lanes) if k in bits else chosen[k] for k, op in enumerate(grids)]
+    kept = {func.args.index(a) for k in bits for a in args_of[k]}
+    return found, frozenset(kept)
+
+
+def bf16_outputs(module: Module) -> list[bool]:
+    """Per ``ac.tile_grid``: whether its kernel writes its output as bf16 patterns (uint16, rounded
+    to nearest even in the kernel): the output is declared bf16 and the function returns it, which
+    nothing else reads.  Half the bytes a float32 output writes, and no rounding pass after."""
+    func = module.main
+    ret = func.body.ops[-1]
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    found = []
+    for op in func.body.ops:
+        if op.name == "ac.tile_grid":
+            out = op.results[0]
+            found.append(out.type.dtype == "bf16" and all(r is ret for r in readers.get(out, [])))
+    return found
+
+
+def backward_choices(module: Module, fixed_lanes: bool = False) -> list[KernelChoice]:
+    """Per ``ac.key_grid``: the kernel it runs (``choice.choose``): on tensor cores where query, key,
+    value and output gradient are one type (f16 or bf16, or float32 as 3xTF32 or tf32 by the grid's
+    ``precision``, "exact" or "tf32"), else, for a ``deterministic`` grid or with ``fixed_lanes`` (a
+    layout of the scalar kernel), the scalar kernels; the device holds the operands as "f16", or
+    "f32": float32, or bf16 widened (``widen-bf16``)."""
+    return [choose(op, fixed_lanes=fixed_lanes) for op in module.main.body.ops if op.name == "ac.key_grid"]

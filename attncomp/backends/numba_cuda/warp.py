@@ -2,7 +2,7 @@
 
 The fragments of ``mma.sync.aligned.m16n8k16`` (f16, bf16) and ``m16n8k8`` (tf32), which element of
 A, B and C each lane's registers hold and how two 16-bit elements share a register, are the table
-of ``mma_atoms.py`` (``M16N8K16``, ``M16N8K8_TF32``): the emulation and the kernel writers read
+of ``mma/atoms.py`` (``M16N8K16``, ``M16N8K8_TF32``): the emulation and the kernel writers read
 them there.  A lane holds two rows of the product (``g`` and ``g + 8``, ``g = lane // 4``), and a
 row's elements are spread over the four lanes of a quad: ``quad_max`` and ``quad_sum`` reduce a
 value over them (butterfly shuffles over ``ACCUMULATOR.row_lane_masks()``); ``shuffle_xor(x,
@@ -28,22 +28,23 @@ operand of the next without leaving registers, in the order ``MmaAtom.feed`` giv
 - ``cp_async16(dst, dst_byte, src, src_elem, src_bytes)``: 16 bytes from element ``src_elem`` of a
   global array to byte ``dst_byte`` of a shared one, asynchronously (``cp.async.cg``, zero-filled past
   ``src_bytes``); ``cp_async_commit()`` closes this thread's group of copies and
-  ``cp_async_wait(n)`` waits until at most ``n`` groups are in flight (``mma_atoms.CP_ASYNC_16``).
+  ``cp_async_wait(n)`` waits until at most ``n`` groups are in flight (``atoms.CP_ASYNC_16``).
 - ``load_pair16(array, index)``, ``store_pair16(array, index, word)``: two neighbouring 16-bit
   elements of a dense array (``index`` even) as one 32-bit load or store, the first in the low half.
 - ``ldmatrix_x4(sh, byte)``, ``ldmatrix_x4_trans(sh, byte)``: four 8 x 8 matrices of 16-bit elements
   from shared memory, a lane giving one row's address, into four registers a lane
-  (``mma_atoms.LDMATRIX_X4``, ``LDMATRIX_X4_TRANS``): B fragments of ``m16n8k16``.
+  (``atoms.LDMATRIX_X4``, ``LDMATRIX_X4_TRANS``): B fragments of ``m16n8k16``.
 
-On the GPU these are ``warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1``) ``warp_sim.py``'s emulation with the same layout.
+On the GPU these are ``mma/warp_ptx.py``'s inline PTX; under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) the emulation with the same layout of ``mma/warp_sim.py`` (products,
+shuffles, bit conversions) and ``mma/warp_sim_copies.py`` (shared-memory copies).
 """
 
 from __future__ import annotations
 
 from numba import cuda
 
-from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR
+from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR
 
 SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
 #: the alignment of shared tiles that ``cp_async16`` writes and ``ldmatrix`` reads (16 bytes; a
@@ -52,16 +53,10 @@ SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
 COPY_ALIGNMENT = None if SIMULATED else 16
 
 if SIMULATED:
-    from attncomp.backends.numba_cuda.warp_sim import (
+    from attncomp.backends.numba_cuda.mma.warp_sim import (
         bits_f32,
-        cp_async16,
-        cp_async_commit,
-        cp_async_wait,
         exp2_approx,
         f32_bits,
-        ldmatrix_x4,
-        ldmatrix_x4_trans,
-        load_pair16,
         mma_bf16,
         mma_f16,
         mma_tf32,
@@ -73,13 +68,21 @@ if SIMULATED:
         quad_sum,
         round_bf16,
         shuffle_xor,
-        store_pair16,
         tf32_rest,
         tf32_round,
         widen_bf16,
     )
+    from attncomp.backends.numba_cuda.mma.warp_sim_copies import (
+        cp_async16,
+        cp_async_commit,
+        cp_async_wait,
+        ldmatrix_x4,
+        ldmatrix_x4_trans,
+        load_pair16,
+        store_pair16,
+    )
 else:
-    from attncomp.backends.numba_cuda.warp_ptx import (
+    from attncomp.backends.numba_cuda.mma.warp_ptx import (
         bits_f32,
         cp_async16,
         cp_async_commit,

@@ -1,6 +1,6 @@
 """float32 attention on tensor cores: ``mma.sync.m16n8k8`` in tf32, one product or three (3xTF32).
 
-The kernel is ``mma_kernel.py``'s (one warp per 16 query rows, the score, mask and online
+The kernel is ``mma/forward_kernel.py``'s (one warp per 16 query rows, the score, mask and online
 softmax per accumulator element, P kept in registers); what differs is the operands:
 
 - every operand is a float32 rounded to tf32 (``warp.tf32_round``); with ``split`` (3xTF32, the
@@ -13,7 +13,7 @@ softmax per accumulator element, P kept in registers); what differs is the opera
   shared memory, each lane's in its own words (D / 2 more registers would spill), read back as
   each product needs them; keys and values are rounded as they are staged in shared memory, once per
   thread block, not once per warp.  3xTF32 runs head dims up to 64 (``mma_plan.F32_CHUNKS``);
-- P's fragments are the scores' in another order (``mma_atoms.M16N8K8_TF32``: ``feed_order``): the
+- P's fragments are the scores' in another order (``atoms.M16N8K8_TF32``: ``feed_order``): the
   product sums over its keys, so a lane feeds its accumulator columns as the A fragment's ``k`` in
   the atom's ``k_order`` and reads the value rows (``v_sh[key, e]``) in that order (``fed_b_rows``).
 """
@@ -21,8 +21,8 @@ softmax per accumulator element, P kept in registers); what differs is the opera
 from __future__ import annotations
 
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.mma_atoms import LANES, M16N8K8_TF32, MmaAtom
-from attncomp.backends.numba_cuda.mma_kernel import MmaKernelWriter
+from attncomp.backends.numba_cuda.mma.atoms import LANES, M16N8K8_TF32, MmaAtom
+from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.ir.core import Op
 

@@ -2,7 +2,7 @@
 
 One thread block per (batch position, query block, key split),
 ``plan.threads`` threads: ``lanes`` threads per query row, lane ``g`` owning
-features ``g, g + lanes, ...`` (see ``plan.py``).  Each thread runs:
+features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs:
 
     q slice -> registers               m = -inf, l = 0, acc slice = 0      (registers)
     for kb in this split's part of [kb_first, kb_end):   # IR bounds, block-uniform
@@ -47,9 +47,9 @@ from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
-from attncomp.backends.numba_cuda.plan import AttentionPlan
-from attncomp.backends.numba_cuda.runtime import jit_decorator
+from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.types import accumulation_dtype

@@ -1,7 +1,7 @@
-"""How a tensor-core attention kernel maps onto a thread block (``mma_kernel.py``).
+"""How a tensor-core attention kernel maps onto a thread block (``mma/forward_kernel.py``).
 
 A thread block computes ``rows`` query rows of one IR query tile (``block_q``, or fewer for
-a call whose rows all fit in one thread block, as in ``plan.py``) with one warp per 16 rows:
+a call whose rows all fit in one thread block, as in ``simt/forward_plan.py``) with one warp per 16 rows:
 the ``m16`` of ``mma.sync.m16n8k16``.  Key tiles are the IR's (``block_k``), so tile classes
 and loop bounds are the IR's; a tile is computed ``chunk`` keys at a time, fewer for larger
 head dims (``CHUNKS``), so that the scores, the query and the output fragments fit in a
@@ -13,9 +13,9 @@ touches fall in different banks.
 A spec gets these kernels where its products can run on tensor cores: query, key and value
 of one 16-bit type (f16 or bf16), ``D`` a multiple of 16 (the ``k`` of a product), ``E`` a
 multiple of 8 (its ``n``), ``block_k`` a multiple of 16, at least 16 rows per thread block,
-and the tiles within the shared-memory budget.  Others run the scalar kernels (``plan.py``).
+and the tiles within the shared-memory budget.  Others run the scalar kernels (``simt/forward_plan.py``).
 
-float32 query, key and value run on ``mma.sync.m16n8k8`` in tf32 (``mma_f32_kernel.py``):
+float32 query, key and value run on ``mma.sync.m16n8k8`` in tf32 (``mma/tf32_kernel.py``):
 ``"3xtf32"`` (flash-tiling's ``precision = "exact"``, the default) splits each operand into two
 tf32 parts and makes three products of them, float32-accurate; ``"tf32"`` (``precision =
 "tf32"``, opt-in) makes one.  Their words are whole float32: keys row by row (``k_sh[key, d]``),
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K16
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K16
 
 #: query rows per warp (the m of m16n8k16)
 WARP_ROWS = M16N8K16.m
@@ -63,7 +63,7 @@ class MmaPlan(OnTensorCores):
 
     @property
     def tf32(self) -> bool:
-        """float32 operands on ``m16n8k8`` tf32 products (``mma_f32_kernel.py``)."""
+        """float32 operands on ``m16n8k8`` tf32 products (``mma/tf32_kernel.py``)."""
         return self.choice.tf32
 
     @property
@@ -87,7 +87,7 @@ class MmaPlan(OnTensorCores):
 
     @property
     def async_copies(self) -> bool:
-        """Keys and values staged by asynchronous copies into swizzled tiles (``mma_flash_kernel.py``)."""
+        """Keys and values staged by asynchronous copies into swizzled tiles (``mma/flash_kernel.py``)."""
         return self.choice.async_copies
 
     @property
@@ -137,7 +137,7 @@ COPY_ELEMENTS = 8
 def plan_flash(
     block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int
 ) -> MmaPlan | None:
-    """The plan of the asynchronous-copy kernel (``mma_flash_kernel.py``), or None where it does not
+    """The plan of the asynchronous-copy kernel (``mma/flash_kernel.py``), or None where it does not
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
     same number of copies."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:

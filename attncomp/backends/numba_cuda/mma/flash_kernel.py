@@ -1,10 +1,10 @@
 """The tensor-core forward at FlashAttention-2's design: asynchronous copies, ldmatrix, swizzled tiles.
 
-The products, the scores, the online softmax and the finish are ``mma_kernel.py``'s; what changes is
+The products, the scores, the online softmax and the finish are ``mma/forward_kernel.py``'s; what changes is
 how keys and values reach the B fragments.  Where a call's key and value rows are dense (the last
-two axes of each array contiguous, 16-byte aligned: ``runtime.dense_rows``) and D and E are
+two axes of each array contiguous, 16-byte aligned: ``arrays.dense_rows``) and D and E are
 multiples of 64, each thread issues a fixed number of 16-byte ``cp.async`` copies per chunk
-(``mma_atoms.CP_ASYNC_16``), with zero fill past the last key, into shared tiles kept row by row as
+(``atoms.CP_ASYNC_16``), with zero fill past the last key, into shared tiles kept row by row as
 the arrays are (``k_sh[key, d]``, ``v_sh[key, e]``): no transposed copy.  A row's 16-byte chunk
 ``c`` is stored at chunk ``c ^ (row % 8)`` (an XOR swizzle), so that the eight rows an ``ldmatrix``
 phase reads, and the eight chunks a quarter-warp of copies writes, fall in distinct banks.  The B
@@ -26,17 +26,17 @@ the products of the other:
         online softmax; O += P V(i)     # overlaps K(i + 1)'s copy
 
 Offsets within a (batch, head) slice are 32-bit; the slice's base is computed once.  Under Numba's
-CUDA simulator the copies and ldmatrix run ``warp_sim.py``'s emulation, which lands a copy only at
+CUDA simulator the copies and ldmatrix run ``mma/warp_sim.py``'s emulation, which lands a copy only at
 its wait and counts bank conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
 """
 
 from __future__ import annotations
 
 from attncomp.backends.lse_merge import write_finish
-from attncomp.backends.numba_cuda.mma_atoms import LDMATRIX_X4, M16N8K16
-from attncomp.backends.numba_cuda.mma_kernel import ROW, ROW_NAMES, MmaKernelWriter
-from attncomp.backends.numba_cuda.mma_plan import COPY_ELEMENTS
-from attncomp.backends.tiles import TileCompute, element_expr
+from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
+from attncomp.backends.numba_cuda.mma.forward_kernel import ROW, ROW_NAMES, MmaKernelWriter
+from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS
+from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op
 
 #: bytes of one copy and of one ldmatrix row: a 16-byte chunk of eight 16-bit elements
@@ -212,20 +212,7 @@ class FlashKernelWriter(MmaKernelWriter):
         exact everywhere, so evaluating it in a full tile's last chunk changes nothing)."""
         p, w, c = self.mp, self.w, self.ATOM.c
         # positions in 32 bits (a sequence is shorter than 2^31): one compare a masked element
-        rows = {f"r{r}": self.fresh("i") for r in ROW_NAMES.values()}
-        for r, name in rows.items():
-            w.line(f"{name} = np.int32({element_expr(compute.score.operands[-3], self.names, r, '0')})")
-        cols = {}
-        for n in range(p.chunk // c.cols):
-            for half in c.columns():
-                cols[n, half] = self.fresh("j")
-                col = f"(c0 + {n * c.cols + half} + {c.col_term})"
-                w.line(f"{cols[n, half]} = np.int32({element_expr(compute.score.operands[-2], self.names, '0', col)})")
-        elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
-        for n, e in elements:
-            at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
-            x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
-            w.line(f"s_{n}_{e} = ACC({x})")
+        rows, cols, elements = self.scored(compute, hoisted, cast="np.int32")
         mask = compute.mask if masked is not None else None
         tail = f"jc + {p.chunk} > n_keys"
         w.line(f"if {tail}{f' or {masked}' if mask is not None else ''}:  # masked, or keys past the end")

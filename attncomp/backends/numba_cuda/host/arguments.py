@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from attncomp.backends.numba_cuda import runtime
+from attncomp.backends.numba_cuda.host import arrays
 from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Func
 
@@ -30,16 +30,16 @@ def stand_in(device: Any, dtype: Any = None) -> np.ndarray:
 
 def declared(x: Any) -> np.dtype | None:
     """The element type a device argument stands for, where its memory's type is not it (bf16 bits)."""
-    return x.dtype if isinstance(x, runtime.Bf16Bits) else None
+    return x.dtype if isinstance(x, arrays.Bf16Bits) else None
 
 
 def bind_device_arguments(
     func: Func, args: Sequence[Any], constraints: Sequence[Any] = (), sizes: dict[str, int] | None = None
 ) -> tuple[list[Any], dict[str, int]]:
     """``bind_arguments`` for host or device arguments: the same checks and errors, no copies."""
-    views = [runtime.device_view(a) if runtime.is_device(a) else a for a in args]
-    checked = [stand_in(v, declared(a)) if runtime.is_device(a) else v for a, v in zip(args, views)]
+    views = [arrays.device_view(a) if arrays.is_device(a) else a for a in args]
+    checked = [stand_in(v, declared(a)) if arrays.is_device(a) else v for a, v in zip(args, views)]
     extra = {} if sizes is None else {"sizes": sizes}
-    arrays, env = bind_arguments(func, checked, constraints, **extra)
-    bound = [v if runtime.is_device(a) else array for a, v, array in zip(args, views, arrays)]
+    host, env = bind_arguments(func, checked, constraints, **extra)
+    bound = [v if arrays.is_device(a) else array for a, v, array in zip(args, views, host)]
     return bound, env

@@ -3,7 +3,7 @@
 One thread block per (query batch position, IR key block, part of the key
 block), ``plan.threads`` threads: ``lanes`` threads per key, lane ``g``
 keeping features ``g, g + lanes, ...`` of its key's ``dk`` and ``dv`` rows
-in registers (see ``backward_plan.py``).  Each thread block runs:
+in registers (see ``simt/backward_plan.py``).  Each thread block runs:
 
     k, v rows of its keys -> shared                 dk, dv slices = 0       (registers)
     prologue (GQA head, query-loop bounds: the IR's scalar ops)
@@ -26,14 +26,14 @@ against the queries'), and the gradients of captured tensors ("sites", such
 as ALiBi slopes).  Floating-point addition is not associative, so CUDA
 gradients may differ in the last bits from run to run (the order of the
 atomics is not deterministic); the CPU backend sums in a fixed order, and so
-does a grid marked ``deterministic = true`` (``deterministic_backward.py``,
+does a grid marked ``deterministic = true`` (``simt/deterministic_backward.py``,
 which reuses this writer's elements and chunks).  A
 thread adds its site contributions to a running sum while they go to the
 same index (ALiBi's ``slopes[h]`` is one index per thread block) and issues
 one atomic per run, not one per element.  An index outside the site's shape
 is dropped (the forward's gather of the same index reads it unchecked too).
 
-As in the forward kernel (``kernel.py``), class 2 runs class 1's code
+As in the forward kernel (``simt/forward_kernel.py``), class 2 runs class 1's code
 without the mask (mask-elimination makes the full region the masked one
 with the mask replaced by ``true``), position-independent ops of the score,
 mask and gradient regions (a scale, ``slopes[h]``) are hoisted out of the
@@ -51,11 +51,11 @@ from collections.abc import Iterator
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
-from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
-from attncomp.backends.numba_cuda.runtime import jit_decorator
+from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim

@@ -1,4 +1,4 @@
-"""How a tensor-core backward kernel (``mma_backward_kernel.py``) maps onto a thread block.
+"""How a tensor-core backward kernel (``mma/backward_kernel.py``) maps onto a thread block.
 
 A thread block owns ``keys`` consecutive keys of one IR key block, one warp per 16 of them (the
 ``m16`` of ``mma.sync.m16n8k16``: the backward's products put keys on the rows of ``S^T``,
@@ -30,7 +30,7 @@ specs.  Both blocks compute the whole ``S^T`` and ``dP^T`` (their products over 
 products' work per tile instead of five, traded for no spills.  A spec gets
 these kernels where its query, key, value and output gradient are one 16-bit type, ``D`` and ``E``
 multiples of 16, and ``block_q`` and ``block_k`` multiples of 16; others run the scalar backward
-(``backward_plan.py``).
+(``simt/backward_plan.py``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
 from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, M16N8K16
-from attncomp.backends.numba_cuda.mma_plan import PAD_WORDS
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma.forward_plan import PAD_WORDS
 
 #: (keys, query rows, halves) per thread block by the widest head dim they serve
 KEYS_ROWS = ((64, 64, 32, 1), (128, 32, 16, 2))

@@ -2,9 +2,9 @@
 
 One thread block per (query batch position, IR key block, part of the key block and, for head
 dims past 64, half of the gradients' columns), one warp per 16 of its keys
-(``mma_backward_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds keys ``g``
+(``mma/backward_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds keys ``g``
 and ``g + 8`` of its warp's 16 and, of each 8 query rows, rows ``2t`` and ``2t + 1`` (the fragment
-layout: ``mma_atoms.M16N8K16``, keys on the rows of the products).  Each thread block runs:
+layout: ``atoms.M16N8K16``, keys on the rows of the products).  Each thread block runs:
 
     k, v -> shared; k transposed in shared        dK, dV fragments = 0 (registers)
     for qb in [qb_first, qb_end):                 # IR bounds, block-uniform
@@ -22,9 +22,9 @@ layout: ``mma_atoms.M16N8K16``, keys on the rows of the products).  Each thread 
     dK, dV -> the key/value head's rows (atomics where several thread blocks share them)
 
 Tile classes, loop bounds, GQA heads, batch broadcasting and the sites' running sums are the scalar
-kernel's (``backward_kernel.py``); only the products moved onto tensor cores, with their operands
+kernel's (``simt/backward_kernel.py``); only the products moved onto tensor cores, with their operands
 rounded to the spec's 16-bit type (``P`` and ``dS`` too, as FlashAttention-2 does).  Under Numba's
-CUDA simulator the warp instructions run ``warp_sim.py``'s emulation, same fragments.
+CUDA simulator the warp instructions run ``mma/warp_sim.py``'s emulation, same fragments.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from contextlib import nullcontext
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
-from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.choice import kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
-from attncomp.backends.numba_cuda.mma_atoms import HALF_SHIFTS, M16N8K16, MmaAtom, plus
-from attncomp.backends.numba_cuda.mma_backward_plan import MmaBackwardPlan
-from attncomp.backends.numba_cuda.runtime import jit_decorator
+from attncomp.backends.numba_cuda.mma.atoms import HALF_SHIFTS, M16N8K16, MmaAtom, plus
+from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan
+from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value

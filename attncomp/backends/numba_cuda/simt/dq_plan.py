@@ -1,4 +1,4 @@
-"""How the query-major dQ kernel of a deterministic backward (``dq_kernel.py``) maps onto a thread block.
+"""How the query-major dQ kernel of a deterministic backward (``simt/dq_kernel.py``) maps onto a thread block.
 
 A thread block owns ``rows`` consecutive query rows of one IR query block (a block of ``block_q``
 rows is split over ``ceil(block_q / rows)`` thread blocks, never straddling two IR blocks, so the

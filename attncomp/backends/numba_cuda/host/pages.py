@@ -4,7 +4,7 @@
 device array ``[num_pages, *heads, page_size, d]``; a step copies in only its
 new tokens' keys and values (and the page tables), and the attention kernels
 read the pages in place (``ac.page_view``).  bf16 pages are kept as their
-16-bit patterns (``runtime.Bf16Bits``) when the kernels that read them take
+16-bit patterns (``arrays.Bf16Bits``) when the kernels that read them take
 patterns (``CudaFunction.page_storage`` asks the function reading the pages):
 the kernels below move 16-bit words then, and the attention widens each
 element as it reads it.  Half the bytes of a float32 pool.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from attncomp.backends.numba_cuda import runtime as rt
+from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.ir.types import NUMPY_DTYPES
 
 
@@ -68,18 +68,16 @@ def _flat(array: Any) -> Any:
 class DevicePages:
     """Where a :class:`~attncomp.serving.pool.PagePool` keeps its pages on the cuda backend.
 
-    ``bits``: bf16 pages are kept as 16-bit patterns (``runtime.Bf16Bits`` over uint16 device
+    ``bits``: bf16 pages are kept as 16-bit patterns (``arrays.Bf16Bits`` over uint16 device
     arrays), as the function reading them takes them; otherwise bf16 is widened to float32."""
 
     def __init__(self, bits: bool = False):
         self.bits = bits
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        from attncomp.backends.numba_cuda import device_dtype
-
         if self.bits and np.dtype(dtype) == np.dtype(NUMPY_DTYPES["bf16"]):
-            return rt.Bf16Bits(rt.zeros(tuple(shape), np.dtype(np.uint16)))
-        return rt.zeros(tuple(shape), device_dtype(dtype))
+            return arrays.Bf16Bits(arrays.zeros(tuple(shape), np.dtype(np.uint16)))
+        return arrays.zeros(tuple(shape), arrays.device_dtype(dtype))
 
     def write(self, array: Any, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
         """Rows ``[count, *heads, d]`` (host) into their pages' slots: one copy in, one launch.  A
@@ -87,19 +85,19 @@ class DevicePages:
         count = rows.shape[0]
         if count == 0:
             return
-        if isinstance(array, rt.Bf16Bits):
+        if isinstance(array, arrays.Bf16Bits):
             host = np.ascontiguousarray(rows, dtype=NUMPY_DTYPES["bf16"]).view(np.uint16)
         else:
             host = np.ascontiguousarray(rows, dtype=array.dtype)
         flat = host.reshape(count, -1, rows.shape[-1])
-        moved = [rt.to_device(x) for x in (flat, pages.astype(np.int64), slots.astype(np.int64))]
-        rt.launch_map(_write_rows, int(flat.size), _flat(rt.device_view(array)), moved[1], moved[2], moved[0])
+        moved = [arrays.to_device(x) for x in (flat, pages.astype(np.int64), slots.astype(np.int64))]
+        launches.launch_map(_write_rows, int(flat.size), _flat(arrays.device_view(array)), moved[1], moved[2], moved[0])
 
     def copy_page(self, array: Any, dst: int, src: int) -> None:
-        pool = _flat(rt.device_view(array))
-        rt.launch_map(_copy_page, int(np.prod(tuple(pool.shape)[1:])), pool, np.int64(dst), np.int64(src))
+        pool = _flat(arrays.device_view(array))
+        launches.launch_map(_copy_page, int(np.prod(tuple(pool.shape)[1:])), pool, np.int64(dst), np.int64(src))
 
     def host(self, array: Any) -> np.ndarray:
         """The pages on the host (a 16-bit pool's as ``ml_dtypes.bfloat16``)."""
-        host = rt.copy_to_host(rt.device_view(array))
-        return np.asarray(host).view(array.dtype) if isinstance(array, rt.Bf16Bits) else host
+        host = arrays.copy_to_host(arrays.device_view(array))
+        return np.asarray(host).view(array.dtype) if isinstance(array, arrays.Bf16Bits) else host

@@ -1,9 +1,9 @@
 """Lowering an ``ac.tile_grid`` to a tensor-core flash-attention kernel (``mma.sync``, 16-bit products).
 
 One thread block per (batch position, query block, key split), one warp per 16 query rows
-(``mma_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds rows ``g`` and
+(``mma/forward_plan.py``).  With ``g = lane // 4`` and ``t = lane % 4``, a lane holds rows ``g`` and
 ``g + 8`` of its warp's 16 and, of each 8 columns of a product, columns ``2t`` and ``2t + 1``
-(the fragment layout: ``mma_atoms.M16N8K16``).  Each thread runs:
+(the fragment layout: ``atoms.M16N8K16``).  Each thread runs:
 
     q fragments -> registers (D / 16 A fragments)    m, l = -inf, 0 per row; o fragments = 0
     for kb in this split's part of [kb_first, kb_end):      # IR bounds, block-uniform
@@ -21,8 +21,8 @@ One thread block per (batch position, query block, key split), one warp per 16 q
     l summed over the quad; out = o / l, lse = m + log(l)  # rows with no visible key: 0, -inf
 
 Flash-decoding splits and their in-kernel merge, the mask's tile classes and the GQA head mapping are
-the scalar kernel's (``kernel.py``): only the arithmetic moved onto tensor cores.  Under Numba's
-CUDA simulator the warp instructions run ``warp_sim.py``'s emulation, same fragments.
+the scalar kernel's (``simt/forward_kernel.py``): only the arithmetic moved onto tensor cores.  Under Numba's
+CUDA simulator the warp instructions run ``mma/warp_sim.py``'s emulation, same fragments.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from attncomp.backends.codegen import dim_expr
 from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.choice import kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.kernel import AttentionKernelWriter
-from attncomp.backends.numba_cuda.mma_atoms import ACCUMULATOR, M16N8K16, MmaAtom, plus
-from attncomp.backends.numba_cuda.mma_plan import MmaPlan
-from attncomp.backends.numba_cuda.runtime import jit_decorator
+from attncomp.backends.numba_cuda.host.launches import jit_decorator
+from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR, M16N8K16, MmaAtom, plus
+from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan
+from attncomp.backends.numba_cuda.simt.forward_kernel import AttentionKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Op, Value
@@ -202,24 +202,37 @@ class MmaKernelWriter(AttentionKernelWriter):
     def mma(self) -> str:
         return f"mma_{self.mp.choice.operands}"
 
-    def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        """The score region on every element a lane holds, the mask region where it applies, and
-        keys past the end hidden."""
+    def scored(self, compute: TileCompute, hoisted: dict[Op, list[Op]], cast: str = "") -> tuple[dict, dict, list]:
+        """The score region on every element a lane holds: (its rows' and columns' position names, by
+        row name and by (tile, column offset); the (tile, register) of each element).  ``cast``
+        wraps the positions (``np.int32``: one compare a masked element)."""
         p, w, c = self.mp, self.w, self.ATOM.c
+
+        def position(value: Value, row: str, col: str) -> str:
+            expr = element_expr(value, self.names, row, col)
+            return f"{cast}({expr})" if cast else expr
+
         rows = {f"r{r}": self.fresh("i") for r in ROW_NAMES.values()}
         for r, name in rows.items():
-            w.line(f"{name} = {element_expr(compute.score.operands[-3], self.names, r, '0')}")
+            w.line(f"{name} = {position(compute.score.operands[-3], r, '0')}")
         cols = {}
         for n in range(p.chunk // c.cols):
             for half in c.columns():
                 cols[n, half] = self.fresh("j")
                 col = f"(c0 + {n * c.cols + half} + {c.col_term})"
-                w.line(f"{cols[n, half]} = {element_expr(compute.score.operands[-2], self.names, '0', col)}")
+                w.line(f"{cols[n, half]} = {position(compute.score.operands[-2], '0', col)}")
         elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
         for n, e in elements:
             at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
             x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
             w.line(f"s_{n}_{e} = ACC({x})")
+        return rows, cols, elements
+
+    def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The score region on every element a lane holds, the mask region where it applies, and
+        keys past the end hidden."""
+        p, w, c = self.mp, self.w, self.ATOM.c
+        rows, cols, elements = self.scored(compute, hoisted)
         if masked is not None and compute.mask is not None:
             w.line(f"if {masked}:")
             with w.indent():

@@ -5,8 +5,8 @@ intrinsic whose code is one PTX instruction, so the fragments stay in
 registers (a device function linked in through ``link=`` would pass them
 through local memory).  Every instruction goes through :func:`call_asm`: a warp-synchronous one
 (``.sync``) is a ``convergent`` call, which LLVM may not move into divergent code, and one that
-touches memory has side effects.  ``warp_sim.py`` runs the same instructions under
-Numba's CUDA simulator, with the same fragment layout (``mma_atoms.py``).
+touches memory has side effects.  ``mma/warp_sim.py`` runs the same instructions under
+Numba's CUDA simulator, with the same fragment layout (``mma/atoms.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 from numba.cuda.typing import signature
 
-from attncomp.backends.numba_cuda.mma_atoms import LDMATRIX_X4, LDMATRIX_X4_TRANS, M16N8K8_TF32, M16N8K16
+from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, LDMATRIX_X4_TRANS, M16N8K8_TF32, M16N8K16
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -46,7 +46,7 @@ def call_asm(builder: ir.IRBuilder, fnty: ir.FunctionType, text: str, constraint
 def _mma(shape: str, element: str):
     """``mma.sync.aligned.{shape}.row.col.f32.{element}.{element}.f32``: D = A B + C for one warp.
 
-    A is four 32-bit registers, B two, C and D four float32 (layouts in ``mma_atoms.py``): for
+    A is four 32-bit registers, B two, C and D four float32 (layouts in ``mma/atoms.py``): for
     ``m16n8k16`` a register holds two 16-bit elements (A 16 x 16, B 16 x 8); for ``m16n8k8`` in
     tf32 one element (A 16 x 8, B 8 x 8), float32 bits whose low 13 are zero (``warp.tf32_round``)."""
     text = (
@@ -298,7 +298,7 @@ def cp_async_wait(typingctx, pending):
 
 
 def _ldmatrix(atom):
-    """``ldmatrix`` of ``atom`` (``mma_atoms.LdMatrix``): this lane's registers of four 8 x 8 matrices,
+    """``ldmatrix`` of ``atom`` (``atoms.LdMatrix``): this lane's registers of four 8 x 8 matrices,
     the lane giving the address (byte ``byte`` of the shared array ``sh``) of its row."""
     registers = ", ".join(f"${k}" for k in range(atom.count))
     text = f"{atom.name} {{{registers}}}, [${atom.count}];"

@@ -12,9 +12,9 @@ elements, its half ``h`` (0: the low 16 bits, 1: the high), the element is
     col = col_lane[0] g + col_lane[1] t + offsets[r][1] + h high[1]
 
 so the low half holds the lower column of an A register and the lower row of a B register.  This
-table is the one statement of the layouts: ``warp_sim.py``'s emulation places the registers by it,
-and the kernel writers (``mma_kernel.py``, ``mma_f32_kernel.py``, ``mma_backward_kernel.py``,
-``mma_tf32_backward_kernel.py``) and plans take their fragment places, steps and orders from it;
+table is the one statement of the layouts: ``mma/warp_sim.py``'s emulation places the registers by it,
+and the kernel writers (``mma/forward_kernel.py``, ``mma/tf32_kernel.py``, ``mma/backward_kernel.py``,
+``mma/tf32_backward_kernel.py``) and plans take their fragment places, steps and orders from it;
 ``tests/cuda_sim`` check it against numpy's products, on the GPU against the PTX.
 
 What the writers derive from an atom: its k step (:attr:`MmaAtom.k`); the A and B places as 32-bit

@@ -2,7 +2,7 @@
 
 One thread block per (query batch position, IR query block, part of the query block),
 ``plan.threads`` threads: ``lanes`` threads per query row, lane ``g`` keeping features ``g, g +
-lanes, ...`` of its row's dQ in registers (``dq_plan.py``).  Each thread block runs:
+lanes, ...`` of its row's dQ in registers (``simt/dq_plan.py``).  Each thread block runs:
 
     q, d_out rows of its queries -> shared          dq slices = 0            (registers)
     for kb in [0, n_kb):                             # every key block, in order
@@ -18,7 +18,7 @@ lanes, ...`` of its row's dQ in registers (``dq_plan.py``).  Each thread block r
     dq slices -> the rows of out_dq (plain stores: this thread block owns them)
 
 The key blocks come in the same order on every run and each row's sum is one thread's, so dQ is
-the same to the bit from run to run; the key-major kernel (``deterministic_backward.py``) computes
+the same to the bit from run to run; the key-major kernel (``simt/deterministic_backward.py``) computes
 dK, dV and the sites.  The per-element code (scores, mask, ``p``, ``ds_raw``) is the key-major
 kernels' (``BackwardKernelWriter.element``), with the roles of the staged rows and keys swapped:
 a thread's row is fixed and its keys move.  The IR loops over query blocks inside a key block;
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
-from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
-from attncomp.backends.numba_cuda.dq_plan import DqPlan
+from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
+from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
 

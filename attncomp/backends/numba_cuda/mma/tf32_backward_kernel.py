@@ -1,11 +1,11 @@
 """float32 gradients on tensor cores: the backward's five products on ``mma.sync.m16n8k8`` in tf32.
 
 Two kinds, by flash-tiling's ``precision`` (on ``ac.key_grid``), as the forward's
-(``mma_f32_kernel.py``): ``"exact"`` (the default) splits each operand into its tf32 part and the
+(``mma/tf32_kernel.py``): ``"exact"`` (the default) splits each operand into its tf32 part and the
 rest and makes each product three (``rest big + big rest + big big``), float32-accurate; ``"tf32"``
 (opt-in) makes one, inputs rounded to tf32 (11 significant bits), relative errors near 1e-3 as
 TF32 matmuls have.
-The kernel is ``mma_backward_kernel.py``'s (keys on the rows of the products, dK and dV in
+The kernel is ``mma/backward_kernel.py``'s (keys on the rows of the products, dK and dV in
 registers, the score, mask and gradient regions per fragment element, dQ fragments shared out
 with float32 atomics); what differs is the operands:
 
@@ -15,22 +15,22 @@ with float32 atomics); what differs is the operands:
   loads of every product then touch distinct banks, but dQ's key reads, two-way); no transposed
   tiles: an m16n8k8 fragment reads a row's four neighbouring words, or a column's, as cheaply.
 - ``P^T`` and ``dS^T`` feed ``dV += P^T dO`` and ``dK += dS^T Q`` from their C fragments, in the
-  order of ``mma_atoms.M16N8K8_TF32`` (``feed_order``: the product sums over its rows, so a lane's
+  order of ``atoms.M16N8K8_TF32`` (``feed_order``: the product sums over its rows, so a lane's
   accumulator rows are fed as the ``k`` of its ``k_order``) and the B rows of ``dO`` and ``Q`` are
   read in that order (``fed_b_rows``): no shuffle.
 - dS goes to shared memory as such words (rows by keys, over the query rows once dK has read them).
 
 Head dims up to 64 (multiples of 8); 64 keys per thread block (four warps), query rows 16 at a time
 (``mma_backward_plan.plan_tf32_backward``).  Under Numba's CUDA simulator ``mma_tf32`` runs
-``warp_sim.py``'s emulation, same fragments.
+``mma/warp_sim.py``'s emulation, same fragments.
 """
 
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.mma_atoms import M16N8K8_TF32, MmaAtom
-from attncomp.backends.numba_cuda.mma_backward_kernel import MmaBackwardKernelWriter
+from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, MmaAtom
+from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.ir.core import Op
 

@@ -9,7 +9,7 @@ in an order fixed by the code:
   dV (no atomics).  Where several query batch positions share a key/value head (GQA's group, a
   broadcast batch axis) the launch gives it per-position scratch rows, and ``_heads`` adds each
   head's positions up in position order.
-- the query-major dQ kernel ``_dq`` (``dq_kernel.py``): one thread block per (query batch
+- the query-major dQ kernel ``_dq`` (``simt/dq_kernel.py``): one thread block per (query batch
   position, IR query block, part), looping over the key blocks in order.
 - the sites: each key-major thread block adds its contributions into its own slice of a scratch
   array ``[blocks, *site]``, thread 0 alone and in element order (a site indexed the same for the
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR
-from attncomp.backends.numba_cuda.backward_kernel import BackwardKernelWriter
-from attncomp.backends.numba_cuda.backward_plan import BackwardPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.dq_kernel import DqKernelWriter
-from attncomp.backends.numba_cuda.dq_plan import DqPlan
 from attncomp.backends.numba_cuda.kernel_source import split_invariant
+from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
+from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan
+from attncomp.backends.numba_cuda.simt.dq_kernel import DqKernelWriter
+from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan
 from attncomp.ir.core import Op, Value
 
 HEADER = """\

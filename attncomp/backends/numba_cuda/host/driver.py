@@ -24,14 +24,10 @@ from attncomp.backends.host_ops import (
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.graph_kernels import (
-    GraphKernel,
-    bf16_patterns_kernel,
-    cache_append_kernel,
-    graph_kernel,
-    reshape_copy,
-    scatter_add_kernel,
-)
+from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
+from attncomp.backends.numba_cuda.host.graph_kernels import graph_kernel
+from attncomp.backends.numba_cuda.host.map_kernels import bf16_patterns_kernel, cache_append_kernel, reshape_copy
+from attncomp.backends.numba_cuda.host.reduction_kernels import scatter_add_kernel
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim

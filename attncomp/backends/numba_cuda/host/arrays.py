@@ -1,0 +1,276 @@
+"""Device memory on the host side: transfers, allocation, bf16 patterns and their conversions, checks.
+
+Values of rank >= 1 live on the device as Numba device arrays; 0-d values (scales, sizes,
+constants) live on the host as numpy 0-d arrays and reach kernels as scalar arguments.  bf16
+device memory may come as its 16-bit patterns (:class:`Bf16Bits`), converted by small kernels
+(:func:`widen`, :func:`rounded`).  Generated drivers reach these as ``rt.*`` (``numba_cuda/runtime.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from attncomp.backends.numba_cuda.host.launches import SIMULATED, launch_map, stream
+from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
+from attncomp.errors import with_location
+from attncomp.ir.ops.shape import check_pages as _check_pages
+from attncomp.ir.types import NUMPY_DTYPES
+
+
+def device_dtype(dtype: Any) -> np.dtype:
+    """The dtype device memory holds for ``dtype``: bf16 as float32 (see ``widen-bf16``)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.dtype(NUMPY_DTYPES["bf16"]) else dtype
+
+
+def copy_to_host(x: Any) -> np.ndarray:
+    """A device array copied to the host on the current stream (waited for)."""
+    out = x.copy_to_host(stream=stream())
+    if stream() != 0:
+        stream().synchronize()
+    return out
+
+
+def _simulated_array_type() -> type | None:
+    if not SIMULATED:
+        return None
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray
+
+
+class Bf16Bits:
+    """bf16 device memory given as its 16-bit patterns: a uint16 or int16 device array (a torch
+    bfloat16 CUDA tensor viewed as int16; the array interface has no bfloat16).  The argument
+    checks see a bf16 array of its shape; kernels that keep bf16 in 16 bits read the patterns."""
+
+    dtype = np.dtype(NUMPY_DTYPES["bf16"])
+
+    def __init__(self, bits: Any):
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.bits.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.bits.shape)
+
+    def __getitem__(self, index: Any) -> Bf16Bits:
+        """A view of the patterns (a decoder's cache, up to its length)."""
+        return Bf16Bits(self.bits[index])
+
+    def copy_to_host(self) -> np.ndarray:
+        """The values on the host, as ``ml_dtypes.bfloat16``."""
+        return np.asarray(self.bits.copy_to_host()).view(np.uint16).view(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"<bf16 device array {self.shape}>"
+
+
+def is_device(x: Any) -> bool:
+    """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
+    torch CUDA tensors), a simulator device array, or :class:`Bf16Bits` of one."""
+    if isinstance(x, Bf16Bits):
+        return True
+    fake = _simulated_array_type()
+    return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
+
+
+def device_view(x: Any) -> Any:
+    """A Numba device array over ``x``'s memory (no copy; :class:`Bf16Bits`: over its patterns, as
+    uint16 whatever integer type they came as, so that kernels run the specialisation they are
+    compiled and checked for: a torch bf16 tensor arrives as int16)."""
+    if isinstance(x, Bf16Bits):
+        bits = device_view(x.bits)
+        return bits if bits.dtype == np.uint16 else bits.view(np.uint16)
+    fake = _simulated_array_type()
+    if fake is not None:
+        return x
+    if isinstance(x, cuda.cudadrv.devicearray.DeviceNDArray):
+        return x
+    return cuda.as_cuda_array(x)
+
+
+#: the alignment of a 16-byte asynchronous copy's source
+COPY_ALIGN = 16
+
+
+def _device_address(x: Any) -> int | None:
+    """The address of a device array's first element (the simulator's: its host array's)."""
+    fake = _simulated_array_type()
+    if fake is not None and isinstance(x, fake):
+        return int(np.asarray(x).ctypes.data)  # the simulator's device array: a view of its host array
+    pointer = getattr(x, "device_ctypes_pointer", None)
+    return None if pointer is None else pointer.value
+
+
+def dense_rows(x: Any) -> bool:
+    """Whether a kernel may read ``x`` (a device view) a 16-byte chunk at a time as dense rows: the
+    last axis contiguous, the rows one after another, every other stride and the first element
+    16-byte aligned (a C-contiguous array, or a decoder cache's prefix of one)."""
+    shape, strides = tuple(x.shape), tuple(x.strides)
+    if len(shape) < 2 or 0 in shape:
+        return False
+    item = x.dtype.itemsize
+    if (shape[-1] > 1 and strides[-1] != item) or (shape[-2] > 1 and strides[-2] != shape[-1] * item):
+        return False
+    if (shape[-1] * item) % COPY_ALIGN or any(s % COPY_ALIGN for n, s in zip(shape[:-2], strides[:-2]) if n > 1):
+        return False
+    address = _device_address(x)
+    return address is not None and address % COPY_ALIGN == 0
+
+
+def to_device(x: Any) -> Any:
+    """An argument on the device: device memory as it is, host arrays copied in."""
+    if is_device(x):
+        return device_view(x)
+    return cuda.to_device(np.ascontiguousarray(x), stream=stream())
+
+
+def host_value(x: Any, dtype: str) -> np.ndarray:
+    """A 0-d value on the host (copied back if it is on the device)."""
+    if is_device(x):
+        x = copy_to_host(device_view(x))
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype]).reshape(())
+
+
+def cast(x: Any, dtype: str) -> np.ndarray:
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
+
+
+def empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
+    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES.get(dtype, dtype), stream=stream())
+
+
+def scratch(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised device array of a numpy dtype (kernel workspace)."""
+    return cuda.device_array(shape, dtype=dtype, stream=stream())
+
+
+def fill_zero(array: Any) -> None:
+    """Zero a device array (``cuda.device_array`` leaves it uninitialised)."""
+    if array.size:
+        array.copy_to_device(np.zeros(tuple(array.shape), dtype=array.dtype), stream=stream())
+
+
+@cuda.jit
+def _fill_zero_kernel(flat):
+    for n in range(cuda.grid(1), flat.size, cuda.gridsize(1)):
+        flat[n] = 0
+
+
+@cuda.jit
+def _copy_kernel(out, src):
+    for n in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[n] = src[n]
+
+
+@cuda.jit
+def _widen_kernel(out, bits):
+    for n in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[n] = widen_bf16(np.uint16(bits[n]))
+
+
+@cuda.jit
+def _round_kernel(bits, x):
+    for n in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        bits[n] = round_bf16(np.float32(x[n]))
+
+
+def _contiguous(x: Any, name: str) -> Any:
+    if not x.is_c_contiguous():
+        raise TypeError(f"{name}: bf16 device memory is converted by a kernel that needs it C-contiguous, got a view")
+    return x
+
+
+def widen(x: Bf16Bits, name: str = "argument") -> Any:
+    """bf16 patterns (``Bf16Bits``, C-contiguous) as a float32 device array of the same values, converted
+    by a kernel on the current stream: what a kernel that reads the argument as float32 takes."""
+    bits = _contiguous(device_view(x), name)
+    out = cuda.device_array(tuple(bits.shape), dtype=np.float32, stream=stream())
+    if out.size:
+        launch_map(_widen_kernel, int(out.size), out.reshape(out.size), bits.reshape(bits.size))
+    return out
+
+
+def rounded(x: Any, name: str = "result") -> Bf16Bits:
+    """A float32 device array (C-contiguous) rounded to bf16 by a kernel (to nearest even, NaN kept:
+    ``warp.round_bf16``): its patterns, as ``Bf16Bits``."""
+    values = _contiguous(x, name)
+    bits = cuda.device_array(tuple(values.shape), dtype=np.uint16, stream=stream())
+    if bits.size:
+        launch_map(_round_kernel, int(bits.size), bits.reshape(bits.size), values.reshape(values.size))
+    return Bf16Bits(bits)
+
+
+def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A zeroed device array (zeroed by a kernel: no host transfer); 0-d gets one element, as in
+    :func:`empty`.  What the backward's kernels and ``ac.scatter_add`` add into."""
+    array = empty(shape, dtype)
+    if array.size:
+        launch_map(_fill_zero_kernel, int(array.size), array.reshape(array.size))
+    return array
+
+
+def narrow(x: Any, dtype: str) -> Any:
+    """``x`` (a C-contiguous device array) in ``dtype``: itself when it already is, else a converted copy
+    (atomics add in float32; a float16 result is narrowed after)."""
+    want = np.dtype(NUMPY_DTYPES[dtype])
+    if x.dtype == want:
+        return x
+    out = cuda.device_array(tuple(x.shape), dtype=want, stream=stream())
+    if out.size:
+        launch_map(_copy_kernel, int(out.size), out.reshape(out.size), x.reshape(x.size))
+    return out
+
+
+def from_host(x: Any, shape: tuple[int, ...]) -> Any:
+    return cuda.to_device(np.ascontiguousarray(np.reshape(x, shape)), stream=stream())
+
+
+def gather_flags(n_axes: int) -> Any:
+    """Per index axis: a flag and an offending index, set by a gather kernel."""
+    return cuda.to_device(np.zeros(2 * n_axes, dtype=np.int64), stream=stream())
+
+
+def check_indices(flags: Any, shape: tuple[int, ...], at: str = "") -> None:
+    """The interpreter's ``IndexError`` if a gather or scatter_add kernel saw an index out of range: per
+    axis, the kernel keeps the lowest negative index and the highest one past the end (0 when none)."""
+    found = copy_to_host(flags)
+    for axis in range(len(found) // 2):
+        low, high = int(found[2 * axis]), int(found[2 * axis + 1])
+        if low < 0 or high >= shape[axis]:
+            bad = low if low < 0 else high
+            message = f"ac.gather: index {bad} is out of range for axis {axis} of size {shape[axis]}"
+            raise IndexError(with_location(message, at))
+
+
+def check_pages(table: Any, num_pages: int, size: int, rows: int) -> None:
+    """Before a kernel reads ``rows`` rows through a page table: enough entries, each naming a page
+    (a table already on the device is copied back to be checked: tables are small)."""
+    host = copy_to_host(device_view(table)) if is_device(table) else table
+    _check_pages(np.asarray(host, dtype=np.int64), num_pages, size, rows)
+
+
+def is_contiguous(x: Any) -> bool:
+    return bool(x.is_c_contiguous())
+
+
+def prefix(x: Any, axis: int, stop: int) -> Any:
+    """The view ``x[..., :stop, ...]`` along ``axis``."""
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(0, stop)
+    return x[tuple(index)]
+
+
+def result(x: Any, dtype: str, to_host: bool) -> Any:
+    """A function result: a device array (or copied to the host), or a 0-d host value."""
+    if is_device(x):
+        return copy_to_host(device_view(x)) if to_host else x
+    return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
