@@ -32,7 +32,6 @@ its wait and counts bank conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts
 
 from __future__ import annotations
 
-from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 from attncomp.backends.numba_cuda.mma.forward_kernel import ROW, ROW_NAMES, MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS
@@ -267,45 +266,31 @@ class FlashKernelWriter(MmaKernelWriter):
                     w.line(f"{o} = {self.mma()}({a}, {b}, {o})")
 
     # the finish ---------------------------------------------------------------------
-    def finish(self) -> None:
-        """Each row's output (times ``1 / l``, two neighbouring columns rounded and stored as one
-        32-bit word) and log-sum-exp, or this split's partial state; offsets from a row's start."""
-        t, p, w, c = self.t, self.mp, self.w, self.ATOM.c
+    def partial_outputs(self, halves: tuple[int, ...]) -> None:
+        """As the staged kernel, from a slice at this lane's first column: constant offsets."""
+        c = self.ATOM.c
+        self.w.line(f"part_lane = part_o[sp, flat, {c.col_term}:]")
+        for en in range(self.mp.value_dim // c.cols):
+            for e in halves:
+                self.w.line(f"part_lane[{en * c.cols + c.offsets[e][1]}] = o_{en}_{e}")
+
+    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...]) -> None:
+        """A 16-bit row's outputs times ``1 / l``, two neighbouring columns rounded together and
+        stored as one 32-bit word, from a slice at this lane's first column (a float32 output: as the
+        staged kernel)."""
+        c, w = self.ATOM.c, self.w
         # bf16 outputs are written as their patterns (``out_bits``: the IR here is widened to float32)
-        out = "bf16" if self.out_bits else t.grid.results[0].type.dtype
-        if out not in ("f16", "bf16"):  # a float32 output
-            super().finish()
+        out = "bf16" if self.out_bits else self.t.grid.results[0].type.dtype
+        if out not in ("f16", "bf16"):
+            super().row_outputs(denominator, at, halves)
             return
-        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
-        for row in ROW_NAMES.values():
-            w.line(f"l_{row} = quad_sum(l_{row})")
-        for offset, halves in c.by_row():
-            row = ROW_NAMES[offset]
-            low, high = (c.offsets[e][1] for e in halves)
-            assert high == low + 1  # a lane's two columns of a row are neighbours
-            w.line(f"if i0 + r{row} < n_rows and n_split > 1:  # this split's partial state")
-            with w.indent():
-                w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
-                w.line("if tq == 0:")
-                with w.indent():
-                    w.line(f"part_m[sp, flat] = m_{row}")
-                    w.line(f"part_l[sp, flat] = l_{row}")
-                w.line(f"part_lane = part_o[sp, flat, {c.col_term}:]  # from this lane's first column")
-                for en in range(p.value_dim // c.cols):
-                    for e in halves:
-                        w.line(f"part_lane[{en * c.cols + c.offsets[e][1]}] = o_{en}_{e}")
-            w.line(f"elif i0 + r{row} < n_rows:")
-            with w.indent():
-
-                def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves, low: int = low) -> None:
-                    w.line(f"inverse = ACC(1.0) / {denominator}")
-                    w.line(f"out_lane = out_0[{prefix}i0 + r{row}, {c.col_term}:]")
-                    for en in range(p.value_dim // c.cols):
-                        pair = ", ".join(f"o_{en}_{e} * inverse" for e in halves)
-                        w.line(f"store_pair16(out_lane, {en * c.cols + low}, pack_{out}x2({pair}))")
-
-                lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
-                write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
+        low, high = (c.offsets[e][1] for e in halves)
+        assert high == low + 1  # a lane's two columns of a row are neighbours
+        w.line(f"inverse = ACC(1.0) / {denominator}")
+        w.line(f"out_lane = out_0[{at}, {c.col_term}:]")
+        for en in range(self.mp.value_dim // c.cols):
+            pair = ", ".join(f"o_{en}_{e} * inverse" for e in halves)
+            w.line(f"store_pair16(out_lane, {en * c.cols + low}, pack_{out}x2({pair}))")
 
 
 assert M16N8K16.k == 2 * COPY_ELEMENTS  # a k step is two 16-byte chunks of a row

@@ -356,7 +356,9 @@ class MmaKernelWriter(AttentionKernelWriter):
             self.loop_body(hoisted)
 
     def finish(self) -> None:
-        t, p, w, c = self.t, self.mp, self.w, self.ATOM.c
+        """Each row's output and log-sum-exp (:meth:`row_outputs`), or this split's partial state
+        (:meth:`partial_outputs`)."""
+        t, w, c = self.t, self.w, self.ATOM.c
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         for row in ROW_NAMES.values():
             w.line(f"l_{row} = quad_sum(l_{row})")
@@ -369,17 +371,27 @@ class MmaKernelWriter(AttentionKernelWriter):
                 with w.indent():
                     w.line(f"part_m[sp, flat] = m_{row}")
                     w.line(f"part_l[sp, flat] = l_{row}")
-                for en in range(p.value_dim // c.cols):
-                    for e in halves:
-                        w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = o_{en}_{e}")
+                self.partial_outputs(halves)
             w.line(f"elif i0 + r{row} < n_rows:")
             with w.indent():
 
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:
-                    for en in range(p.value_dim // c.cols):
-                        for e in halves:
-                            at = f"{prefix}i0 + r{row}, {en * c.cols + c.offsets[e][1]} + {c.col_term}"
-                            w.line(f"out_0[{at}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
+                    self.row_outputs(denominator, f"{prefix}i0 + r{row}", halves)
 
                 lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
+
+    def partial_outputs(self, halves: tuple[int, ...]) -> None:
+        """A row's accumulators (registers ``halves`` of each fragment) into ``part_o[sp, flat]``."""
+        c = self.ATOM.c
+        for en in range(self.mp.value_dim // c.cols):
+            for e in halves:
+                self.w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = o_{en}_{e}")
+
+    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...]) -> None:
+        """A row's outputs (index prefix ``at``): its accumulators over ``denominator``."""
+        c = self.ATOM.c
+        for en in range(self.mp.value_dim // c.cols):
+            for e in halves:
+                index = f"{at}, {en * c.cols + c.offsets[e][1]} + {c.col_term}"
+                self.w.line(f"out_0[{index}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
