@@ -85,6 +85,7 @@ class Timing:
     default_ratio: float
     flops: float  # floating-point operations of one call (the table's count)
     bytes: float  # the least memory traffic of one call
+    kernel: str = ""  # the attention kernels the calls ran (``kernels_run``)
 
     @property
     def tflops(self) -> float:
@@ -97,7 +98,7 @@ class Timing:
     def line(self) -> str:
         return (
             f"{self.row.name:40s} {self.ms:9.3f} {self.tflops:7.1f} {self.peer:>9s} {self.peer_ms:9.3f} "
-            f"{self.ratio:6.2f} {self.default:>9s} {self.default_ms:9.3f} {self.default_ratio:6.2f}"
+            f"{self.ratio:6.2f} {self.default:>9s} {self.default_ms:9.3f} {self.default_ratio:6.2f} {self.kernel}"
         )
 
 
@@ -195,9 +196,21 @@ def warm_row(torch, row: Row) -> None:
     """One call of attncomp's op at the row's size, untimed: its kernels compile (and are cached on disk)."""
     dtype = getattr(torch, row.dtype)
     q, k, v = (torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype) for _ in range(3))
-    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    fn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants)
+    attn = fn.to_torch()
     attn(q, k, v)
     torch.cuda.synchronize()
+
+
+def kernels_run(fn) -> str:
+    """The attention kernels ``fn``'s last call ran, by their choice: "mma async" (``cp.async`` and
+    ``ldmatrix``), "mma staged" (loads and stores), "fma" (the scalar kernels)."""
+    names = []
+    for group in getattr(fn.compilation.program, "attention", []):
+        choice = group.last_choice
+        if choice is not None:
+            names.append("fma" if choice.atom is None else "mma async" if choice.async_copies else "mma staged")
+    return ",".join(dict.fromkeys(names)) or "-"
 
 
 def measure_row(torch, row: Row, repeats: int) -> Timing:
@@ -208,7 +221,8 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     q, k, v = (
         torch.randn((row.b, row.h, row.t, row.d), device="cuda", dtype=dtype, generator=generator) for _ in range(3)
     )
-    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    fn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants)
+    attn = fn.to_torch()
     mask = window_mask(torch, row)
 
     def ours():
@@ -238,7 +252,9 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
     _, default, default_ratio = paired_ms(torch, ours, sdpa, repeats)
     choice = sdpa_choice(torch, q, k, v, row.causal, mask)
-    return Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, row.flops(), row.bytes())
+    timing = Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, row.flops(), row.bytes())
+    timing.kernel = kernels_run(fn)
+    return timing
 
 
 def table(torch, title: str, rows: list[Row], run, repeats: int) -> list[str]:

@@ -62,8 +62,9 @@ def table_lines(title: str, records: list[dict], card: Card | None) -> list[str]
     lines = [
         f"### {title}",
         "",
-        "| case | ours ms | TFLOP/s | of peak | GB/s | of peak | peer | peer ms | ratio | SDPA default | ms | ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | ours ms | TFLOP/s | of peak | GB/s | of peak | peer | peer ms | ratio | SDPA default | ms | ratio "
+        "| kernel |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if r.get("kind") == "error":
@@ -76,7 +77,8 @@ def table_lines(title: str, records: list[dict], card: Card | None) -> list[str]
         lines.append(
             f"| {r['name']} | {r['ms']:.3f} | {tflops:.1f} | {percent(tflops, peak)} | {gbps:.0f} | "
             f"{percent(gbps, card.bandwidth if card else None)} | {r['peer']} | {r['peer_ms']:.3f} | "
-            f"{r['ratio']:.2f} | {r['default']} | {r['default_ms']:.3f} | {r['default_ratio']:.2f} |"
+            f"{r['ratio']:.2f} | {r['default']} | {r['default_ms']:.3f} | {r['default_ratio']:.2f} | "
+            f"{r.get('kernel') or '-'} |"
         )
     return lines + [""]
 

@@ -120,6 +120,7 @@ def worker_timings(args: argparse.Namespace) -> None:
             print(timing.line(), flush=True)
             record = {"kind": "row", "name": row.name, "dtype": row.dtype, "precision": row.precision}
             fields = ("ms", "peer", "peer_ms", "ratio", "default", "default_ms", "default_ratio", "flops", "bytes")
+            fields += ("kernel",)
             record.update({f: getattr(timing, f) for f in fields})
             emit(result, record)
     elif table == "decoder":

@@ -92,7 +92,7 @@ def test_example_with_async_copies(name, dtype, banks):
     kernels, got, want = run(name, dtype)
     source = kernels.source(64, 64)
     assert "cp_async16(" in source and "ldmatrix_x4_trans(" in source
-    assert kernels.choice_for(64, 64).async_copies
+    assert kernels.choice_for(64, 64).async_copies and kernels.last_choice.async_copies
     assert worst_error(got, want) < TOLERANCE[dtype]
     no_conflicts(banks)
 
@@ -110,6 +110,7 @@ def test_strided_keys_and_values_run_the_staged_kernel(banks):
     assert worst_error(got, want) < TOLERANCE["bf16"]
     assert not SIMULATED or banks()[CP_ASYNC_16.name][0] == 0  # no copies: the staged kernel ran
     assert not kernels.choice_for(64, 64, dense=False).async_copies
+    assert kernels.last_choice.mma and not kernels.last_choice.async_copies
     assert "cp_async16(" not in kernels.source(64, 64, dense=False)
 
 

@@ -95,6 +95,8 @@ class AttentionKernels:
         ]
         #: the key splits of the last launch (1: none)
         self.last_split = 1
+        #: the kernel of the last launch (``choice_for`` of its head dims, rows and dense or strided rows)
+        self.last_choice: KernelChoice | None = None
         self._kernels: dict[tuple[int, int, int], Any] = {}
         self._buffers: dict[tuple[int, Any, int], Any] = {}
         self._streams: list[int] = []  # the streams that have buffers, the most recently used last
@@ -272,6 +274,7 @@ class AttentionKernels:
         threads = self.threads(head_dim, value_dim, rows, dense)
         n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
+        self.last_choice = self.choice_for(head_dim, value_dim, rows, dense)
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:
