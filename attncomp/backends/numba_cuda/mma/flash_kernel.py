@@ -1,15 +1,15 @@
 """The tensor-core forward at FlashAttention-2's design: asynchronous copies, ldmatrix, swizzled tiles.
 
-The products, the scores, the online softmax and the finish are ``mma/forward_kernel.py``'s; what changes is
-how keys and values reach the B fragments.  Where a call's key and value rows are dense (the last
-two axes of each array contiguous, 16-byte aligned: ``arrays.dense_rows``) and D and E are
+The products, the scores, the online softmax and the finish are ``mma/forward_kernel.py``'s; what
+changes is how keys and values reach the B fragments.  Where a call's query, key and value rows are dense (the
+last two axes of each array contiguous, 16-byte aligned: ``arrays.dense_rows``) and D and E are
 multiples of 64, each thread issues a fixed number of 16-byte ``cp.async`` copies per chunk
 (``atoms.CP_ASYNC_16``), with zero fill past the last key, into shared tiles kept row by row as
 the arrays are (``k_sh[key, d]``, ``v_sh[key, e]``): no transposed copy.  A row's 16-byte chunk
 ``c`` is stored at chunk ``c ^ (row % 8)`` (an XOR swizzle), so that the eight rows an ``ldmatrix``
 phase reads, and the eight chunks a quarter-warp of copies writes, fall in distinct banks.  The B
 fragments come from ``ldmatrix.x4`` (keys) and ``ldmatrix.x4.trans`` (values), four registers an
-instruction, from addresses a lane computes once (``ldmatrix_lanes``) plus constants.
+instruction, from addresses a lane computes once (``shared_arrays``) plus constants.
 
 One buffer of keys and one of values, as FlashAttention-2 does, so that the copies of one overlap
 the products of the other:
@@ -25,9 +25,10 @@ the products of the other:
         K(i + 1) in flight
         online softmax; O += P V(i)     # overlaps K(i + 1)'s copy
 
-Offsets within a (batch, head) slice are 32-bit; the slice's base is computed once.  Under Numba's
-CUDA simulator the copies and ldmatrix run ``mma/warp_sim.py``'s emulation, which lands a copy only at
-its wait and counts bank conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
+A thread's copies of a whole chunk go from one offset into its (batch, head) slice and one shared
+address, plus constants the instructions carry.  Under Numba's CUDA simulator the copies and ldmatrix
+run ``mma/warp_sim_copies.py``'s emulation, which lands a copy only at its wait and counts bank
+conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
 """
 
 from __future__ import annotations
