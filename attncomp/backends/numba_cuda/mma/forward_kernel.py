@@ -27,7 +27,6 @@ CUDA simulator the warp instructions run ``mma/warp_sim.py``'s emulation, same f
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import dim_expr
 from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.choice import kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
@@ -293,9 +292,6 @@ class MmaKernelWriter(AttentionKernelWriter):
         w.lines.extend(self.header(func_name).splitlines())
         w.line()
         w.line()
-        nb = len(t.batch_args)
-        out_type = t.grid.results[0].type
-        k_type = t.masked.k_load.operands[0].type
         w.line(jit_decorator(p.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
@@ -311,21 +307,10 @@ class MmaKernelWriter(AttentionKernelWriter):
             w.line("t2 = 2 * tq")
             w.line(f"ra = (tid // 32) * {self.ATOM.m} + g")
             w.line(f"rb = ra + {ACCUMULATOR.by_row()[1][0]}")
-            w.line("task = cuda.blockIdx.x")
-            w.line("sp = cuda.blockIdx.y")
-            w.line(f"n_rows = {dim_expr(out_type.shape[nb])}")
-            w.line(f"n_keys = {dim_expr(k_type.shape[k_type.rank - 2])}")
-            w.line(f"n_qb = (n_rows + {p.block_q - 1}) // {p.block_q}")
-            for arg, name in zip(t.batch_args, self.batch_decode(nb)):
-                self.names[arg] = name
-            w.line(f"i0 = qb * {p.block_q}")
-            self.names[t.i0] = "i0"
+            self.program_position(p.block_q)
             for op in t.prologue:
                 self.scalar().op(op)
-            compute = t.masked
-            hoisted = {compute.score: self.hoist(compute.score, 3)}
-            if compute.mask is not None:
-                hoisted[compute.mask] = self.hoist(compute.mask, 2)
+            hoisted = self.hoisted_regions()
             self.shared_arrays()
             self.load_query()
             for row in "ab":
@@ -334,14 +319,7 @@ class MmaKernelWriter(AttentionKernelWriter):
             for en in range(p.value_dim // self.ATOM.n):
                 for e in range(self.ATOM.c.registers):
                     w.line(f"o_{en}_{e} = ACC(0.0)")
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"kb_lo = {lo}")
-            w.line(f"kb_hi = {hi}")
-            w.line("if n_split > 1:  # this split's contiguous part of the key blocks")
-            with w.indent():
-                w.line("per_split = (max(kb_hi - kb_lo, 0) + n_split - 1) // n_split")
-                w.line("kb_lo = kb_lo + sp * per_split")
-                w.line("kb_hi = min(kb_hi, kb_lo + per_split)")
+            self.split_range()
             self.key_loop(hoisted)
             self.finish()
             self.write_merge(p.block_q, p.threads)

@@ -221,9 +221,6 @@ class AttentionKernelWriter(CudaKernelSource):
         w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT).splitlines())
         w.line()
         w.line()
-        nb = len(t.batch_args)
-        out_type = t.grid.results[0].type
-        k_type = t.masked.k_load.operands[0].type
         w.line(jit_decorator(p.threads))
         w.line(f"def {self.name}({', '.join(self.params())}):")
         with w.indent():
@@ -233,23 +230,12 @@ class AttentionKernelWriter(CudaKernelSource):
             w.line(f"r = tid // {p.lanes}")
             w.line(f"g = tid - r * {p.lanes}")
             w.line(f"row_base = r * {p.lanes}")
-            w.line("task = cuda.blockIdx.x")
-            w.line("sp = cuda.blockIdx.y")
-            w.line(f"n_rows = {dim_expr(out_type.shape[nb])}")
-            w.line(f"n_keys = {dim_expr(k_type.shape[k_type.rank - 2])}")
-            w.line(f"n_qb = (n_rows + {p.block_q - 1}) // {p.block_q}")
-            for arg, name in zip(t.batch_args, self.batch_decode(nb)):
-                self.names[arg] = name
-            w.line(f"i0 = qb * {p.block_q}")
-            self.names[t.i0] = "i0"
+            self.program_position(p.block_q)
             w.line(f"nq = min({p.block_q}, n_rows - i0)")
             w.line("row_in = r < nq")
             for op in t.prologue:
                 self.scalar().op(op)
-            compute = t.masked
-            hoisted = {compute.score: self.hoist(compute.score, 3)}
-            if compute.mask is not None:
-                hoisted[compute.mask] = self.hoist(compute.mask, 2)
+            hoisted = self.hoisted_regions()
             w.line(f"k_tile = cuda.shared.array(({p.chunk}, {p.head_pad}), {self.acc})")
             w.line(f"v_tile = cuda.shared.array(({p.chunk}, {p.value_pad}), {self.acc})")
             w.line(f"scores = cuda.shared.array(({p.chunk}, {p.rows}), {self.acc})")
@@ -260,14 +246,7 @@ class AttentionKernelWriter(CudaKernelSource):
             w.line("l = ACC(0.0)")
             for k in range(p.acc_slice):
                 w.line(f"acc_{k} = ACC(0.0)")
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"kb_lo = {lo}")
-            w.line(f"kb_hi = {hi}")
-            w.line("if n_split > 1:  # this split's contiguous part of the key blocks")
-            with w.indent():
-                w.line("per_split = (max(kb_hi - kb_lo, 0) + n_split - 1) // n_split")
-                w.line("kb_lo = kb_lo + sp * per_split")
-                w.line("kb_hi = min(kb_hi, kb_lo + per_split)")
+            self.split_range()
             w.line("for kb in range(kb_lo, kb_hi):")
             with w.indent():
                 self.names[t.loop.regions[0].args[0]] = "kb"
@@ -275,6 +254,42 @@ class AttentionKernelWriter(CudaKernelSource):
             self.finish()
             self.write_merge(p.block_q, p.threads)
         return w.text()
+
+    def program_position(self, block_q: int) -> None:
+        """This thread block's unit and key split, the call's rows and keys, its batch position and
+        first query row ``i0`` (blocks of ``block_q`` rows, the last first)."""
+        t, w = self.t, self.w
+        nb = len(t.batch_args)
+        k_type = t.masked.k_load.operands[0].type
+        w.line("task = cuda.blockIdx.x")
+        w.line("sp = cuda.blockIdx.y")
+        w.line(f"n_rows = {dim_expr(t.grid.results[0].type.shape[nb])}")
+        w.line(f"n_keys = {dim_expr(k_type.shape[k_type.rank - 2])}")
+        w.line(f"n_qb = (n_rows + {block_q - 1}) // {block_q}")
+        for arg, name in zip(t.batch_args, self.batch_decode(nb)):
+            self.names[arg] = name
+        w.line(f"i0 = qb * {block_q}")
+        self.names[t.i0] = "i0"
+
+    def hoisted_regions(self) -> dict[Op, list[Op]]:
+        """The score and mask regions' ops that do not depend on the element, written once."""
+        compute = self.t.masked
+        hoisted = {compute.score: self.hoist(compute.score, 3)}
+        if compute.mask is not None:
+            hoisted[compute.mask] = self.hoist(compute.mask, 2)
+        return hoisted
+
+    def split_range(self) -> None:
+        """``[kb_lo, kb_hi)``: the IR's key blocks, this key split's contiguous part of them."""
+        w = self.w
+        lo, hi = (self.ref(v) for v in self.t.loop.operands[:2])
+        w.line(f"kb_lo = {lo}")
+        w.line(f"kb_hi = {hi}")
+        w.line("if n_split > 1:  # this split's contiguous part of the key blocks")
+        with w.indent():
+            w.line("per_split = (max(kb_hi - kb_lo, 0) + n_split - 1) // n_split")
+            w.line("kb_lo = kb_lo + sp * per_split")
+            w.line("kb_hi = min(kb_hi, kb_lo + per_split)")
 
     def loop_body(self, hoisted: dict[Op, list[Op]]) -> None:
         self.by_tile_class(self.t, lambda tile, mask_when: self.key_tile(tile, mask_when, hoisted), one_copy=True)
