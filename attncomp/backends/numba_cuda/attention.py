@@ -139,7 +139,7 @@ class AttentionKernels:
 
     def mma_plan(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> MmaPlan | None:
         """The tensor-core plan of a launch with these head dims and rows per block, if it has one:
-        asynchronous copies where the call's key and value rows are ``dense`` and the plan fits
+        asynchronous copies where the call's query, key and value rows are ``dense`` and the plan fits
         (``plan_flash``), else the staged one."""
         t = self.tiled
         rows = t.block_q if rows is None else rows
@@ -170,8 +170,7 @@ class AttentionKernels:
         mma = self.mma_plan(head_dim, value_dim, rows, dense)
         if mma is not None:
             writer = FlashKernelWriter if mma.async_copies else WRITERS[mma.atom]
-            writer = writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits)
-            return writer.write(self.func_name)
+            return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim, rows), self.choice.scalar()
         return write_attention_kernel(*args, plan, self.bits, self.out_bits, choice)
 
@@ -197,18 +196,16 @@ class AttentionKernels:
 
     def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool) -> Any:
         rows = self.tiled.block_q if rows is None else rows
-        # calls whose plans are the same share a kernel: dense rows matter only where they change it
-        dense = dense and self.mma_plan(head_dim, value_dim, rows, True) != self.mma_plan(
-            head_dim, value_dim, rows, False
-        )
-        key = (head_dim, value_dim, rows, dense)
+        # dense rows make a kernel of their own only where they get the asynchronous copies
+        plan = self.mma_plan(head_dim, value_dim, rows, dense)
+        key = (head_dim, value_dim, rows, plan is not None and plan.async_copies)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
 
     def kernel(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> Any:
         """The attention kernel for these head dims (and query rows per thread block), for a call
-        whose key and value rows are ``dense`` or not (``arrays.dense_rows``)."""
+        whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``)."""
         return getattr(self._module(head_dim, value_dim, rows, dense), self.name)
 
     @property
