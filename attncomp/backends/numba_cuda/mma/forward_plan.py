@@ -134,6 +134,15 @@ FLASH_DIM = 64
 COPY_ELEMENTS = 8
 
 
+def chunk_of(chunks: tuple[tuple[int, int], ...], block_k: int, widest: int, least: int) -> int | None:
+    """Keys a chunk for the widest head dim (``chunks``: keys by the largest dim they serve), halved
+    until it divides the key tile; None past the table or below ``least`` (the keys of a product)."""
+    chunk = next((c for most, c in chunks if widest <= most), 0)
+    while chunk and block_k % chunk:
+        chunk //= 2
+    return chunk if chunk >= least else None
+
+
 def plan_flash(
     block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int
 ) -> MmaPlan | None:
@@ -142,12 +151,8 @@ def plan_flash(
     same number of copies."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
-    if rows % WARP_ROWS or block_k % M16N8K16.k:
-        return None
-    chunk = next((c for most, c in FLASH_CHUNKS if max(head_dim, value_dim) <= most), 0)
-    while chunk and block_k % chunk:
-        chunk //= 2
-    if chunk < M16N8K16.k:
+    chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
+    if rows % WARP_ROWS or chunk is None:
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, replace(choice, async_copies=True), rows, chunk)
     uneven = any(chunk * dim // COPY_ELEMENTS % plan.threads for dim in (head_dim, value_dim))
@@ -174,11 +179,8 @@ def plan_mma(
         return None
     if head_dim <= 0 or head_dim % atom.k or value_dim <= 0 or value_dim % atom.n:
         return None
-    widest = max(head_dim, value_dim)
-    chunk = next((c for most, c in chunks if widest <= most), 0)
-    while chunk and block_k % chunk:
-        chunk //= 2
-    if chunk < atom.k:  # the keys of one product
+    chunk = chunk_of(chunks, block_k, max(head_dim, value_dim), atom.k)
+    if chunk is None:
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, choice, rows, chunk)
     if plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
