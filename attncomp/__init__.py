@@ -1,7 +1,7 @@
 """attncomp: a compiler for attention kernels written as math."""
 
 from attncomp.api import CompiledFunction, compile, interpret, parse_ir
-from attncomp.dsl import Spec, bf16, bool_, f16, f32, f64, floating, i32, i64, spec
+from attncomp.dsl import Spec, bf16, bool_, f8e4m3, f8e5m2, f16, f32, f64, floating, i32, i64, spec
 from attncomp.errors import (
     AttncompError,
     IRParseError,
@@ -58,6 +58,8 @@ __all__ = [
     "cos",
     "exp",
     "bf16",
+    "f8e4m3",
+    "f8e5m2",
     "f16",
     "floating",
     "f32",

@@ -12,7 +12,7 @@ from attncomp.blockmap import block_map
 from attncomp.chunked.graph import is_dask
 from attncomp.chunked.plan import ChunkPlan
 from attncomp.compilation import Compilation
-from attncomp.decoder import Decoder, decoding_compilation
+from attncomp.decoder import Decoder, cache_type, decoding_compilation
 from attncomp.dsl import DEFAULT_FLOAT, Spec
 from attncomp.float_types import FloatFamily
 from attncomp.gradients import backward_of, saving_forward_of, vjp
@@ -201,16 +201,25 @@ class CompiledFunction:
         return vjp(self.for_args(args).compilation, args)
 
     # features --------------------------------------------------------------------
-    def decoder(self, max_len: int, dtype: str | None = None) -> Decoder:
+    def decoder(self, max_len: int, dtype: str | None = None, cache: Any = None) -> Decoder:
         """An incremental decoder over a cache of ``max_len`` positions (kv-cache-reuse).
 
         A generic spec's decoder takes the float type of its first call (or ``dtype``); its cache
-        holds that type."""
+        holds that type, or with ``cache="f8e4m3"`` / ``"f8e5m2"`` (``ac.f8e4m3``, ``ac.f8e5m2``)
+        8-bit codes and a float32 scale per (token, head)."""
+        stored = cache_type(cache)
+        if stored and self.backend == "cuda":
+            raise ValueError(
+                f"cache={stored!r}: 8-bit key/value caches run on the cpu and interp backends; "
+                "the cuda backend does not have them yet"
+            )
         decoding = self.for_dtype(dtype).compilation
         if self.family is not None and dtype is None:
-            decoding_compilation(decoding)  # the refusals, now
-            return Decoder(None, max_len, lambda inputs: decoding_compilation(self.for_args(inputs).compilation))
-        return Decoder(decoding_compilation(decoding), max_len)
+            decoding_compilation(decoding, cache=stored)  # the refusals, now
+            return Decoder(
+                None, max_len, lambda inputs: decoding_compilation(self.for_args(inputs).compilation, cache=stored)
+            )
+        return Decoder(decoding_compilation(decoding, cache=stored), max_len)
 
     def paged_decoder(self, page_size: int = 16, num_pages: int = 1024, dtype: str | None = None) -> PagedDecoder:
         """A decoder serving many sequences over one pool of key/value pages (docs/api.md section 7).

@@ -11,6 +11,12 @@ On the ``cuda`` backend the cache lives on the GPU: each step's kernels
 append to it in place, and only the new tokens' inputs and outputs cross
 the bus (outputs come back to the host when the inputs came from it).
 ``dec.cache`` then gives device arrays.
+
+With ``cache="f8e4m3"`` (or ``"f8e5m2"``) the cache holds 8-bit codes and a
+float32 scale per (token, head): new keys and values are quantised as they
+are appended and the attention reads them dequantised (``ir.quantized``);
+``dec.cache`` then gives ``k_cache``, ``k_scale``, ``v_cache`` and
+``v_scale``.
 """
 
 from __future__ import annotations
@@ -20,22 +26,38 @@ from typing import Any
 
 from attncomp.compilation import Compilation
 from attncomp.ir.binding import REMEMBERED_KEYS, bind_shapes
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.quantized import quantize
+from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES
 from attncomp.passes.pipeline import edit_pipeline, make_pass, pass_names
 
 
-def decoding_compilation(c: Compilation, backend: str | None = None) -> Compilation:
-    """``c``'s input compiled with kv-cache-reuse right after softmax-fusion (once per backend)."""
+def cache_type(cache: Any) -> str:
+    """The ``cache=`` option as an element type name: "" (the keys' own type), "f8e4m3" or "f8e5m2"
+    (``ac.f8e4m3``, ``ac.f8e5m2`` or their names); anything else is a ``ValueError`` naming it."""
+    if cache is None:
+        return ""
+    name = getattr(cache, "name", cache)
+    if name not in CACHE_DTYPES:
+        raise ValueError(f"cache: an 8-bit cache type is one of {', '.join(CACHE_DTYPES)} (or None), got {cache!r}")
+    return name
+
+
+def decoding_compilation(c: Compilation, backend: str | None = None, cache: str = "") -> Compilation:
+    """``c``'s input compiled with kv-cache-reuse right after softmax-fusion (once per backend and
+    cache type)."""
 
     def make() -> Compilation:
         passes = c.passes
-        if "kv-cache-reuse" not in pass_names(passes):
+        reuse = make_pass("kv-cache-reuse", cache=cache)
+        if "kv-cache-reuse" in pass_names(passes):
+            passes = edit_pipeline(passes, replace=reuse)
+        else:
             if "softmax-fusion" not in pass_names(passes):
                 passes = [make_pass("softmax-fusion"), *passes]
-            passes = edit_pipeline(passes, insert=make_pass("kv-cache-reuse"), after="softmax-fusion")
+            passes = edit_pipeline(passes, insert=reuse, after="softmax-fusion")
         return c.derive(passes, backend=backend)
 
-    return c.variant(("decoding", backend or c.backend), make)
+    return c.variant(("decoding", backend or c.backend, cache), make)
 
 
 class Decoder:
@@ -60,7 +82,9 @@ class Decoder:
         self.fn = fn
         func = fn.func
         self._cached = func.attrs["cached_length"]
-        self._n_inputs = len(func.args) - 2
+        #: the caches' 8-bit type ("" for none): each cache then has its scales after it
+        self._quantized = func.attrs.get("cache_type", "")
+        self._n_inputs = len(func.args) - (4 if self._quantized else 2)
         self._cache_args = func.args[self._n_inputs :]
         self._n_outputs = len(func.results) - func.attrs["cache_results"]
         self._axis = self._cache_args[0].type.rank - 2
@@ -73,7 +97,8 @@ class Decoder:
 
     @property
     def cache(self) -> dict[str, Any]:
-        """The cached keys and values (views of the first ``length`` positions; device arrays on cuda)."""
+        """The cached keys and values (views of the first ``length`` positions; device arrays on cuda),
+        and for an 8-bit cache their scales."""
         if self._buffers is None:
             return {}
         index = [slice(None)] * (self._axis + 1)
@@ -114,7 +139,7 @@ class Decoder:
         if self._buffers is None:
             self._buffer_count = 0  # the cache arguments follow the inputs, in the order of the new entries
             new_entries = self.fn.func.results[self._n_outputs :]
-            self._buffers = [self._allocate(value, env) for value in new_entries]
+            self._buffers = [buf for value in new_entries for buf in self._allocate(value, env)]
         results = self.fn.run([*arrays, *self._buffers], sizes)
         outputs, new_kv = results[: self._n_outputs], results[self._n_outputs :]
         if on_device:  # the kernels appended to the device cache in place
@@ -122,8 +147,9 @@ class Decoder:
         else:  # the compiled backends append in place too; the interpreter returns the new entries
             index = [slice(None)] * (self._axis + 1)
             index[self._axis] = slice(self.length, self.length + new)
-            for buf, value in zip(self._buffers, new_kv):
-                buf[tuple(index)] = value
+            stored = [quantize(x, self._quantized) for x in new_kv] if self._quantized else [(x,) for x in new_kv]
+            for buf, value in zip(self._buffers, [part for parts in stored for part in parts]):
+                buf[tuple(index[: buf.ndim])] = value
         self.length += new
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -141,13 +167,21 @@ class Decoder:
                 self._shapes[key] = bound
         return {**bound, **sizes}
 
-    def _allocate(self, new_entries, env: dict[str, int]) -> Any:
-        """A zeroed cache shaped like the new keys (or values), ``max_len`` long."""
+    def _allocate(self, new_entries, env: dict[str, int]) -> list[Any]:
+        """A zeroed cache shaped like the new keys (or values), ``max_len`` long; an 8-bit one with
+        its scales."""
         shape = [d.evaluate(env) for d in new_entries.type.shape]
         shape[self._axis] = self.max_len
-        arg = self._n_inputs + self._buffer_count
-        self._buffer_count += 1
-        return self.fn.program.zeros(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype], arg)
+        if self._quantized:
+            stored = [(tuple(shape), NUMPY_DTYPES[self._quantized]), (tuple(shape[:-1]), NUMPY_DTYPES["f32"])]
+        else:
+            stored = [(tuple(shape), NUMPY_DTYPES[new_entries.type.dtype])]
+        buffers = []
+        for buffer_shape, dtype in stored:
+            arg = self._n_inputs + self._buffer_count
+            self._buffer_count += 1
+            buffers.append(self.fn.program.zeros(buffer_shape, dtype, arg))
+        return buffers
 
     def __repr__(self) -> str:
         name = self.fn.name if self.fn is not None else "(float type of the first call)"

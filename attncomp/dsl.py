@@ -25,7 +25,7 @@ from attncomp.ir.dims import Dim, dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops import OP_DEFS, Checker
 from attncomp.ir.ops.elementwise import promote
-from attncomp.ir.types import TensorType, is_float, weak_float_dtype
+from attncomp.ir.types import CACHE_DTYPES, TensorType, is_float, weak_float_dtype
 from attncomp.names import name_values
 from attncomp.passes.patterns import producer, softmax_division
 from attncomp.tensor import SymDim, Tensor
@@ -33,7 +33,7 @@ from attncomp.tensor import SymDim, Tensor
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 RESERVED_DIM_NAMES = {
     *("x", "tensor", "inf", "nan", "true", "false", "floating"),
-    *("f16", "bf16", "f32", "f64", "i1", "i32", "i64"),
+    *("f16", "bf16", "f32", "f64", "i1", "i32", "i64", "f8e4m3", "f8e5m2"),
 }
 #: the element type of ``ac.floating`` arguments: the float type of the call
 GENERIC = "floating"
@@ -83,6 +83,9 @@ f16, bf16, f32, f64 = DType("f16"), DType("bf16"), DType("f32"), DType("f64")
 #: any float type: the call's (docs/api.md section 9)
 floating = DType(GENERIC)
 i32, i64, bool_ = DType("i32"), DType("i64"), DType("i1")
+#: 8-bit float types a key/value cache may store (``fn.decoder(max_len, cache=ac.f8e4m3)``), not a
+#: spec's arguments
+f8e4m3, f8e5m2 = DType("f8e4m3"), DType("f8e5m2")
 
 
 # the tracer ---------------------------------------------------------------------
@@ -477,6 +480,12 @@ def _signature(fn: Callable[..., Any]) -> tuple[list[tuple[str, TensorSpec]], di
                 raise error(
                     f"argument '{p.name}' needs a tensor annotation such as "
                     f'ac.f32["B", "T", "D"] (keyword-only arguments are compile-time constants)',
+                    p.name,
+                )
+            if ann.dtype in CACHE_DTYPES:
+                raise error(
+                    f"argument '{p.name}': ac.{ann.dtype} is the element type of an 8-bit key/value cache "
+                    f"(fn.decoder(max_len, cache=ac.{ann.dtype})), not of a spec's argument",
                     p.name,
                 )
             params.append((p.name, ann))

@@ -15,7 +15,10 @@ from attncomp.ir.dims import Dim, DimLike, dim
 FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 INT_DTYPES = ("i32", "i64")
 BOOL_DTYPE = "i1"
-DTYPES = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,)
+#: 8-bit floats a key/value cache may store (``fn.decoder(cache=...)``), each row with a float32
+#: scale: storage only, never a spec's argument or an op's computed type
+CACHE_DTYPES = ("f8e4m3", "f8e5m2")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + (BOOL_DTYPE,) + CACHE_DTYPES
 
 NUMPY_DTYPES = {
     "f16": np.float16,
@@ -25,9 +28,11 @@ NUMPY_DTYPES = {
     "i32": np.int32,
     "i64": np.int64,
     "i1": np.bool_,
+    "f8e4m3": ml_dtypes.float8_e4m3fn,  # 4 exponent bits, 3 mantissa bits, no infinities: at most 448
+    "f8e5m2": ml_dtypes.float8_e5m2,  # 5 exponent bits, 2 mantissa bits: at most 57344
 }
 
-_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64, "i1": 1}
+_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64, "i1": 1, "f8e4m3": 8, "f8e5m2": 8}
 
 
 def category(dtype: str) -> int:
@@ -58,7 +63,7 @@ def accumulation_dtype(dtype: str) -> str:
     backend asks this one function; each writer spells the answer in its own dialect."""
     if dtype == "f64":
         return "f64"
-    if dtype in FLOAT_DTYPES:
+    if dtype in FLOAT_DTYPES or dtype in CACHE_DTYPES:
         return "f32"
     return "i64" if dtype in INT_DTYPES else dtype
 

@@ -18,6 +18,11 @@ After softmax-fusion, the fused ``ac.attention`` names q, k and v.  The pass
 - returns the new keys and values after the spec's results, so the caller
   can keep its cache whatever the backend.
 
+With ``cache=f8e4m3`` (or ``f8e5m2``) the caches hold 8-bit codes, and beside
+each a float32 argument ``k_scale`` (``v_scale``) of one scale per (token,
+head) row: ``ac.cache_append`` quantises the new entries as it appends them
+and gives every entry dequantised, in the keys' type (``ir.quantized``).
+
 ``N_cached`` is bound by the caller (the decoder's length), ``N_max`` by the
 cache arrays' size.
 """
@@ -31,6 +36,7 @@ from attncomp.ir.core import Func, Module, Op, Value
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.printer import Namer
+from attncomp.ir.types import CACHE_DTYPES, TensorType
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
 from attncomp.passes.patterns import producer
@@ -163,8 +169,14 @@ def _region_reads_sequence_inputs(func: Func, attn: Op, seq_dims: set[Dim]) -> s
 class KVCacheReuse(Pass):
     name = "kv-cache-reuse"
     summary = "turn a whole-sequence spec into a decoder over a preallocated key/value cache"
+    #: the caches' element type: "" (the keys' and values' own) or an 8-bit type with scales
+    cache: str = ""
 
     def run(self, module: Module, remarks: list[str]) -> None:
+        if self.cache and self.cache not in CACHE_DTYPES:
+            raise PipelineError(
+                f"kv-cache-reuse: cache must be one of {', '.join(CACHE_DTYPES)} (or absent), got {self.cache!r}"
+            )
         func = module.main
         attns = [op for op in func.body.ops if op.name == "ac.attention"]
         if len(attns) != 1:
@@ -186,20 +198,30 @@ class KVCacheReuse(Pass):
 
         axis = k.type.rank - 2
         caches = []
-        for value, name in ((k, "k_cache"), (v, "v_cache")):
+        for value, name in ((k, "k"), (v, "v")):
             # An argument's sizes are names: a computed size (a rotary half, D//2 + D//2)
             # gets a name of its own, checked against the computation when bound.
             shape = [
-                capacity if a == axis else d if d.is_symbol or d.is_const else Dim.sym(fresh_dim(func, f"{name}_{a}"))
+                capacity
+                if a == axis
+                else d
+                if d.is_symbol or d.is_const
+                else Dim.sym(fresh_dim(func, f"{name}_cache_{a}"))
                 for a, d in enumerate(value.type.shape)
             ]
-            caches.append(func.body.add_arg(value.type.with_shape(shape), name))
+            stored = TensorType.of(shape, self.cache or value.type.dtype)
+            cache = [func.body.add_arg(stored, f"{name}_cache")]
+            if self.cache:  # one float32 scale per (token, head) row
+                cache.append(func.body.add_arg(TensorType.of(shape[:-1], "f32"), f"{name}_scale"))
+            caches.append(cache)
         builder = Builder(func.body, func.body.ops.index(attn))
         kc, vc = (
-            builder.emit("ac.cache_append", cache, new, axis=axis, length=cached) for cache, new in zip(caches, (k, v))
+            builder.emit("ac.cache_append", *cache, new, axis=axis, length=cached) for cache, new in zip(caches, (k, v))
         )
         attn.operands[1], attn.operands[2] = kc, vc
         ret = func.return_op
         ret.operands = list(ret.operands) + [k, v]
         func.attrs.update({"cached_length": cached, "cache_results": 2})
+        if self.cache:
+            func.attrs["cache_type"] = self.cache
         remove_dead_ops(func.body)

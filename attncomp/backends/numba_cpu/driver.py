@@ -18,7 +18,7 @@ from attncomp.backends.host_ops import (
 )
 from attncomp.backends.numba_cpu.signatures import argument_dtype
 from attncomp.backends.tiles import LoweringError
-from attncomp.ir.core import Func, Op, Value
+from attncomp.ir.core import Func, Op, Value, captured_values
 from attncomp.ir.dims import dim
 from attncomp.ir.types import accumulation_dtype
 
@@ -87,9 +87,13 @@ class DriverWriter:
         #: ``delta = sum(dO * O)``): the reduce -> its product, computed in one ``np.einsum``
         self.row_dots: dict[Op, Op] = {}
         readers: dict[Value, int] = {}
+        #: the ops reading each value, captured ones included (a tile grid's regions read its tiles' sources)
+        self.readers: dict[Value, list[Op]] = {}
         for op in func.body.ops:
             for v in op.operands:
                 readers[v] = readers.get(v, 0) + 1
+            for v in [*op.operands, *(captured_values(op) if op.regions else [])]:
+                self.readers.setdefault(v, []).append(op)
         for op in func.body.ops:
             product = op.operands[0].owner if op.name == "ac.reduce" else None
             if getattr(product, "name", None) != "ac.mul" or readers[op.operands[0]] != 1:
@@ -140,6 +144,13 @@ class DriverWriter:
             rows = dim_expr(dim(op.attrs["rows"]))
             size = f"{a[0]}.shape[{op.operands[0].type.rank - 2}]"
             self.w.line(f"rt.check_pages({a[1]}, {a[0]}.shape[0], {size}, {rows})")
+            self.names[op.results[0]] = a[0]
+            self.buffers[op.results[0]] = op.operands[0]
+        elif name == "ac.cache_append" and len(op.operands) == 3:  # an 8-bit cache, read in place by kernels
+            if any(user.name != "ac.tile_grid" for user in self.readers.get(op.results[0], [])):
+                raise LoweringError("the cpu backend reads an 8-bit cache in an attention's tiles only")
+            length = dim_expr(dim(op.attrs["length"]))
+            self.w.line(f"rt.cache_append_quantized({', '.join(a)}, {op.attrs['axis']}, {length})")
             self.names[op.results[0]] = a[0]
             self.buffers[op.results[0]] = op.operands[0]
         elif name == "ac.gather" and op.loc is not None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cpu import signatures as sig
+from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
@@ -78,6 +79,8 @@ class KernelWriter(KernelSource):
         self.t = tiled
         #: tile sources passed as bf16 bits: each element read is widened (``bf16_to_f32``)
         self.bits = sig.stored_bf16(tiled.grid)
+        #: tile sources passed as 8-bit codes, each row with its scale (an 8-bit cache's views)
+        self.codes = sig.stored_f8(tiled.grid)
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
         #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
         self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
@@ -230,6 +233,9 @@ class KernelWriter(KernelSource):
                     # the rows nk on are prefetched, the next tile's (a hint: past the end it fetches nothing)
                     keys = "ks_bits" if raw[compute.k_load] else "ks"
                     w.line(f"group_scores(qt, qt_bits, qt_is_bf16, {keys}, sg, sg_spare, G, nq, nk, nk, 0)")
+                    if compute.k_load.operands[0] in self.codes:  # products with codes: times each key's scale
+                        scales = self.tile_rows(compute.k_load, scales=True)
+                        w.line(f"scale_keys(sg, {scales}, {self.code_scale(compute.k_load)}, G, nq, nk, 0)")
                 w.line("scored = True")
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
@@ -241,6 +247,8 @@ class KernelWriter(KernelSource):
                 w.line("j0_group = j0")
             else:
                 w.line(f"vs_group = {'vs_bits' if raw[compute.v_load] else 'vs'}")
+                if compute.v_load.operands[0] in self.codes:
+                    w.line(f"vs_scale_group = {self.tile_rows(compute.v_load, scales=True)}")
             w.line("nk_group = nk")
 
     def page_runs(self, load_op, start: str, count: str, call, at: list[str] | None = None) -> None:
@@ -279,19 +287,27 @@ class KernelWriter(KernelSource):
         """An element ``expr`` read from ``load_op``'s source, as a float (bf16 bits widened)."""
         return f"bf16_to_f32({expr})" if load_op.operands[0] in self.bits else expr
 
+    def code_scale(self, load_op) -> str:
+        """What an 8-bit source's decoded codes are multiplied by, besides their rows' scales
+        (``vector_loops.code_scale``), as a float32 literal."""
+        codes = sig.quantized_cache(load_op.operands[0]).operands[0].type.dtype
+        return f"np.float32({code_scale(NUMBA_CODES[codes])!r})"
+
     def paged(self, load_op) -> bool:
         """Whether a key or value tile is read through a page table."""
         return self.page_view(load_op) is not None
 
     def bits_in_place(self, load_op) -> bool:
-        """Whether a key or value tile's rows are bf16 bits the few-row loops read in place (not
-        through pages)."""
-        return not self.paged(load_op) and load_op.operands[0] in self.bits
+        """Whether a key or value tile's rows are bf16 bits or 8-bit codes the few-row loops read in
+        place (not through pages)."""
+        source = load_op.operands[0]
+        return not self.paged(load_op) and (source in self.bits or source in self.codes)
 
     def staged(self, load_op) -> bool:
-        """Whether a key or value tile is copied into a work buffer for BLAS (read through pages, or
-        widened from bf16); the few-row loops read both kinds in place."""
-        return self.paged(load_op) or load_op.operands[0] in self.bits
+        """Whether a key or value tile is copied into a work buffer for BLAS (read through pages,
+        widened from bf16, or dequantised from 8-bit codes); the few-row loops read each kind in place."""
+        source = load_op.operands[0]
+        return self.paged(load_op) or source in self.bits or source in self.codes
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
         """``target`` = the tile's rows: in place, or copied into ``buffer``: page by page through the
@@ -301,7 +317,10 @@ class KernelWriter(KernelSource):
             return
         view = self.page_view(load_op)
         src = self.array_ref(load_op.operands[0])
-        if view is None:  # bf16 rows: each row's bits to the top half of the buffer's float32 bits
+        if load_op.operands[0] in self.codes:  # 8-bit codes: each row times its scale
+            rows, scales = self.tile_rows(load_op), self.tile_rows(load_op, scales=True)
+            lines = [f"dequantize_rows({rows}, {scales}, {self.code_scale(load_op)}, {buffer}, nk)"]
+        elif view is None:  # bf16 rows: each row's bits to the top half of the buffer's float32 bits
             batch = "".join(f"{self.scalar().ref(v)}, " for v in load_op.operands[1:-1])
             lines = [
                 "for c in range(nk):",
@@ -324,14 +343,18 @@ class KernelWriter(KernelSource):
         for line in lines:
             self.w.line(line)
 
-    def no_rows(self, load_op) -> str:
-        """No rows of a value tile read in place, of the type the few-row branch gives its rows."""
-        src = self.array_ref(load_op.operands[0])
+    def no_rows(self, load_op, scales: bool = False) -> str:
+        """No rows of a value tile read in place, of the type the few-row branch gives its rows
+        (``scales``: of an 8-bit source's row scales)."""
+        source = load_op.operands[0]
+        src = self.array_ref(source.owner.operands[1] if scales else source)
         return f"{src}[{''.join('0, ' for _ in load_op.operands[1:-1])}0:0]"
 
-    def tile_rows(self, load_op) -> str:
-        """``src[batch..., j0:j0 + nk]`` for a key or value tile load."""
-        src = self.array_ref(load_op.operands[0])
+    def tile_rows(self, load_op, scales: bool = False) -> str:
+        """``src[batch..., j0:j0 + nk]`` for a key or value tile load (``scales``: of an 8-bit
+        source's row scales)."""
+        source = load_op.operands[0]
+        src = self.array_ref(source.owner.operands[1] if scales else source)
         batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
         return f"{src}[{''.join(b + ', ' for b in batch)}j0:j0 + nk]"
 
@@ -492,6 +515,8 @@ class KernelWriter(KernelSource):
                     w.line(f"{name} = np.int64(0)")
             else:
                 w.line(f"vs_group = {self.no_rows(v_load)}  # the values of the heads' key tile")
+                if v_load.operands[0] in self.codes:
+                    w.line(f"vs_scale_group = {self.no_rows(v_load, scales=True)}  # and their rows' scales")
             w.line("nk_group = np.int64(0)")
             w.line("for kb in range(first, end):")
             with w.indent():
@@ -517,6 +542,8 @@ class KernelWriter(KernelSource):
                             self.group_value_at(v_load),
                         )
                     else:  # the rows nk_group on prefetched: the next tile's
+                        if v_load.operands[0] in self.codes:  # weights times each value row's scale
+                            w.line(f"scale_keys(sg, vs_scale_group, {self.code_scale(v_load)}, G, nq, nk_group, 0)")
                         w.line("group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)")
             w.line("if n_split == 1:")
             with w.indent():

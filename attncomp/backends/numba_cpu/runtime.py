@@ -12,7 +12,8 @@ from attncomp.errors import with_location
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
-from attncomp.ir.types import NUMPY_DTYPES, dtype_of_numpy
+from attncomp.ir.quantized import quantize
+from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES, dtype_of_numpy
 
 __all__ = ["check_index_range", "check_pages"]
 
@@ -29,6 +30,8 @@ def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
     x = np.asarray(x)
     if dtype == "bf16":  # a tile source read as bits and widened tile by tile (signatures.stored_bf16)
         return np.ascontiguousarray(x, dtype=NUMPY[dtype]).view(np.uint16)
+    if dtype in CACHE_DTYPES:  # an 8-bit cache's codes (signatures.stored_f8, ELEMENT)
+        return np.ascontiguousarray(x, dtype=NUMPY[dtype]).view(np.uint8 if dtype == "f8e4m3" else np.int8)
     if dtype is not None:
         return np.ascontiguousarray(x, dtype=NUMPY[dtype])
     stored = dtype_of_numpy(x.dtype)
@@ -88,6 +91,16 @@ def cache_append(cache: np.ndarray, new: np.ndarray, axis: int, length: int) -> 
     cache[tuple(index)] = new
     index[axis] = slice(0, length + new.shape[axis])
     return cache[tuple(index)]
+
+
+def cache_append_quantized(cache: np.ndarray, scales: np.ndarray, new: np.ndarray, axis: int, length: int) -> None:
+    """Quantise ``new`` into an 8-bit ``cache`` and its ``scales`` after the ``length`` cached entries
+    (in place, ``ir.quantized``); the kernels read the codes and scales where they are."""
+    codes, new_scales = quantize(new, dtype_of_numpy(cache.dtype))
+    index = [slice(None)] * cache.ndim
+    index[axis] = slice(length, length + new.shape[axis])
+    cache[tuple(index)] = codes
+    scales[tuple(index[:-1])] = new_scales
 
 
 def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:

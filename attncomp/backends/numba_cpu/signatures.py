@@ -29,6 +29,9 @@ NUMBA_TYPES = {
     "bf16": "types.float32",  # what a bf16 value computes in (its stored bits: ELEMENT)
     "f32": "types.float32",
     "f64": "types.float64",
+    # an 8-bit cache's codes, the two formats told apart by their Numba type (``tile_math.as_float``)
+    "f8e4m3": "types.uint8",
+    "f8e5m2": "types.int8",
 }
 
 #: a 0-d value as ``runtime.kernel_scalar`` passes it
@@ -65,14 +68,33 @@ def stored_bf16(grid: Op) -> set[Value]:
     keys, values and a decoder's cache are streamed at half the bytes of float32."""
     if grid.name != "ac.tile_grid":
         return set()
-    return {v for v in tile_sources(grid) if v.type.dtype == "bf16"}
+    return {v for v in tile_sources(grid) if v.type.dtype == "bf16" and quantized_cache(v) is None}
+
+
+def quantized_cache(value: Value) -> Op | None:
+    """The ``ac.cache_append`` to an 8-bit cache (with its scales) whose view ``value`` is, or None."""
+    owner = value.owner
+    if getattr(owner, "name", None) == "ac.cache_append" and len(owner.operands) == 3:
+        return owner
+    return None
+
+
+def stored_f8(grid: Op) -> set[Value]:
+    """The tile sources a forward kernel reads as 8-bit codes, with their rows' scales: an 8-bit
+    cache's views (``ir.quantized``), streamed at a quarter of the bytes of float32."""
+    if grid.name != "ac.tile_grid":
+        return set()
+    return {v for v in tile_sources(grid) if quantized_cache(v) is not None}
 
 
 def argument_dtype(value: Value, grid: Op, acc: str) -> str:
     """The IR dtype of the array passed for captured ``value`` of ``grid``: ``acc`` for tile
-    sources (bf16 ones of a forward kernel as they are stored), floats widened otherwise."""
+    sources (bf16 ones of a forward kernel as they are stored, an 8-bit cache's views as its
+    codes), floats widened otherwise."""
     if value in stored_bf16(grid):
         return "bf16"
+    if value in stored_f8(grid):
+        return quantized_cache(value).operands[0].type.dtype
     if value in tile_sources(grid):
         return acc
     return array_dtype(value.type.dtype)

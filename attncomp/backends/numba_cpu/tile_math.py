@@ -19,7 +19,18 @@ from numba import njit, types
 from numba.extending import overload
 
 from attncomp.backends.numba_cpu.intrinsics import bf16_to_f32, float_from_bits, prefer_wide_vectors
-from attncomp.backends.numba_cpu.vector_loops import HAS_BF16_DOT, KEYS, WIDTH, axpy4, dots4, f32_bits, prefetch_row
+from attncomp.backends.numba_cpu.vector_loops import (
+    CODES,
+    HAS_BF16_DOT,
+    KEYS,
+    WIDTH,
+    axpy4,
+    code_dots4,
+    code_to_f32,
+    dots4,
+    f32_bits,
+    prefetch_row,
+)
 
 #: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -122,7 +133,9 @@ def _tanh(x):
 # tile: multiplying four of their rows in one pass over it reads (and, for bf16, widens) each
 # element once per four rows instead of once per row.
 def as_float(x):
-    """An element of a key or value tile as a float: bf16 bits (uint16) widened, floats as they are."""
+    """An element of a key or value tile as a float: bf16 bits (uint16) widened, 8-bit codes
+    (``f8e4m3`` as uint8, ``f8e5m2`` as int8) decoded without their row's scale (and divided by
+    ``vector_loops.code_scale``), floats as they are."""
     raise NotImplementedError("as_float is for compiled code")
 
 
@@ -130,7 +143,34 @@ def as_float(x):
 def _as_float(x):
     if x == types.uint16:
         return lambda x: bf16_to_f32(x)
+    if x in CODES:
+        return lambda x: code_to_f32(x)
     return lambda x: x
+
+
+# An 8-bit cache's row is its codes times the row's scale (``ir.quantized``).  The few-row loops
+# multiply the codes as they are decoded (their values over ``factor``, ``vector_loops.code_scale``)
+# and apply each key's scale times ``factor`` to its score, and each value row's to its weight, once
+# per key rather than once per element.  ``scale * factor`` is finite: a scale is at most a float32
+# over 448, and ``factor`` at most 256.
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def dequantize_rows(codes, scales, factor, out, n):
+    """``out[c] = codes[c] * scales[c]`` for rows ``c < n``: an 8-bit tile's rows as floats."""
+    for c in range(n):
+        scale = out.dtype.type(scales[c] * factor)
+        for e in range(codes.shape[1]):
+            out[c, e] = as_float(codes[c, e]) * scale
+
+
+@njit(fastmath=FASTMATH, cache=True, nogil=True)
+def scale_keys(sg, scales, factor, n_heads, nq, nk, at):
+    """``sg[g, r, at + c] *= scales[c] * factor`` for heads ``g < n_heads``, rows ``r < nq``, keys
+    ``c < nk``: a group's products with decoded 8-bit codes made products with the rows they stand for."""
+    for g in range(n_heads):
+        for r in range(nq):
+            s = sg[g, r, at:]
+            for c in range(nk):
+                s[c] *= scales[c] * factor
 
 
 @njit(inline="always")
@@ -224,6 +264,53 @@ def _bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
     return impl
 
 
+def code_group_scores(qt, ks, sg, spare, n_heads, nq, nk, ahead, at):
+    """:func:`group_scores` over 8-bit codes on ``vector_loops.code_dots4`` (four rows with four keys
+    at a time, the codes decoded once per four rows), their values over ``code_scale``; rows past
+    ``n_heads * nq`` to a multiple of four go to ``spare``.  Returns whether it computed them: codes
+    contiguous within rows of a multiple of 16."""
+    raise NotImplementedError("code_group_scores is for compiled code")
+
+
+@overload(code_group_scores, fastmath=FASTMATH)
+def _code_group_scores(qt, ks, sg, spare, n_heads, nq, nk, ahead, at):
+    if not (ks.dtype in CODES and qt.dtype == types.float32):
+        return lambda qt, ks, sg, spare, n_heads, nq, nk, ahead, at: False
+
+    def impl(qt, ks, sg, spare, n_heads, nq, nk, ahead, at):
+        n_rows = n_heads * nq
+        n_d = ks.shape[1]
+        if n_d % 16 != 0 or ks.strides[1] != 1 or qt.strides[2] != 4:
+            return False
+        full = nk - nk % KEYS  # keys in whole calls of code_dots4
+        for k in range(0, n_rows, 4):
+            q0 = row(qt, k, nq)
+            s0 = row(sg, k, nq)[at:]
+            q1, q2, q3, s1, s2, s3 = q0, q0, q0, spare, spare, spare
+            if k + 1 < n_rows:
+                q1, s1 = row(qt, k + 1, nq), row(sg, k + 1, nq)[at:]
+            if k + 2 < n_rows:
+                q2, s2 = row(qt, k + 2, nq), row(sg, k + 2, nq)[at:]
+            if k + 3 < n_rows:
+                q3, s3 = row(qt, k + 3, nq), row(sg, k + 3, nq)[at:]
+            for c in range(0, full, KEYS):
+                t = code_dots4(q0, q1, q2, q3, ks, c, ahead)
+                s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
+                s1[c], s1[c + 1], s1[c + 2], s1[c + 3] = t[4], t[5], t[6], t[7]
+                s2[c], s2[c + 1], s2[c + 2], s2[c + 3] = t[8], t[9], t[10], t[11]
+                s3[c], s3[c + 1], s3[c + 2], s3[c + 3] = t[12], t[13], t[14], t[15]
+        for last in range(full, nk):  # the last keys, fewer than KEYS
+            for k in range(n_rows):
+                q, s = row(qt, k, nq), row(sg, k, nq)[at:]
+                total = np.float32(0.0)
+                for d in range(n_d):
+                    total += q[d] * as_float(ks[last, d])
+                s[last] = total
+        return True
+
+    return impl
+
+
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
 def group_scores(qt, qb, q_bits, ks, sg, spare, n_heads, nq, nk, ahead, at):
     """``sg[g, r, at:at + nk] = qt[g, r] @ ks[:nk].T`` for heads ``g < n_heads`` and rows ``r < nq``
@@ -235,6 +322,8 @@ def group_scores(qt, qb, q_bits, ks, sg, spare, n_heads, nq, nk, ahead, at):
     ``ahead`` on in ``ks`` are prefetched: the next tile's, where ``ks`` is a view of a cache
     (``ahead = nk``); 0 where the next rows are on another page."""
     if q_bits and bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
+        return
+    if code_group_scores(qt, ks, sg, spare, n_heads, nq, nk, ahead, at):
         return
     n_rows = n_heads * nq
     k = 0
@@ -272,15 +361,17 @@ def prefetch_rows(rows):
 
 def vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):
     """``group_values``' fours of ``rows`` on :func:`vector_loops.axpy4` where it applies: float32
-    accumulator rows of a multiple of 32, contiguous, and value rows of float32 or bf16 bits,
-    contiguous.  Returns how many of the rows it did (a multiple of four; none where it does not
+    accumulator rows of a multiple of 32, contiguous, and value rows of float32, bf16 bits or 8-bit
+    codes, contiguous.  Returns how many of the rows it did (a multiple of four; none where it does not
     apply)."""
     raise NotImplementedError("vector_group_values is for compiled code")
 
 
 @overload(vector_group_values, fastmath=FASTMATH)
 def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):
-    if not (vs.dtype in (types.uint16, types.float32) and acc.dtype == types.float32 and sg.dtype == types.float32):
+    if not (
+        vs.dtype in (types.uint16, types.float32, *CODES) and acc.dtype == types.float32 and sg.dtype == types.float32
+    ):
         return lambda sg, vs, acc, rows, n_rows, nq, nk, ahead, at: 0
 
     def impl(sg, vs, acc, rows, n_rows, nq, nk, ahead, at):

@@ -176,6 +176,103 @@ def dots4(typingctx, qb, r, ks, c, ahead):
     return result(qb, r, ks, c, ahead), codegen
 
 
+#: an 8-bit cache's codes by their Numba type (``signatures.ELEMENT``) -> the power of two the
+#: halves :func:`decode_codes` makes of them are the codes' values over: ``f8e4m3`` is rebiased by it
+#: (``2 ** 8``), ``f8e5m2`` is the top byte of a half (1)
+CODES = {types.uint8: 8, types.int8: 0}
+#: each 8-bit cache type's codes as the kernels take them
+NUMBA_CODES = {"f8e4m3": types.uint8, "f8e5m2": types.int8}
+
+
+def code_scale(dtype) -> float:
+    """What the floats :func:`decode_codes` gives must be multiplied by: ``2 ** 8`` for ``f8e4m3``."""
+    return float(2 ** CODES[dtype])
+
+
+def decode_codes(builder: ir.IRBuilder, codes: ir.Value, dtype) -> ir.Value:
+    """8-bit codes (``CODES``; a scalar or a vector) as float32s: the codes' values divided by
+    :func:`code_scale`.  The bits move into a half, which holds every code's value times ``2 ** -8``
+    exactly, subnormals included, and the CPU's conversion widens it (``vcvtph2ps``): an ``f8e5m2``
+    code is a half's top byte; an ``f8e4m3`` code, sign-extended to 16 bits and shifted left by 7,
+    has its sign in bit 15, a copy of it in bit 14 (cleared) and its other bits below."""
+    lanes = codes.type.count if isinstance(codes.type, ir.VectorType) else None
+
+    def like(element: ir.Type) -> ir.Type:
+        return element if lanes is None else ir.VectorType(element, lanes)
+
+    def constant(value: int) -> ir.Constant:
+        return ir.Constant(like(ir.IntType(16)), value if lanes is None else [value] * lanes)
+
+    if CODES[dtype] == 0:
+        bits = builder.shl(builder.zext(codes, like(ir.IntType(16))), constant(8))
+    else:
+        wide = builder.sext(codes, like(ir.IntType(16)))
+        bits = builder.and_(builder.shl(wide, constant(7)), constant(0xBF80))
+    return builder.fpext(builder.bitcast(bits, like(ir.HalfType())), like(ir.FloatType()))
+
+
+@intrinsic
+def code_to_f32(typingctx, code):
+    """One 8-bit code (``CODES``) as :func:`decode_codes` gives it."""
+    if code not in CODES:
+        raise TypingError(f"code_to_f32: an 8-bit code (uint8 or int8), got {code}")
+    dtype = code
+
+    def codegen(context, builder, signature, args):
+        return decode_codes(builder, args[0], dtype)
+
+    return types.float32(code), codegen
+
+
+def _codes_2d(name: str, array) -> None:
+    if not (isinstance(array, types.Array) and array.ndim == 2 and array.dtype in CODES):
+        raise TypingError(f"{name} must be a 2-d array of 8-bit codes (uint8 or int8), got {array}")
+
+
+@intrinsic
+def code_dots4(typingctx, q0, q1, q2, q3, ks, c, ahead):
+    """The dot products of the float32 rows ``q0 .. q3`` with the rows ``c .. c + 3`` of ``ks``, 8-bit
+    codes (``CODES``) decoded as read, in float32: ``(q0 . ks[c], q0 . ks[c + 1], .., q1 . ks[c], ..)``,
+    16 in all, each to be multiplied by ``code_scale`` (and the key's scale).  Rows a multiple of 16
+    long, contiguous.  It prefetches key rows ``c + ahead .. c + ahead + 3``."""
+    for array in (q0, q1, q2, q3):
+        if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float32):
+            raise TypingError(f"code_dots4: query rows must be 1-d float32 arrays, got {array}")
+    _codes_2d("code_dots4: ks", ks)
+    result = types.UniTuple(types.float32, 4 * KEYS)
+    dtype = ks.dtype
+
+    def codegen(context, builder, signature, args):
+        rows = [_view(context, builder, t, v)[0] for t, v in zip(signature.args[:4], args[:4])]
+        k_base, k_shape, k_strides = _view(context, builder, signature.args[4], args[4])
+        c_i, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
+        keys = [builder.mul(builder.add(c_i, _const(j)), k_strides[0]) for j in range(KEYS)]
+        later = builder.mul(ahead_i, k_strides[0])
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fmuladd.v16f32"
+        )
+        sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * KEYS)]
+        for s in sums:
+            builder.store(ir.Constant(_F32x16, [0.0] * 16), s)
+        with cgutils.for_range(builder, builder.udiv(k_shape[1], _const(16))) as loop:
+            offset = builder.mul(loop.index, _const(16))  # bytes into a row of codes
+            i8x16 = ir.VectorType(ir.IntType(8), 16)
+            k_chunks = [
+                decode_codes(builder, _load(builder, _at(builder, k_base, key, offset), i8x16, 1), dtype)
+                for key in keys
+            ]
+            for key in keys:  # this chunk of the rows ``ahead`` on
+                _prefetch(builder, _at(builder, k_base, key, later, offset))
+            for k, base in enumerate(rows):
+                q_chunk = _load(builder, _at(builder, base, builder.mul(offset, _const(4))), _F32x16, 4)
+                for j, k_chunk in enumerate(k_chunks):
+                    s = sums[KEYS * k + j]
+                    builder.store(builder.call(fma, [q_chunk, k_chunk, builder.load(s)]), s)
+        return context.make_tuple(builder, result, _sums(builder, [builder.load(s) for s in sums]))
+
+    return result(q0, q1, q2, q3, ks, c, ahead), codegen
+
+
 @intrinsic
 def f32_bits(typingctx, x):
     """The bits of the float32 ``x``, as a uint32."""
@@ -189,13 +286,14 @@ def f32_bits(typingctx, x):
 @intrinsic
 def axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
     """``a_r[e] += sum(w_r[c] * vs[c, e] for c < nk)`` for the four float32 rows ``a_r`` (contiguous,
-    a multiple of 32 long) and their weights ``w_r``; ``vs`` holds float32 values or bf16 bits
-    (uint16), contiguous within a row.  It prefetches value rows ``ahead`` on (the next tile's)."""
+    a multiple of 32 long) and their weights ``w_r``; ``vs`` holds float32 values, bf16 bits
+    (uint16) or 8-bit codes (``CODES``: the weights then include ``code_scale``), contiguous within
+    a row.  It prefetches value rows ``ahead`` on (the next tile's)."""
     for array in (w0, w1, w2, w3, a0, a1, a2, a3):
         if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float32):
             raise TypingError(f"axpy4: weights and rows must be 1-d float32 arrays, got {array}")
-    if not (isinstance(vs, types.Array) and vs.ndim == 2 and vs.dtype in (types.uint16, types.float32)):
-        raise TypingError(f"axpy4: vs must be a 2-d array of float32 or bf16 bits (uint16), got {vs}")
+    if not (isinstance(vs, types.Array) and vs.ndim == 2 and vs.dtype in (types.uint16, types.float32, *CODES)):
+        raise TypingError(f"axpy4: vs must be a 2-d array of float32, bf16 bits (uint16) or 8-bit codes, got {vs}")
     size = vs.dtype.bitwidth // 8  # bytes an element
 
     def codegen(context, builder, signature, args):
@@ -223,6 +321,9 @@ def axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
                         _load(builder, _at(builder, v_base, at), ir.VectorType(ir.IntType(16), WIDTH), 2), i32x32
                     )
                     values = builder.bitcast(builder.shl(wide, ir.Constant(i32x32, [16] * WIDTH)), f32x32)
+                elif size == 1:  # 8-bit codes
+                    codes = _load(builder, _at(builder, v_base, at), ir.VectorType(ir.IntType(8), WIDTH), 1)
+                    values = decode_codes(builder, codes, vs.dtype)
                 else:
                     values = _load(builder, _at(builder, v_base, at), f32x32, 4)
                 for line in range(0, size * WIDTH, 64):  # this chunk of the row ``ahead`` on

@@ -72,6 +72,14 @@ def build(
     key of the backward kernels.
     """
     _require_numba_cuda()
+    quantized = module.main.attrs.get("cache_type")
+    if quantized:
+        from attncomp.backends.tiles import LoweringError
+
+        raise LoweringError(
+            f"an 8-bit key/value cache ({quantized}) runs on the cpu and interp backends; "
+            "the cuda backend does not lower it yet"
+        )
     from attncomp.backends.cache import load_source
     from attncomp.backends.numba_cuda.attention import AttentionKernels
     from attncomp.backends.numba_cuda.backward import BackwardKernels

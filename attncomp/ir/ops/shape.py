@@ -16,7 +16,8 @@ import numpy as np
 from attncomp.errors import TypeCheckError
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.ops.base import OpDef, normalize_axis, register, require_attr, single_declared
-from attncomp.ir.types import TensorType
+from attncomp.ir.quantized import dequantize, quantize
+from attncomp.ir.types import CACHE_DTYPES, TensorType, is_float
 
 
 def _one(operands: list[TensorType], what: str) -> TensorType:
@@ -174,18 +175,38 @@ class CacheAppend(OpDef):
     concatenation.  ``length + new`` must fit the cache (checked on binding).
 
     %kc = ac.cache_append %k_cache, %k {axis = 2, length = N_cached} : tensor<B x KV x (N_cached+T) x D x f32>
+
+    An 8-bit cache (``f8e4m3`` or ``f8e5m2``, ``ir.quantized``) comes with its
+    float32 scales, one per row (the cache's shape without its last axis):
+    ``new`` is quantised as it is appended, and the view is every entry
+    dequantised, in ``new``'s type:
+
+    %kc = ac.cache_append %k_cache, %k_scale, %k {axis = 2, length = N_cached} : tensor<B x KV x (N_cached+T) x D x f32>
     """
 
     name = "ac.cache_append"
     attributes = {"axis": "the sequence axis", "length": "entries already cached (a dimension)"}
 
     def infer(self, operands, attrs, declared, checker):
-        if len(operands) != 2:
-            raise TypeCheckError(f"{self.name}: expects the cache and the new entries")
-        cache, new = operands
+        if len(operands) not in (2, 3):
+            raise TypeCheckError(f"{self.name}: expects the cache (and its scales) and the new entries")
+        cache, new = operands[0], operands[-1]
         axis = normalize_axis(require_attr(attrs, "axis", int, self.name), cache.rank, self.name)
         length = dim(require_attr(attrs, "length", (int, Dim), self.name))
-        if new.rank != cache.rank or new.dtype != cache.dtype:
+        if len(operands) == 3:
+            scales = operands[1]
+            if cache.dtype not in CACHE_DTYPES or scales.dtype != "f32" or not is_float(new.dtype):
+                raise TypeCheckError(
+                    f"{self.name}: an 8-bit cache is {' or '.join(CACHE_DTYPES)} with f32 scales and float "
+                    f"entries, got {cache}, {scales} and {new}"
+                )
+            if scales.rank != cache.rank - 1 or axis == cache.rank - 1:
+                raise TypeCheckError(f"{self.name}: the scales {scales} need one per row of the cache {cache}")
+            for c, s in zip(cache.shape, scales.shape):
+                checker.unify(c, s, self.name)
+        elif new.dtype != cache.dtype:
+            raise TypeCheckError(f"{self.name}: the new entries {new} do not match the cache {cache}")
+        if new.rank != cache.rank:
             raise TypeCheckError(f"{self.name}: the new entries {new} do not match the cache {cache}")
         shape = []
         for k, (c, n) in enumerate(zip(cache.shape, new.shape)):
@@ -193,15 +214,19 @@ class CacheAppend(OpDef):
                 checker.unify(c, n, self.name)
             shape.append(length + n if k == axis else n)  # the computed sizes, as the rest of the IR has them
         checker.require_le(length + new.shape[axis], cache.shape[axis], f"{self.name}: cache capacity")
-        return [cache.with_shape(shape)]
+        return [new.with_shape(shape)]
 
     def evaluate(self, op, args, ctx):
-        cache, new = args
+        cache, new = args[0], args[-1]
         axis = op.attrs["axis"] % cache.ndim
         length = dim(op.attrs["length"]).evaluate(ctx.env)
         index = [slice(None)] * cache.ndim
         index[axis] = slice(0, length)
-        return [np.concatenate([cache[tuple(index)], new], axis=axis)]
+        cached = cache[tuple(index)]
+        if len(args) == 3:  # an 8-bit cache: what is read back is every entry dequantised
+            cached = dequantize(cached, args[1][tuple(index[:-1])], np.float64)
+            new = dequantize(*quantize(new, op.operands[0].type.dtype), np.float64)
+        return [np.concatenate([cached, new], axis=axis)]
 
 
 @register
