@@ -262,7 +262,7 @@ class TorchFunction:
         if self.fn.backend == "cuda":
             # detach: __cuda_array_interface__ refuses tensors that require grad
             inputs = [t.detach().contiguous() if t.requires_grad or not t.is_contiguous() else t for t in tensors]
-            outputs = _run_cuda(torch, compiled, inputs)
+            outputs = run_cuda(torch, compiled, inputs)
             return outputs if picked is None else [outputs[k] for k in picked]
         return run_numpy(torch, compiled, tensors, picked)
 
@@ -352,8 +352,11 @@ def _tuple_or_one(tensors: list[Any]) -> Any:
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
-def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The cuda backend on CUDA tensors, in place through ``__cuda_array_interface__``.
+def run_cuda(
+    torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor], sizes: dict[str, int] | None = None
+) -> list[torch.Tensor]:
+    """The cuda backend on CUDA tensors, in place through ``__cuda_array_interface__``
+    (``sizes``: those no argument carries, such as a chunk's offsets).
 
     Every launch, allocation and copy of the call is enqueued on PyTorch's current stream
     (wrapped as a Numba external stream), so the op orders with the tensors' producers and
@@ -375,7 +378,7 @@ def _run_cuda(torch: Any, compiled: Compilation, inputs: Sequence[torch.Tensor])
         for k, t in enumerate(inputs)
     ]
     with on_stream(cuda.external_stream(torch_stream.cuda_stream)):
-        outputs = compiled.run(args)
+        outputs = compiled.run(args, sizes)
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
     for out, value in zip(outputs, compiled.func.results):

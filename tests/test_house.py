@@ -40,6 +40,7 @@ LAYERS = {
     "decoder": 5,
     "float_types": 5,
     "chunked": 5,
+    "distributed": 5,
     "serving": 5,
     "torch_op": 5,
     "torch_eager": 5,

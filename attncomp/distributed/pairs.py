@@ -1,0 +1,40 @@
+"""One chunk pair's part on torch tensors, and the log-sum-exp merge of partial results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attncomp.compilation import Compilation
+
+
+def run_part(torch: Any, compiled: Compilation, tensors: Sequence[Any], sizes: dict[str, int]) -> list[Any]:
+    """``compiled``'s results on ``tensors`` (on the backend's device), ``sizes`` binding the
+    offsets and whole sizes no argument carries."""
+    if compiled.backend == "cuda":
+        from attncomp.torch_op import run_cuda
+
+        inputs = [t.detach().contiguous() for t in tensors]
+        return run_cuda(torch, compiled, inputs, sizes)
+    from attncomp.torch_eager import from_numpy, numpy_views
+
+    outputs = compiled.run(numpy_views(torch, tensors, True), sizes)
+    return [from_numpy(torch, np.ascontiguousarray(o)) for o in outputs]
+
+
+def merge(torch: Any, acc: tuple[Any, Any] | None, part: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Two (output, LSE) partials over disjoint keys as one, in float32; rows no key reaches
+    (both LSEs -inf) stay zero with LSE -inf."""
+    out, lse = part[0].float(), part[1].float()
+    if acc is None:
+        return out, lse
+    top = torch.maximum(acc[1], lse)
+    safe = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+    w_acc, w_new = torch.exp(acc[1] - safe), torch.exp(lse - safe)
+    total = w_acc + w_new
+    reached = total > 0
+    merged = (w_acc[..., None] * acc[0] + w_new[..., None] * out) / torch.where(reached, total, 1.0)[..., None]
+    merged_lse = torch.where(reached, safe + torch.log(torch.where(reached, total, 1.0)), float("-inf"))
+    return merged, merged_lse
