@@ -151,6 +151,22 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
         assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
 
 
+def test_mla_prefill_head_dims_run_on_tensor_cores_without_spills():
+    """MLA's prefill (query/key 192, value 128, examples/mla.py) in bf16: the staged tensor-core kernel,
+    16 keys a chunk, no local memory and no spills on sm_80 and sm_90."""
+    from attncomp.backends import numba_cuda
+
+    member = ac.compile(load_example("mla").mla_prefill, backend="interp").for_dtype("bf16")
+    impl = numba_cuda.build(member.compilation.module)
+    plan = impl.attention[0].mma_plan(192, 128)
+    assert plan is not None and plan.chunk == 16 and not impl.attention[0].choice_for(192, 128).async_copies
+    kernels = [k for k in impl.kernels(192, 128) if k.name.startswith("attention_kernel_0[")]
+    texts: dict = {}
+    _check(None, 192, kernels, texts)
+    for ptx in texts.values():
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+
+
 @pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("f16", 64)])
 def test_strided_calls_run_the_staged_tensor_core_kernels(dtype, head_dim):
     """A call whose key or value rows are not dense runs the kernel that stages 32-bit words by loads

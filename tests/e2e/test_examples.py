@@ -142,6 +142,10 @@ CASES: dict[str, list[Case]] = {
             constants={"max_distance": 8},
         )
     ],
+    "mla": [
+        Case("mla", "mla_prefill", make("mla", T=80, S=80)),
+        Case("mla", "mla_absorbed_decode", make("mla", T=3, S=70, decode=True), label="3 new tokens"),
+    ],
     "rope_qknorm": [Case("rope_qknorm", "rope_qknorm", make("rope_qknorm", **SQUARE))],
     "sdpa": [Case("sdpa", "sdpa", make("sdpa", B=1, H=2, T=70, S=150))],
     "seed_walkthrough": seed_walkthrough_cases(),

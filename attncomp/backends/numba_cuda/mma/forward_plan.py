@@ -37,10 +37,10 @@ WARP_ROWS = M16N8K16.m
 #: words a shared-memory row is padded by
 PAD_WORDS = 4
 #: keys per chunk by the largest head dim they serve: a lane holds D / 4 query and E / 4 output
-#: registers, and chunk / 4 scores (``ptxas`` reports no spills at these, see the PTX tests).
-#: Head dims past 128 would spill (64 query and 128 output registers at 256): the scalar kernels
-#: run them.
-CHUNKS = ((64, 64), (128, 32))
+#: registers, and chunk / 4 scores (``ptxas`` reports no spills at these: at D = E = 192, 16 keys a
+#: chunk, 235 to 248 registers on sm_80 and sm_90, ALiBi's included; MLA's prefill is 192 and 128).
+#: Head dims past 192 would spill (256: 172 bytes on sm_90): the scalar kernels run them.
+CHUNKS = ((64, 64), (128, 32), (192, 16))
 #: the same for float32 operands (a lane holds D / 2 query and E / 2 output registers), by
 #: whether they are exact (``KernelChoice.exact``: 3xTF32) or one tf32 product.  3xTF32 past D = 64
 #: spills (272 bytes at D = 128, even with the query's rests made once per chunk instead of kept):
@@ -126,7 +126,9 @@ class MmaPlan(OnTensorCores):
 
 #: keys per chunk of the asynchronous-copy kernels by the largest head dim, as ``CHUNKS``: at D = 128
 #: a chunk of 64 keys needs every one of a thread's 255 registers and spills on sm_80 where the
-#: score or mask reads key positions (ALiBi: 68 bytes), so it computes 32 at a time
+#: score or mask reads key positions (ALiBi: 68 bytes), so it computes 32 at a time.  Not past 128:
+#: a row of 192 features is 24 copies, which no block's threads divide (``plan_flash``); the staged
+#: kernel serves those head dims.
 FLASH_CHUNKS = ((64, 64), (128, 32))
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
@@ -155,7 +157,12 @@ def plan_flash(
     if rows % WARP_ROWS or chunk is None:
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, replace(choice, async_copies=True), rows, chunk)
-    uneven = any(chunk * dim // COPY_ELEMENTS % plan.threads for dim in (head_dim, value_dim))
+    # a thread's copies are one column of whole rows: the threads a multiple of a row's copies, and
+    # every thread making as many
+    uneven = any(
+        plan.threads % (dim // COPY_ELEMENTS) or chunk * dim // COPY_ELEMENTS % plan.threads
+        for dim in (head_dim, value_dim)
+    )
     if uneven or plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
         return None
     return plan
