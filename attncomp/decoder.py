@@ -84,7 +84,9 @@ class Decoder:
         self._cached = func.attrs["cached_length"]
         #: the caches' 8-bit type ("" for none): each cache then has its scales after it
         self._quantized = func.attrs.get("cache_type", "")
-        self._n_inputs = len(func.args) - (4 if self._quantized else 2)
+        #: one cache (keys) where the values are the keys' first features (MLA's latent), else two
+        caches = func.attrs["cache_results"]
+        self._n_inputs = len(func.args) - caches * (2 if self._quantized else 1)
         self._cache_args = func.args[self._n_inputs :]
         self._n_outputs = len(func.results) - func.attrs["cache_results"]
         self._axis = self._cache_args[0].type.rank - 2

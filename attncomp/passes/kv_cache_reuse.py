@@ -18,6 +18,12 @@ After softmax-fusion, the fused ``ac.attention`` names q, k and v.  The pass
 - returns the new keys and values after the spec's results, so the caller
   can keep its cache whatever the backend.
 
+Where the values are the keys' first features (``v = k[..., :E]``: MLA's
+absorbed decoding, whose keys are a latent of 576 features and values its
+first 512), one cache holds both: the attention reads its values as
+``ac.slice`` of the appended keys, and only the new keys are returned
+(``cache_results = 1``).
+
 With ``cache=f8e4m3`` (or ``f8e5m2``) the caches hold 8-bit codes, and beside
 each a float32 argument ``k_scale`` (``v_scale``) of one scale per (token,
 head) row: ``ac.cache_append`` quantises the new entries as it appends them
@@ -164,6 +170,18 @@ def _region_reads_sequence_inputs(func: Func, attn: Op, seq_dims: set[Dim]) -> s
     return None
 
 
+def value_slice(k: Value, v: Value) -> Op | None:
+    """The ``ac.slice`` making ``v`` the first features of ``k`` (MLA's latent: the keys are the whole
+    latent, the values its first 512 features), or None.  Then one cache holds both."""
+    op = producer(v)
+    if op is None or op.name != "ac.slice" or op.operands[0] is not k:
+        return None
+    attrs = op.attrs
+    if attrs.get("axis") % k.type.rank != k.type.rank - 1 or attrs.get("start") != 0 or attrs.get("step", 1) != 1:
+        return None
+    return op
+
+
 @register_pass
 @dataclass
 class KVCacheReuse(Pass):
@@ -197,8 +215,9 @@ class KVCacheReuse(Pass):
         offset_region_index(attn, attn.results[0].type.rank - 2, cached)
 
         axis = k.type.rank - 2
+        shared = value_slice(k, v) if not self.cache else None  # an 8-bit cache keeps both: not yet shared
         caches = []
-        for value, name in ((k, "k"), (v, "v")):
+        for value, name in ((k, "k"), (v, "v"))[: 1 if shared else 2]:
             # An argument's sizes are names: a computed size (a rotary half, D//2 + D//2)
             # gets a name of its own, checked against the computation when bound.
             shape = [
@@ -215,13 +234,16 @@ class KVCacheReuse(Pass):
                 cache.append(func.body.add_arg(TensorType.of(shape[:-1], "f32"), f"{name}_scale"))
             caches.append(cache)
         builder = Builder(func.body, func.body.ops.index(attn))
-        kc, vc = (
-            builder.emit("ac.cache_append", *cache, new, axis=axis, length=cached) for cache, new in zip(caches, (k, v))
-        )
+        kc = builder.emit("ac.cache_append", *caches[0], k, axis=axis, length=cached)
+        if shared is not None:  # the values are the cached keys' first features: one cache holds both
+            vc = builder.emit("ac.slice", kc, **shared.attrs)
+        else:
+            vc = builder.emit("ac.cache_append", *caches[1], v, axis=axis, length=cached)
         attn.operands[1], attn.operands[2] = kc, vc
         ret = func.return_op
-        ret.operands = list(ret.operands) + [k, v]
-        func.attrs.update({"cached_length": cached, "cache_results": 2})
+        new_entries = [k] if shared is not None else [k, v]
+        ret.operands = list(ret.operands) + new_entries
+        func.attrs.update({"cached_length": cached, "cache_results": len(new_entries)})
         if self.cache:
             func.attrs["cache_type"] = self.cache
         remove_dead_ops(func.body)

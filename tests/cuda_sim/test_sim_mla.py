@@ -55,3 +55,4 @@ def test_mla_decoder_steps_over_the_latent():
         out = host(dec(q_all[:, :, t : t + 1], latent[:, :, t : t + 1]))
     want = mla.numpy_reference(q_all[:, :, 11:].astype(np.float64), latent.astype(np.float64))
     assert worst_error([out.astype(np.float64)], [want]) < TOLERANCE["bf16"]
+    assert set(dec.cache) == {"k_cache"}  # one cache: the latent, whose first 512 features are the values

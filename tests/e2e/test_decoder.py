@@ -87,3 +87,23 @@ def test_a_mask_reading_document_ids_is_refused():
     fn = ac.compile(specs.document, backend="interp")
     with pytest.raises(ac.PipelineError, match="reads %doc at sequence positions"):
         fn.decoder(max_len=16)
+
+
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_mla_decoder_keeps_one_latent_cache(backend):
+    """MLA's absorbed decode (examples/mla.py): the values are the latent's first 512 features, so
+    kv-cache-reuse caches the latent once and reads the values as its slice."""
+    mla = load_example("mla")
+    rng = np.random.default_rng(2)
+    q, latent = mla.make_inputs(rng, B=1, H=4, T=10, S=10, decode=True)
+    fn = ac.compile(mla.mla_absorbed_decode, backend=backend)
+    dec = fn.decoder(16, dtype="f32")
+    ir = dec.fn.ir("kv-cache-reuse")
+    assert "cache_results = 1" in ir and "%v_cache" not in ir and "ac.slice %" in ir
+    steps = [dec(q[:, :, :6], latent[:, :, :6])] + [
+        dec(q[:, :, t : t + 1], latent[:, :, t : t + 1]) for t in range(6, 10)
+    ]
+    want = mla.numpy_reference(q, latent)
+    assert np.max(np.abs(np.concatenate(steps, axis=2) - want)) < 1e-5
+    assert set(dec.cache) == {"k_cache"} and dec.cache["k_cache"].shape == (1, 1, 10, 576)
+    np.testing.assert_array_equal(dec.cache["k_cache"], latent)
