@@ -20,7 +20,7 @@ from attncomp.ir import parser
 from attncomp.ir.core import Module
 from attncomp.ir.interpreter import interpret_func
 from attncomp.passes.manager import default_pipeline
-from attncomp.passes.pipeline import deterministic_pipeline
+from attncomp.passes.pipeline import tiling_pipeline
 from attncomp.serving.decoder import PagedDecoder
 
 
@@ -264,6 +264,7 @@ def compile(
     pipeline: str | None = None,
     *,
     deterministic: bool = False,
+    batch_invariant: bool = False,
     **constants: Any,
 ) -> CompiledFunction:
     """Trace (with ``constants``), run the pass pipeline, and build for ``backend``.
@@ -273,11 +274,16 @@ def compile(
     and a string such as ``"cse,dce"`` runs exactly the passes it names.
     ``deterministic=True`` gives the pipeline's flash-tiling ``deterministic=true``: gradients
     bit-identical from run to run (a no-op where the backend's sums are ordered already).
+    ``batch_invariant=True`` gives it ``batch_invariant=true``: each row's output bits depend on
+    the row alone, not on the batch, the other sequences of a step or the pages' layout.
     """
     check_backend(backend)  # before any pass runs
-    if deterministic:
-        pipeline = deterministic_pipeline(
-            default_pipeline(backend) if pipeline is None else pipeline, tiled=backend != "interp"
+    options = {
+        name: True for name, on in (("deterministic", deterministic), ("batch_invariant", batch_invariant)) if on
+    }
+    if options:
+        pipeline = tiling_pipeline(
+            default_pipeline(backend) if pipeline is None else pipeline, tiled=backend != "interp", **options
         )
     module = _module_of(target, constants)
     name = target.name if isinstance(target, Spec) else module.main.name

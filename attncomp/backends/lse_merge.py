@@ -32,7 +32,7 @@ from attncomp.backends.codegen import SourceWriter
 class MergeSpelling:
     """Where a kernel's parts are, as source templates (``{s}``: the part, ``{e}``: the feature)."""
 
-    #: the number of parts
+    #: the number of parts (with ``first``: the end of their range)
     count: str
     #: a part's row maximum, row sum and unnormalised output
     m: str
@@ -51,6 +51,8 @@ class MergeSpelling:
     lse_when: str | None = None
     #: what the merged output is stored as (``{}``: the value; ``round_bf16({})``: its bf16 pattern)
     narrow: str = "{}"
+    #: the first part merged (parts ``first`` to ``count``; None: from 0)
+    first: str | None = None
 
 
 def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
@@ -60,13 +62,14 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
     def weight(s: str) -> str:
         return how.weight.format(m=how.m.format(s=s))
 
+    parts = how.count if how.first is None else f"{how.first}, {how.count}"
     w.line("top = ACC(-np.inf)")
-    w.line(f"for sp in range({how.count}):")
+    w.line(f"for sp in range({parts}):")
     with w.indent():
         w.line(f"top = max(top, {how.m.format(s='sp')})")
     w.line("top_safe = ACC(0.0) if top == -np.inf else top")
     w.line("total = ACC(0.0)")
-    w.line(f"for sp in range({how.count}):")
+    w.line(f"for sp in range({parts}):")
     with w.indent():
         w.line(f"total += {weight('sp')} * {how.l.format(s='sp')}")
     w.line("denominator = total if total != 0.0 else ACC(1.0)")
@@ -75,7 +78,7 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
         w.line(f"for e in range({how.features}):")
         w.depth += 1
     w.line("value = ACC(0.0)")
-    w.line(f"for sp in range({how.count}):")
+    w.line(f"for sp in range({parts}):")
     with w.indent():
         w.line(f"value += {weight('sp')} * {how.o.format(s='sp', e='e')}")
     w.line(f"{how.out.format(e='e')} = {how.narrow.format('value / denominator')}")

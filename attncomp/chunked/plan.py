@@ -11,7 +11,7 @@ key axis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from attncomp.chunked.tasks import PartRef, register
 from attncomp.compilation import Compilation
@@ -39,7 +39,11 @@ def part_pipeline(
     cut = make_pass("chunk-pairs", part=part, masked=masked, offsets=offsets, ragged=ragged, paged=paged)
     passes = edit_pipeline(passes, insert=cut, before="flash-tiling")
     if blocks is not None:
-        passes = edit_pipeline(passes, replace=make_pass("flash-tiling", block_q=blocks[0], block_k=blocks[1]))
+        # the function's own tiling options (precision, determinism, batch invariance) with these blocks
+        tiling = next((p for p in passes if p.name == "flash-tiling"), None)
+        options = {f.name: getattr(tiling, f.name) for f in fields(tiling)} if tiling is not None else {}
+        options.update(block_q=blocks[0], block_k=blocks[1])
+        passes = edit_pipeline(passes, replace=make_pass("flash-tiling", **options))
     return passes
 
 

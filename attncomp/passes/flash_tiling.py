@@ -32,6 +32,14 @@ from attncomp.passes.gather_bounds import guard_gathers
 from attncomp.passes.rewrite import replace_uses
 from attncomp.passes.tile_building import grid_region, kv_head_of, load_rows, named, positions, retyped_region
 
+#: key blocks per part of a batch-invariant grid's key split (1024 keys at the CPU's blocks of 128)
+SPLIT_BLOCKS = 8
+
+
+def key_split_of(block_k: int) -> int:
+    """A batch-invariant grid's part length in keys: ``SPLIT_BLOCKS`` key blocks."""
+    return SPLIT_BLOCKS * block_k
+
 
 @dataclass
 class TileConfig:
@@ -89,7 +97,9 @@ def _key_loop(
     return body
 
 
-def tile_attention(block: Block, attn: Op, block_q: int, block_k: int, precision: str = "exact") -> Op:
+def tile_attention(
+    block: Block, attn: Op, block_q: int, block_k: int, precision: str = "exact", key_split: int | None = None
+) -> Op:
     q, k, v = attn.operands
     out_type = attn.results[0].type
     acc = accumulation_dtype(promote([q.type, k.type, v.type]))
@@ -130,6 +140,8 @@ def tile_attention(block: Block, attn: Op, block_q: int, block_k: int, precision
         grid_attrs["precision"] = precision
     if kv_repeat != dim(1):
         grid_attrs["kv_repeat"] = attn.attrs["kv_repeat"]
+    if key_split is not None:
+        grid_attrs["key_split"] = key_split
     grid_op = Builder(block, at).op(
         "ac.tile_grid",
         [],
@@ -157,6 +169,10 @@ class FlashTiling(Pass):
     #: (``deterministic = true`` in the IR): bit-identical gradients on backends whose default
     #: order varies (CUDA's atomics); the forward is deterministic either way
     deterministic: bool = False
+    #: every row's sums in an order fixed by the row alone (``key_split = N`` on ``ac.tile_grid``): its
+    #: keys split into parts at multiples of ``N`` positions (:func:`key_split_of`), never by the
+    #: launch's size, each part's state merged in part order; the same bits whatever the batch
+    batch_invariant: bool = False
 
     def run(self, module: Module, remarks: list[str]) -> None:
         if self.precision not in PRECISIONS:
@@ -164,7 +180,8 @@ class FlashTiling(Pass):
         for func in module.funcs:
             for op in [o for o in func.body.ops if o.name == "ac.attention"]:
                 guard_gathers(func.body, op)
-                tile_attention(func.body, op, self.block_q, self.block_k, self.precision)
+                split = key_split_of(self.block_k) if self.batch_invariant else None
+                tile_attention(func.body, op, self.block_q, self.block_k, self.precision, split)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
                 if (

@@ -87,18 +87,24 @@ def edit_pipeline(
     return result
 
 
-def deterministic_pipeline(pipeline: str | None, tiled: bool = True) -> str:
-    """``pipeline`` (None: the default) with ``flash-tiling{deterministic=true}``: the backward's
-    ``ac.key_grid`` then sums its gradients in an order fixed from run to run.
+def tiling_pipeline(pipeline: str | None, tiled: bool = True, **options: Any) -> str:
+    """``pipeline`` (None: the default) with ``options`` given to its ``flash-tiling``
+    (``deterministic=True``, ``batch_invariant=True``).
 
-    Every ``flash-tiling`` of the pipeline gets the option.  A pipeline without one gets it last
-    when ``tiled`` (a compiled backend, which tiles what the pipeline left untiled with
-    flash-tiling's defaults), and stays as it is for the interpreter, whose sums are ordered.
+    Every ``flash-tiling`` of the pipeline gets them.  A pipeline without one gets
+    ``flash-tiling{...}`` last when ``tiled`` (a compiled backend, which tiles what the pipeline
+    left untiled with flash-tiling's defaults), and stays as it is for the interpreter.
     """
     passes = pipeline_passes(DEFAULT_PIPELINE if pipeline is None else pipeline)
     tilings = [p for p in passes if p.name == "flash-tiling"]
     for p in tilings:
-        p.deterministic = True
+        for name, value in options.items():
+            setattr(p, name, value)
     if not tilings and tiled:
-        passes.append(make_pass("flash-tiling", deterministic=True))
+        passes.append(make_pass("flash-tiling", **options))
     return pipeline_text(passes)
+
+
+def is_batch_invariant(passes: list[Pass]) -> bool:
+    """Whether ``passes`` tile with ``flash-tiling{batch_invariant=true}``."""
+    return any(p.name == "flash-tiling" and getattr(p, "batch_invariant", False) for p in passes)

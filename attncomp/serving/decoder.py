@@ -21,7 +21,12 @@ prefill and decode in one call) and:
 4. only then appends the new keys and values to the pages, in place.
 
 Anything that fails before step 4 leaves every sequence and the pool as they
-were.  Cascade pays when a prefix is read by at least ``cascade_sharers``
+were.  A batch-invariant function (``flash-tiling{batch_invariant=true}``) gives each
+sequence the bits it would get alone: no cascade (stacking a group's queries into one
+entry, and cutting their keys at the shared prefix, would make a row's sums depend on
+the other sequences), and every tile of cached keys read whole, the ragged batch's key
+rows rounded up to whole key blocks (so the last tile's width is the block's, not set by
+the longest sequence).  Cascade pays when a prefix is read by at least ``cascade_sharers``
 sequences and is at least ``cascade_min`` positions long: below that, the
 extra merge and call cost more than the reads saved.
 """
@@ -38,6 +43,7 @@ from attncomp.backends.lse_merge import merge_partials
 from attncomp.chunked.plan import ChunkPlan
 from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
+from attncomp.passes.pipeline import is_batch_invariant
 from attncomp.serving.pool import PagePool, PoolExhausted
 
 
@@ -86,6 +92,10 @@ class PagedDecoder:
         self.paged = self.plan.ragged_attention(paged=True)
         self.pool = PagePool(num_pages, page_size, self.paged.fn.program.page_storage())
         self.cascade_min, self.cascade_sharers = cascade_min, cascade_sharers
+        #: each sequence's bits as it would get them alone (no cascade; whole key tiles)
+        self.batch_invariant = is_batch_invariant(self.paged.fn.passes)
+        #: the paged attention's key block: a batch-invariant step reads whole ones
+        self.block_k = next(p.block_k for p in self.paged.fn.passes if p.name == "flash-tiling")
         func = self.attention.fn.func
         seq_sizes = {s for s in (self.plan.seq_q, self.plan.seq_k) if s}
         # a score or mask reading the sequences' sizes needs them per sequence: no stacking then
@@ -200,6 +210,8 @@ class PagedDecoder:
             sizes = self._sizes(first, q.shape[-2])
             return self.attention.fn.run_shaped([q, keys, values, *ragged, lengths, *captured], sizes)
         size, rows = self.pool.page_size, int(lengths.max())
+        if self.batch_invariant:  # whole key tiles: the last one's width is not the longest sequence's
+            rows = -(-rows // self.block_k) * self.block_k
         entries = max(-(-rows // size), 1)
         table = np.zeros((len(members), entries), np.int64)  # page 0 pads: rows past a count are never read
         for b, (p, s) in enumerate(zip(members, ragged[1])):
@@ -212,7 +224,7 @@ class PagedDecoder:
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""
-        if not self._stackable:
+        if not self._stackable or self.batch_invariant:
             return {}
         size = self.pool.page_size
         groups: dict[int, list[Pending]] = {}

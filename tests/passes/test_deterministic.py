@@ -3,7 +3,7 @@
 import pytest
 
 import attncomp as ac
-from attncomp.passes.pipeline import deterministic_pipeline
+from attncomp.passes.pipeline import tiling_pipeline
 from tests.conftest import load_example
 from tests.passes.specs import causal, generic_alibi
 
@@ -38,10 +38,11 @@ def test_the_pipeline_option_and_its_errors():
 def test_a_pipeline_without_flash_tiling():
     """The interpreter runs it as given; a compiled backend, which tiles what is left untiled, gets
     ``flash-tiling{deterministic=true}`` last."""
-    assert deterministic_pipeline("", tiled=False) == ""
-    assert deterministic_pipeline("cse,softmax-fusion", tiled=False) == "cse,softmax-fusion"
-    assert deterministic_pipeline("cse,softmax-fusion") == "cse,softmax-fusion,flash-tiling{deterministic=true}"
-    assert deterministic_pipeline(None) == DETERMINISTIC
+    assert tiling_pipeline("", tiled=False, deterministic=True) == ""
+    assert tiling_pipeline("cse,softmax-fusion", tiled=False, deterministic=True) == "cse,softmax-fusion"
+    tiled = "cse,softmax-fusion,flash-tiling{deterministic=true}"
+    assert tiling_pipeline("cse,softmax-fusion", deterministic=True) == tiled
+    assert tiling_pipeline(None, deterministic=True) == DETERMINISTIC
     assert ac.compile(causal, backend="interp", pipeline="", deterministic=True).pipeline == ""
 
 

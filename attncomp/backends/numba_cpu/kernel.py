@@ -43,6 +43,7 @@ task and hold one tile per head of the group.
 from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
+from attncomp.backends.key_splits import split_blocks, write_part_range, write_unit_parts
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cpu import signatures as sig
 from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
@@ -84,6 +85,9 @@ class KernelWriter(KernelSource):
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
         #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
         self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
+        #: key blocks per part of a batch-invariant grid's fixed key split (``key_splits``); None: the
+        #: keys are split only when the units are too few for the threads
+        self.split_blocks = split_blocks(tiled.grid, tiled.block_k)
 
     def params(self) -> list[str]:
         outs = ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
@@ -409,6 +413,12 @@ class KernelWriter(KernelSource):
                 w.line("for unit in range(worker, n_units, n_workers):")
                 with w.indent():
                     self.unit_start(nb)
+                    if self.split_blocks is not None:  # a unit's own parts, from its own key range
+                        self.unit_bounds(load=False)
+                        write_unit_parts(w, "first", "end", self.split_blocks)
+                        w.line("if own_parts <= 1:  # finished by its one part")
+                        with w.indent():
+                            w.line("continue")
                     self.merge(nb)
                 w.line("return")
             self.task()
@@ -424,9 +434,13 @@ class KernelWriter(KernelSource):
             w.line("if n_units * min(n_rows, BQ) * n_keys * (n_d + n_e) < SERIAL_WORK:")
             with w.indent():
                 w.line("n_threads = 1  # a small call: no parallel launch")
-            w.line("if 0 < n_units < n_threads:")
-            with w.indent():
-                w.line("n_split = min(MAX_SPLIT, (2 * n_threads + n_units - 1) // n_units)")
+            if self.split_blocks is not None:  # batch-invariant: parts at fixed key positions, whatever the launch
+                blocks = self.split_blocks
+                w.line(f"n_split = max(1, ((n_keys + BK - 1) // BK + {blocks - 1}) // {blocks})")
+            else:
+                w.line("if 0 < n_units < n_threads:")
+                with w.indent():
+                    w.line("n_split = min(MAX_SPLIT, (2 * n_threads + n_units - 1) // n_units)")
             w.line("n_parts = n_units * n_split if n_split > 1 else 0")
             w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
@@ -491,23 +505,21 @@ class KernelWriter(KernelSource):
             w.line("m[:, :nq] = -np.inf")
             w.line("l[:, :nq] = ACC(0.0)")
             w.line("acc[:, :nq] = ACC(0.0)")
-            w.line("first = np.int64(1) << 62")
-            w.line("end = np.int64(0)")
-            w.line("for g in range(G):")
-            with w.indent():
-                self.head()
-                self.load_query()
-                lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
-                w.line(f"first = min(first, {lo})")
-                w.line(f"end = max(end, {hi})")
+            self.unit_bounds(load=True)
+            if self.split_blocks is not None:  # this part's key blocks, at fixed positions
+                write_part_range(w, "first", "end", "split", self.split_blocks)
+                w.line("if not (stores_part or finishes):  # a part outside the unit's keys")
+                with w.indent():
+                    w.line("continue")
             # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits
             bits = "query_bits(qt, qt_bits, G, nq)" if t.masked.k_load.operands[0] in self.bits else "False"
             w.line(f"qt_is_bf16 = nq <= FEW_ROWS and {bits}")
-            w.line("if n_split > 1:")
-            with w.indent():
-                w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
-                w.line("first = first + split * chunk")
-                w.line("end = min(end, first + chunk)")
+            if self.split_blocks is None:
+                w.line("if n_split > 1:")
+                with w.indent():
+                    w.line("chunk = (max(end - first, 0) + n_split - 1) // n_split")
+                    w.line("first = first + split * chunk")
+                    w.line("end = min(end, first + chunk)")
             v_load = t.masked.v_load
             if self.paged(v_load):  # where the values of the heads' key tile are: its first row and indices
                 w.line("j0_group = np.int64(0)")
@@ -545,7 +557,7 @@ class KernelWriter(KernelSource):
                         if v_load.operands[0] in self.codes:  # weights times each value row's scale
                             w.line(f"scale_keys(sg, vs_scale_group, {self.code_scale(v_load)}, G, nq, nk_group, 0)")
                         w.line("group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)")
-            w.line("if n_split == 1:")
+            w.line("if finishes:" if self.split_blocks is not None else "if n_split == 1:")
             with w.indent():
                 w.line("for g in range(G):")
                 with w.indent():
@@ -564,6 +576,21 @@ class KernelWriter(KernelSource):
                         w.line("for e in range(n_e):")
                         with w.indent():
                             w.line("part_acc[part, g, r, e] = acc[g, r, e]")
+
+    def unit_bounds(self, load: bool) -> None:
+        """``[first, end)``: the union of the group's heads' key blocks (the IR's loop bounds); with
+        ``load``, each head's query tile loaded on the way."""
+        w, t = self.w, self.t
+        w.line("first = np.int64(1) << 62")
+        w.line("end = np.int64(0)")
+        w.line("for g in range(G):")
+        with w.indent():
+            self.head()
+            if load:
+                self.load_query()
+            lo, hi = (self.scalar().ref(v) for v in t.loop.operands[:2])
+            w.line(f"first = min(first, {lo})")
+            w.line(f"end = max(end, {hi})")
 
     def unit_start(self, nb: int) -> None:
         """Decode ``unit`` into batch indices and the query block; bind the grid's arguments."""
@@ -588,8 +615,10 @@ class KernelWriter(KernelSource):
                 w.line("bi_1 = group * G + g")
             w.line("for r in range(nq):")
             with w.indent():
+                own = self.split_blocks is not None  # only the unit's own parts
                 spelling = MergeSpelling(
-                    count="n_split",
+                    count="own_first + own_parts" if own else "n_split",
+                    first="own_first" if own else None,
                     m="part_m[base + {s}, g, r]",
                     l="part_l[base + {s}, g, r]",
                     o="part_acc[base + {s}, g, r, {e}]",

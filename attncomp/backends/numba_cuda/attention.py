@@ -11,7 +11,8 @@ just those rows (``plan.rows_for``).
 A launch with fewer thread blocks than the GPU holds at once splits the
 keys (flash-decoding, see ``simt/forward_kernel.py``): ``split_for`` picks the number of
 parts, the attention kernel writes partial states into scratch arrays, and
-each unit's last part to finish merges them, in the same launch.
+each unit's last part to finish merges them, in the same launch.  A batch-invariant grid
+(``key_split``) splits at fixed key positions whatever the launch (``backends/key_splits.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
+from attncomp.backends.key_splits import fixed_split_count, split_blocks
 from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
@@ -248,7 +250,12 @@ class AttentionKernels:
         return buffer[:size].reshape(shape)
 
     def split_for(self, blocks: int, n_keys: int, threads: int, value_dim: int) -> int:
-        """Key splits for a launch of ``blocks`` thread blocks over ``n_keys`` keys."""
+        """Key splits for a launch of ``blocks`` thread blocks over ``n_keys`` keys: a batch-invariant
+        grid's parts at fixed key positions (as many as its longest row needs, whatever ``split``
+        asks); otherwise enough to fill the GPU."""
+        fixed = split_blocks(self.grid, self.tiled.block_k)
+        if fixed is not None:
+            return fixed_split_count(n_keys, self.tiled.block_k, fixed)
         key_blocks = -(-n_keys // self.tiled.block_k)
         if self.split is not None:
             wanted = self.split

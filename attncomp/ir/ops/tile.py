@@ -65,12 +65,17 @@ class TileGrid(OpDef):
         "kv_repeat": "query heads per key/value head (GQA), for backends that group them",
         "precision": 'float32 tile products: "exact" (the default, float32-accurate), "tf32" (inputs '
         'rounded to tf32, where the backend has tensor cores) or "ieee" (float32 FMAs)',
+        "key_split": "batch-invariant: each row's keys split into parts at multiples of this many positions, "
+        "merged in part order (absent: the backend splits by the launch's size)",
     }
 
     def infer(self, operands, attrs, declared, checker):
         block_q = require_attr(attrs, "block_q", int, self.name)
         if block_q <= 0:
             raise TypeCheckError(f"{self.name}: block_q must be positive")
+        split = attrs.get("key_split", 1)
+        if not isinstance(split, int) or isinstance(split, bool) or split <= 0:
+            raise TypeCheckError(f"{self.name}: key_split must be a positive integer")
         if attrs.get("precision", "exact") not in PRECISIONS:
             raise TypeCheckError(f"{self.name}: precision must be one of {', '.join(PRECISIONS)}")
         if operands:

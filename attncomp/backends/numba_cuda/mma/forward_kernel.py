@@ -340,9 +340,10 @@ class MmaKernelWriter(AttentionKernelWriter):
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         for row in ROW_NAMES.values():
             w.line(f"l_{row} = quad_sum(l_{row})")
+        partial, finishes = self.stores_partial()
         for offset, halves in c.by_row():
             row = ROW_NAMES[offset]
-            w.line(f"if i0 + r{row} < n_rows and n_split > 1:  # this split's partial state")
+            w.line(f"if i0 + r{row} < n_rows and {partial}:  # this split's partial state")
             with w.indent():
                 w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
                 w.line("if tq == 0:")
@@ -350,7 +351,7 @@ class MmaKernelWriter(AttentionKernelWriter):
                     w.line(f"part_m[sp, flat] = m_{row}")
                     w.line(f"part_l[sp, flat] = l_{row}")
                 self.partial_outputs(halves)
-            w.line(f"elif i0 + r{row} < n_rows:")
+            w.line(f"elif i0 + r{row} < n_rows{'' if finishes == 'True' else ' and ' + finishes}:")
             with w.indent():
 
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:

@@ -24,7 +24,9 @@ counts itself done (an atomic per unit, after a ``threadfence``); the
 unit's last part to finish (a ``threadfence`` after its atomic, so that it
 reads the others' states as they published them) combines the parts of each row by their
 log-sum-exp, ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``,
-and zeroes the count: one launch, no merge kernel.
+and zeroes the count: one launch, no merge kernel.  A batch-invariant grid (``key_split``)
+splits at fixed key positions instead (``backends/key_splits.py``): ``n_split`` parts of
+every unit, of which a unit runs, counts and merges only those its own keys reach.
 
 Class 2 runs class 1's code without the mask: mask-elimination makes the
 full region exactly the masked one with the mask replaced by ``true``
@@ -44,6 +46,7 @@ in the IR too) and not stored.
 from __future__ import annotations
 
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
+from attncomp.backends.key_splits import split_blocks, write_part_range
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
@@ -93,6 +96,8 @@ class AttentionKernelWriter(CudaKernelSource):
         self.plan = plan
         self.acc = NUMPY_SCALAR[accumulation_dtype(tiled.grid.results[0].type.dtype)]
         self.lanes, self.threads = plan.lanes, plan.threads
+        #: key blocks per part of a batch-invariant grid's fixed key split; None: ``n_split`` even parts
+        self.split_blocks = split_blocks(tiled.grid, tiled.block_k)
         super().__init__(captured, dims)
 
     def outs(self) -> list[str]:
@@ -285,11 +290,21 @@ class AttentionKernelWriter(CudaKernelSource):
         lo, hi = (self.ref(v) for v in self.t.loop.operands[:2])
         w.line(f"kb_lo = {lo}")
         w.line(f"kb_hi = {hi}")
+        if self.split_blocks is not None:  # batch-invariant: the part at fixed key positions
+            write_part_range(w, "kb_lo", "kb_hi", "sp", self.split_blocks)
+            return
         w.line("if n_split > 1:  # this split's contiguous part of the key blocks")
         with w.indent():
             w.line("per_split = (max(kb_hi - kb_lo, 0) + n_split - 1) // n_split")
             w.line("kb_lo = kb_lo + sp * per_split")
             w.line("kb_hi = min(kb_hi, kb_lo + per_split)")
+
+    def stores_partial(self) -> tuple[str, str]:
+        """The condition under which this block stores its rows' partial states (merged later), and
+        the one under which it writes their outputs itself."""
+        if self.split_blocks is not None:
+            return "stores_part", "finishes"
+        return "n_split > 1", "True"
 
     def loop_body(self, hoisted: dict[Op, list[Op]]) -> None:
         self.by_tile_class(self.t, lambda tile, mask_when: self.key_tile(tile, mask_when, hoisted), one_copy=True)
@@ -297,7 +312,8 @@ class AttentionKernelWriter(CudaKernelSource):
     def finish(self) -> None:
         t, w = self.t, self.w
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
-        w.line("if row_in and n_split > 1:  # this split's partial state, merged by the merge kernel")
+        partial, finishes = self.stores_partial()
+        w.line(f"if row_in and {partial}:  # this split's partial state, merged by the merge kernel")
         with w.indent():
             w.line("flat = (task // n_qb) * n_rows + i0 + r")
             w.line("if g == 0:")
@@ -305,7 +321,7 @@ class AttentionKernelWriter(CudaKernelSource):
                 w.line("part_m[sp, flat] = m")
                 w.line("part_l[sp, flat] = l")
             self.store_slice("part_o[sp, flat, {f}] = acc_{k}")
-        w.line("elif row_in:")
+        w.line("elif row_in:" if finishes == "True" else f"elif row_in and {finishes}:")
         with w.indent():
 
             def outputs(denominator: str) -> None:
@@ -323,14 +339,16 @@ class AttentionKernelWriter(CudaKernelSource):
         the next launch.  No second kernel is launched."""
         t, w = self.t, self.w
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
+        own = self.split_blocks is not None  # a unit's own parts only: counted and merged
+        parts = "own_parts" if own else "n_split"
         w.line("last = cuda.shared.array(1, np.int32)")
-        w.line("if n_split > 1:  # the last of this unit's splits to finish merges them")
+        w.line(f"if {self.stores_partial()[0]}:  # the last of this unit's splits to finish merges them")
         with w.indent():
             w.line("cuda.threadfence()  # this block's partial state, seen by the block that merges")
             w.line("cuda.syncthreads()")
             w.line("if tid == 0:")
             with w.indent():
-                w.line("last[0] = 1 if cuda.atomic.add(done, task, 1) == n_split - 1 else 0")
+                w.line(f"last[0] = 1 if cuda.atomic.add(done, task, 1) == {parts} - 1 else 0")
                 w.line("cuda.threadfence()  # the other splits' partial states: read after their counts")
             w.line("cuda.syncthreads()")
             w.line("if last[0] == 1:")
@@ -343,7 +361,8 @@ class AttentionKernelWriter(CudaKernelSource):
                     w.line("e = item - row * n_value")
                     w.line("flat = (task // n_qb) * n_rows + i0 + row")
                     spelling = MergeSpelling(
-                        count="n_split",
+                        count="own_first + own_parts" if own else "n_split",
+                        first="own_first" if own else None,
                         m="part_m[{s}, flat]",
                         l="part_l[{s}, flat]",
                         o="part_o[{s}, flat, {e}]",

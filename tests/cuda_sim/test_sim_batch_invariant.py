@@ -1,0 +1,43 @@
+"""``batch_invariant=True`` on the CUDA backend: a sequence's output bits are those it gets alone, in a
+plain call, a decoder step and a paged decoder step, in batches of 1, 3 and 17 ragged sequences, over
+other page layouts; the key splits at fixed positions, whatever the launch's size."""
+
+from __future__ import annotations
+
+import pytest
+
+import attncomp as ac
+from tests.cuda_sim.helpers import host
+from tests.e2e.batch_invariance import causal_gqa, decoder_steps, differing, paged_steps, plain_calls, ragged_gqa
+
+#: key blocks of 8, so that parts of the fixed key split (8 blocks: 64 keys) come at small sizes
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination,canonicalize,cse,dce"
+#: keys of the sequence: three parts
+KEYS = 150
+
+
+def compiled(spec, **constants):
+    return ac.compile(spec, backend="cuda", pipeline=PIPELINE, batch_invariant=True, **constants)
+
+
+def test_the_split_is_at_fixed_positions_whatever_the_launch():
+    fn = compiled(ragged_gqa)
+    assert "key_split = 64" in fn.ir()
+    kernels = fn.compilation.program.attention[0]
+    for blocks in (1, 3, 17, 10_000):  # a launch that fills the GPU splits all the same
+        assert kernels.split_for(blocks, KEYS, 64, 8) == 3
+    assert kernels.split_for(1, 64, 64, 8) == 1
+
+
+@pytest.mark.parametrize("rows", [1, 6], ids=["one-row", "six-rows"])
+def test_plain_calls(rows):
+    assert differing(plain_calls(compiled(ragged_gqa), host, rows, KEYS)) == []
+
+
+def test_decoder_steps():
+    assert differing(decoder_steps(compiled(causal_gqa), host, KEYS)) == []
+
+
+def test_paged_decoder_steps():
+    seen = paged_steps(compiled(causal_gqa, n_rep=4), host, KEYS, page_size=4, steps=3)
+    assert differing(seen) == []
