@@ -102,7 +102,7 @@ def worker(rank: int, world: int, port: int, shape: tuple[int, ...], pipe) -> No
 def ring_table(length: int, repeats: int) -> list[str]:
     import multiprocessing as mp
 
-    from tests.distributed.cp_worker import free_port
+    from tests.context_parallel.cp_worker import free_port
 
     shape = (1, 4, length, 64)
     context = mp.get_context("spawn")

@@ -28,6 +28,9 @@ import attncomp.distributed as acd
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_tiny_lm.py sits next to this file
 import train_tiny_lm as tiny  # noqa: E402
 
+#: the attention every rank runs: causal ALiBi with soft-capped scores and learnt slopes
+alibi_softcap = tiny.alibi_softcap
+
 
 def batches(seed: int, batch: int, half: int, vocab: int):
     """Copy-task sequences of ``2 * half + 1`` tokens: inputs, next-token targets, the loss weights."""
@@ -62,7 +65,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    fn = ac.compile(tiny.alibi_softcap, backend="cpu")
+    fn = ac.compile(alibi_softcap, backend="cpu")
     vocab, length = 16, 2 * options.half
     q = np.broadcast_to(np.zeros((), np.float32), (options.batch, 2, length, 16))
     layout = acd.balance(fn, world, q, q, q, np.zeros(2, np.float32))  # shapes only: no captured values matter

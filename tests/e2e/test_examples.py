@@ -142,6 +142,14 @@ CASES: dict[str, list[Case]] = {
             constants={"max_distance": 8},
         )
     ],
+    "context_parallel": [
+        Case(
+            "context_parallel",
+            "alibi_softcap",
+            make("train_tiny_lm", **SQUARE),
+            reference("train_tiny_lm"),
+        )
+    ],
     "mla": [
         Case("mla", "mla_prefill", make("mla", T=80, S=80)),
         Case("mla", "mla_absorbed_decode", make("mla", T=3, S=70, decode=True), label="3 new tokens"),

@@ -2,7 +2,7 @@
 
 NCCL needs a GPU per rank, so one GPU runs a group of one: the ring makes no step, but every
 other piece runs on the device as it would on many, through the same code as on the CPU's gloo
-tests (tests/distributed): the agreement's all-gather over NCCL, the chunk-pair parts compiled
+tests (tests/context_parallel): the agreement's all-gather over NCCL, the chunk-pair parts compiled
 for cuda and called on CUDA tensors with their offsets, the log-sum-exp merges, the backward's
 parts and the captured tensors' all-reduce.
 """

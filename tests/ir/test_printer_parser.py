@@ -204,12 +204,12 @@ def test_duplicate_argument():
 
 def test_bad_element_type():
     text = SMALL_IR.replace("%k: tensor<S x D x f32>", "%k: tensor<S x D x f33>")
-    assert_parse_error(text, "f33", "expected an element type (f16, bf16, f32, f64, i32, i64, i1)")
+    assert_parse_error(text, "f33", "expected an element type (f16, bf16, f32, f64, i32, i64, i1, f8e4m3, f8e5m2)")
 
 
 def test_type_without_element_type():
     text = SMALL_IR.replace("%k: tensor<S x D x f32>", "%k: tensor<S x D>")
-    assert_parse_error(text, "D>", "expected an element type (f16, bf16, f32, f64, i32, i64, i1)")
+    assert_parse_error(text, "D>", "expected an element type (f16, bf16, f32, f64, i32, i64, i1, f8e4m3, f8e5m2)")
 
 
 def test_misspelled_tensor_type():

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.distributed.cases import CASES, build
+from tests.context_parallel.cases import CASES, build
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():
@@ -28,7 +28,7 @@ FOUR = ["causal", "documents", "alibi", "window"]
 
 def launch(world: int, cases: list[str], out: str) -> None:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), ATTNCOMP_QUIET="1")
-    command = [sys.executable, "-m", "tests.distributed.cp_worker", "--world", str(world), "--out", out]
+    command = [sys.executable, "-m", "tests.context_parallel.cp_worker", "--world", str(world), "--out", out]
     done = subprocess.run(
         [*command, "--cases", ",".join(cases)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
@@ -117,7 +117,7 @@ def test_a_missing_peer_times_out_instead_of_hanging(runs):
 
 def test_specs_that_compute_projections_are_refused_before_any_collective():
     import attncomp as ac
-    from tests.distributed.cases import projected
+    from tests.context_parallel.cases import projected
 
     fn = ac.compile(projected, backend="cpu")
     with pytest.raises(ValueError, match="computes q"):
@@ -151,7 +151,7 @@ def test_layout_shards_and_unshards_numpy_and_torch():
 
 def test_specs_that_mix_positions_are_refused_by_name():
     import attncomp as ac
-    from tests.distributed.cases import centred_keys
+    from tests.context_parallel.cases import centred_keys
 
     fn = ac.compile(centred_keys, backend="cpu")
     with pytest.raises(ac.PipelineError, match=r"ac\.reduce .* reduces over the axis T"):

@@ -1,6 +1,6 @@
 """Context-parallel cases run on ``world`` gloo processes; each rank saves its shards' results.
 
-    python -m tests.distributed.cp_worker --world 2 --out DIR [--cases causal,window]
+    python -m tests.context_parallel.cp_worker --world 2 --out DIR [--cases causal,window]
 
 Every rank builds the same whole inputs (one seed), shards them with the balanced layout,
 calls the context-parallel function, back-propagates its shard of a fixed cotangent and
@@ -17,7 +17,7 @@ import socket
 
 import numpy as np
 
-from tests.distributed.cases import CASES, build
+from tests.context_parallel.cases import CASES, build
 
 
 def free_port() -> int:
@@ -74,7 +74,7 @@ def main(rank: int, world: int, port: int, out: str, cases: list[str]) -> None:
     try:
         for name in cases:
             if name.startswith("error-"):
-                from tests.distributed.cases import run_error_case
+                from tests.context_parallel.cases import run_error_case
 
                 run_error_case(name, world, rank, out)
             else:
