@@ -28,11 +28,8 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 import attncomp as ac  # noqa: E402
 import attncomp.distributed as acd  # noqa: E402
 from attncomp.distributed.layout import Layout  # noqa: E402
+from attncomp.distributed.spec import standin  # noqa: E402
 from benchmarks import specs  # noqa: E402
-
-
-def standin(shape: tuple[int, ...]) -> np.ndarray:
-    return np.broadcast_to(np.zeros((), np.float32), shape)
 
 
 def packed_documents(rng: np.random.Generator, length: int, documents: int) -> np.ndarray:
@@ -47,7 +44,7 @@ def balance_table(length: int = 65536, world: int = 8) -> list[str]:
 
     fn = ac.compile(specs.causal, backend="cpu")
     block = next(p.block_q for p in fn.compilation.passes if p.name == "flash-tiling")
-    q = standin((1, 1, length, 64))
+    q = standin((1, 1, length, 64), "f32")
     rows = ["| mask | layout | chunks per rank | live-tile imbalance |", "|---|---|---:|---:|"]
     start = time.perf_counter()
     dealt = acd.balance(fn, world, q, q, q, block=block)
