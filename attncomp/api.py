@@ -250,7 +250,7 @@ class CompiledFunction:
 
         Imported here, not at the top, so that ``import attncomp`` never loads torch (an optional extra).
         """
-        from attncomp.torch_op import to_torch
+        from attncomp.torch import to_torch
 
         return to_torch(self)
 

@@ -26,7 +26,6 @@ from attncomp.backends.base import Program
 from attncomp.backends.notice import compile_notice
 from attncomp.ir.binding import Binder
 from attncomp.ir.core import Func, Module
-from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.ir.verifier import verify_module
 from attncomp.passes.base import Pass
 from attncomp.passes.manager import Stage, backend_pipeline, default_pipeline, run_pipeline
@@ -111,9 +110,10 @@ class Compilation:
             with compile_notice(self.name, self.backend, self.first_call()):
                 return program.run(self.func, args, self.constraints, sizes)
         if program.runs_host_arrays:  # arguments of a key seen before are bound by their key alone
-            arrays, env = self.binding().bind(args, sizes)
+            binder = self.binder if self.binder is not None else self.binding()
+            arrays, env = binder.bind(args, sizes)
             outputs = program.run_bound(arrays, env)
-            return [np.asarray(o, dtype=NUMPY_DTYPES[v.type.dtype]) for o, v in zip(outputs, self.func.results)]
+            return [np.asarray(o, dtype=t) for o, t in zip(outputs, binder.result_dtypes)]
         return program.run(self.func, args, self.constraints, sizes)
 
     def run_shaped(self, arrays: Sequence[Any], sizes: dict[str, int]) -> list[Any]:

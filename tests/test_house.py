@@ -10,6 +10,8 @@
 - The README, the docs and the docstrings point only to files that exist.
 - No file of the CUDA backend (``attncomp/backends/numba_cuda/``, its rooms included) is over
   ``CUDA_BACKEND_LINES`` lines: a file that grows past it is split along what it holds.
+- The torch package (``attncomp/torch/``) asks the ``Program``, never the backend's name, and imports
+  no backend; a private torch name is read only where docs/architecture.md lists it, with why.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ LAYERS = {
     "chunked": 5,
     "distributed": 5,
     "serving": 5,
-    "torch_op": 5,
-    "torch_eager": 5,
+    "torch": 5,
     "api": 6,
     "plot": 6,
     "attncomp": 7,
@@ -225,3 +226,120 @@ def test_cuda_backend_files_stay_small():
         if (n := len(path.read_text().splitlines())) > CUDA_BACKEND_LINES
     ]
     assert not long, f"split these (over {CUDA_BACKEND_LINES} lines):\n" + "\n".join(long)
+
+
+# the torch package -----------------------------------------------------------------------------
+TORCH_PACKAGE = PACKAGE / "torch"
+
+
+def asks_backend_name(node: ast.AST) -> bool:
+    """Whether ``node`` is a backend's name: ``x.backend`` or a variable ``backend``."""
+    return (isinstance(node, ast.Attribute) and node.attr == "backend") or (
+        isinstance(node, ast.Name) and node.id == "backend"
+    )
+
+
+def test_the_torch_package_never_asks_the_backend_name():
+    """``attncomp/torch/`` asks the ``Program`` (``device_type``, ``on_stream``, ``bf16_patterns``), never
+    which backend it has: no comparison or lookup by the backend's name (a message may say it), no
+    import of a backend's package."""
+    wrong = []
+    for path in sorted(TORCH_PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(asks_backend_name(n) for n in (node.left, *node.comparators)):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Subscript) and asks_backend_name(node.slice):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".get"):
+                if any(asks_backend_name(a) for a in node.args):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        for line, target in imported_modules(tree):
+            if backend_of(target) is not None:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert not wrong, "the torch package asks which backend it has (ask the Program):\n" + "\n".join(wrong)
+
+
+TORCH_NAME = re.compile(r"^torch(\.\w+)+$")
+
+
+def is_private_torch_name(name: str) -> bool:
+    return bool(TORCH_NAME.match(name)) and any(
+        part.startswith("_") and not part.startswith("__") for part in name.split(".")
+    )
+
+
+def private_torch_names(tree: ast.Module) -> set[str]:
+    """The private torch names a module reads: ``torch._x`` attributes and imports, module paths given as
+    strings, and (module, name) pairs or ``getattr(import_module(module), name)`` looked up by name."""
+    found: set[str] = set()
+    paired: set[int] = set()
+
+    def text(node: ast.AST) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    for node in ast.walk(tree):
+        pair = None
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            pair = node.elts
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) >= 2:
+            inner = node.args[0]
+            if isinstance(inner, ast.Call) and ast.unparse(inner.func).endswith("import_module") and inner.args:
+                pair = [inner.args[0], node.args[1]]
+        if pair is not None and text(pair[0]) and TORCH_NAME.match(text(pair[0])) and text(pair[1]):
+            name = f"{text(pair[0])}.{text(pair[1])}"
+            if is_private_torch_name(name):
+                found.add(name)
+                paired.add(id(pair[0]))
+        if isinstance(node, ast.Attribute) and is_private_torch_name(ast.unparse(node)):
+            found.add(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom) and is_private_torch_name(node.module or ""):
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if is_private_torch_name(a.name)}
+    for node in ast.walk(tree):  # module paths given alone
+        if id(node) not in paired and text(node) and is_private_torch_name(text(node)):
+            found.add(text(node))
+    # an attribute chain counts once, at its longest
+    return {n for n in found if not any(other.startswith(n + ".") for other in found)}
+
+
+def listed_private_torch_names() -> set[str]:
+    """The names in the table under "Private torch names" in docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("### Private torch names", 1)[1].split("\n#", 1)[0]
+    return {m for m in re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)}
+
+
+def test_private_torch_names_are_listed_with_their_reason():
+    """A private torch name is read only where torch offers no public one, and each is listed, with
+    why, in docs/architecture.md; a name listed there is one still read."""
+    found = {}
+    for path in sources():
+        for name in private_torch_names(ast.parse(path.read_text())):
+            found.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    listed = listed_private_torch_names()
+    unlisted = {name: paths for name, paths in found.items() if name not in listed}
+    assert not unlisted, f"list these in docs/architecture.md (Private torch names), or use a public name: {unlisted}"
+    assert listed <= set(found), f"docs/architecture.md lists names no longer read: {sorted(listed - set(found))}"
+
+
+def test_private_torch_names_are_found():
+    """The search above finds each form a name may take (so the listing check can fail)."""
+    source = """
+import torch._dynamo
+from torch.utils._python_dispatch import TorchDispatchMode
+x = torch._C._foo()
+CHECKS = (("torch._C", "_bar"),)
+y = getattr(importlib.import_module("torch._C"), "_baz", None)
+z = importlib.import_module("torch._inductor")
+w = torch.cuda.current_stream()
+"""
+    assert private_torch_names(ast.parse(source)) == {
+        "torch._dynamo",
+        "torch.utils._python_dispatch.TorchDispatchMode",
+        "torch._C._foo",
+        "torch._C._bar",
+        "torch._C._baz",
+        "torch._inductor",
+    }

@@ -12,6 +12,10 @@ the paged decoder, chunked runs, the torch op) use this interface only:
 - Storage: where a decoder's cache and a paged pool live (``zeros``,
   ``shape_view``, ``outputs_for``, ``page_storage``), host memory unless
   the backend keeps them on a device.
+- Memory another library hands over (the torch op, ``attncomp/torch/``): which device's
+  memory the kernels read in place (``device_type``), the stream a call is enqueued on
+  (``on_stream``), and bf16 memory as its 16-bit patterns (``bf16_patterns``,
+  ``bf16_patterns_of``).
 
 ``Program`` implements the host-storage defaults; a backend overrides what
 differs.  A new backend is a package with ``build(module) -> Program``
@@ -20,6 +24,7 @@ named in ``attncomp.backends.BUILDERS``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +34,9 @@ from attncomp.backends.host_pages import HostPages
 from attncomp.ir.binding import as_array, bind_arguments
 from attncomp.ir.core import Func
 from attncomp.ir.types import NUMPY_DTYPES
+
+#: numpy's bfloat16 (ml_dtypes')
+BF16 = np.dtype(NUMPY_DTYPES["bf16"])
 
 
 class Program:
@@ -48,6 +56,10 @@ class Program:
     #: argument positions whose bf16 values the device keeps in 16 bits: a caller with bf16 device
     #: memory for one passes its 16-bit patterns (``numba_cuda.host.arrays.Bf16Bits``), not a widened copy
     bf16_bits: frozenset[int] = frozenset()
+    #: the device whose memory the kernels read in place, as PyTorch and DLPack name device types:
+    #: "cpu" for host memory (numpy arrays; CPU tensors through numpy views), else the device's
+    #: (its arrays given through ``__cuda_array_interface__`` for "cuda")
+    device_type: str = "cpu"
 
     # running ---------------------------------------------------------------------------
     def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
@@ -97,6 +109,27 @@ class Program:
     def page_storage(self) -> Any:
         """Where a paged decoder's pool keeps its pages (host memory, or a device's)."""
         return HostPages()
+
+    # memory another library hands over ---------------------------------------------------
+    def on_stream(self, handle: int) -> contextlib.AbstractContextManager[Any]:
+        """A context in which every launch, allocation and copy of a call is enqueued on the device
+        stream whose raw handle is ``handle`` (another library's, such as PyTorch's current stream),
+        so the call orders with that library's work without synchronising.  Host programs run
+        in the caller's thread, in order: nothing to do."""
+        return contextlib.nullcontext()
+
+    def bf16_patterns(self, bits: Any) -> Any:
+        """bf16 memory given as its 16-bit patterns (``bits``: a 16-bit integer array where the kernels
+        read it), as :meth:`run` takes an argument in ``bf16_bits``: on the host, the bf16 array
+        viewing the same memory."""
+        return np.asarray(bits).view(BF16)
+
+    def bf16_patterns_of(self, result: Any) -> Any | None:
+        """The 16-bit patterns (an integer array of the same memory) of a bf16 result :meth:`run` gave,
+        None for a result of any other type."""
+        if isinstance(result, np.ndarray) and result.dtype == BF16:
+            return result.view(np.uint16)
+        return None
 
     # inspection ------------------------------------------------------------------------
     @property

@@ -5,23 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from attncomp.compilation import Compilation
 
 
 def run_part(torch: Any, compiled: Compilation, tensors: Sequence[Any], sizes: dict[str, int]) -> list[Any]:
-    """``compiled``'s results on ``tensors`` (on the backend's device), ``sizes`` binding the
-    offsets and whole sizes no argument carries."""
-    if compiled.backend == "cuda":
-        from attncomp.torch_op import run_cuda
+    """``compiled``'s results on ``tensors`` (where its program reads them), ``sizes`` binding the
+    offsets and whole sizes no argument carries: CPU tensors as numpy views, device tensors in place
+    on PyTorch's current stream (``attncomp/torch/tensors.py``)."""
+    from attncomp.torch.tensors import run_tensors
 
-        inputs = [t.detach().contiguous() for t in tensors]
-        return run_cuda(torch, compiled, inputs, sizes)
-    from attncomp.torch_eager import from_numpy, numpy_views
-
-    outputs = compiled.run(numpy_views(torch, tensors, True), sizes)
-    return [from_numpy(torch, np.ascontiguousarray(o)) for o in outputs]
+    return run_tensors(torch, compiled, tensors, sizes)
 
 
 def merge(torch: Any, acc: tuple[Any, Any] | None, part: tuple[Any, Any]) -> tuple[Any, Any]:

@@ -157,13 +157,17 @@ class Binder:
         #: every size name the arguments' shapes mention: a caller's size outside them (a decoder's
         #: cached length) binds nothing of theirs, so arguments seen before keep their key
         self.shape_names = {s for a in spec for d in a.type.shape for s in d.symbols()}
+        #: the results' element types: what a call gives its outputs as
+        self.result_dtypes = [np.dtype(NUMPY_DTYPES[v.type.dtype]) for v in func.results]
 
     def bind(self, args: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[list[Any], dict[str, int]]:
         """``bind_arguments(func, args, constraints, sizes)``, quickly for a key seen before."""
         key = None
-        if all(type(x) is np.ndarray for x in args):
+        if all([type(x) is np.ndarray for x in args]):
             own = sizes and not self.shape_names.isdisjoint(sizes)  # sizes that shapes must agree with
-            key = (*((x.dtype, x.shape, x.strides) for x in args), *(sorted(sizes.items()) if own else ()))
+            key = tuple([(x.dtype, x.shape, x.strides) for x in args])
+            if own:
+                key = (*key, *sorted(sizes.items()))
             env = self.seen.get(key)
             if env is not None:
                 env = {**env, **sizes} if sizes and not own else dict(env)

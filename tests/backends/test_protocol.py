@@ -26,6 +26,27 @@ def test_the_cuda_build_is_a_program_with_device_storage():
     pytest.importorskip("numba_cuda")
     program = build("cuda", ac.compile(specs.causal, backend="interp").module)
     assert isinstance(program, Program) and program.backend == "cuda" and program.cache_on_device
+    assert program.device_type == "cuda"  # where the torch op's tensors must be: read in place
+    assert program.bf16_patterns_of(np.zeros(2, np.float32)) is None
+
+
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_host_programs_take_memory_handed_over_as_host_arrays(backend):
+    """What the torch op asks a program: host memory, no stream to order with, bf16 as 16-bit views."""
+    import ml_dtypes
+
+    program = ac.compile(specs.causal, backend=backend).compilation.program
+    assert program.device_type == "cpu"
+    with program.on_stream(0):
+        pass
+    values = np.array([1.5, -2.0, 0.0], dtype=ml_dtypes.bfloat16)
+    bits = values.view(np.int16)
+    viewed = program.bf16_patterns(bits)
+    assert viewed.dtype == ml_dtypes.bfloat16 and np.shares_memory(viewed, bits)
+    np.testing.assert_array_equal(viewed, values)
+    patterns = program.bf16_patterns_of(values)
+    assert patterns.itemsize == 2 and np.shares_memory(patterns, values)
+    assert program.bf16_patterns_of(np.zeros(2, np.float32)) is None
 
 
 def test_unknown_backends_are_refused_by_name():

@@ -107,3 +107,23 @@ def test_bf16_given_as_int16_launches_the_uint16_signature(launches):
     out = fn(*(Bf16Bits(cuda.to_device(a.view(np.int16))) for a in arrays))
     assert isinstance(out, Bf16Bits)
     assert _check(launches, fn.compilation.program.kernels(16, 16)) == 1
+
+
+def test_bf16_patterns_go_in_and_come_out_through_the_program():
+    """What the torch op does with bf16 CUDA tensors, through the ``Program`` alone: 16-bit device
+    memory in (``bf16_patterns``), the result's patterns out (``bf16_patterns_of``), equal to a call
+    on the same values from the host."""
+    import ml_dtypes
+    from numba import cuda
+
+    from tests.cuda_sim.helpers import retyped
+
+    fn = ac.compile(retyped(load_example("causal").causal, "bf16"), backend="cuda", pipeline=PIPELINE)
+    program = fn.compilation.program
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((1, 1, 16, 16)).astype(ml_dtypes.bfloat16) for _ in range(3)]
+    (out,) = fn.compilation.run([program.bf16_patterns(cuda.to_device(a.view(np.int16))) for a in arrays])
+    patterns = program.bf16_patterns_of(out)
+    assert patterns is not None and patterns.dtype.itemsize == 2
+    got = np.asarray(patterns.copy_to_host()).view(np.uint16).view(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got, fn(*arrays))

@@ -22,8 +22,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'attncomp[torch]'")
 
 import attncomp as ac  # noqa: E402
-from attncomp import torch_op  # noqa: E402
 from attncomp.testing import relative_error  # noqa: E402
+from attncomp.torch.op import op_name  # noqa: E402
+from attncomp.torch.plan import Plan  # noqa: E402
+from attncomp.torch.tensors import check_device  # noqa: E402
 from examples.alibi import alibi_slopes, causal_alibi  # noqa: E402
 from examples.lse import key_padding_with_lse  # noqa: E402
 
@@ -177,11 +179,9 @@ def test_cpu_tensors_are_passed_as_views(alibi_fn, alibi, monkeypatch):
 
     The backward then runs from the saved residuals, not by running the forward again.
     """
-    from attncomp.torch_eager import EagerPlan
-
     calls = []
     saving = alibi_fn.forward_saving.compilation  # the compilation the op runs
-    execute = EagerPlan.execute  # every eager run on the cpu (checked or by sizes seen before)
+    execute = Plan.execute  # every run on the cpu
 
     def recording_execute(self, compiled, arrays):
         outputs = execute(self, compiled, arrays)
@@ -189,7 +189,7 @@ def test_cpu_tensors_are_passed_as_views(alibi_fn, alibi, monkeypatch):
             calls.append((arrays, outputs))
         return outputs
 
-    monkeypatch.setattr(EagerPlan, "execute", recording_execute)
+    monkeypatch.setattr(Plan, "execute", recording_execute)
     inputs = alibi_inputs(requires_grad=True)
     out = alibi(*inputs)
     assert len(calls) == 1, "one forward run"
@@ -326,15 +326,18 @@ def test_wrong_size_is_the_numpy_shape_error(alibi_fn, alibi):
 
 
 def test_device_checks():
-    torch_op.check_device("q", torch.device("cpu"), "cpu")
-    torch_op.check_device("q", torch.device("cuda", 0), "cuda")
-    torch_op.check_device("q", torch.device("meta"), "cpu", allow_meta=True)
-    with pytest.raises(ValueError, match=r"^q: a cuda tensor, but this function runs on the 'cpu' backend"):
-        torch_op.check_device("q", torch.device("cuda", 0), "cpu")
+    """Tensors must be where the program reads them (``Program.device_type``), whatever the backend."""
+    host = ac.compile(causal_lse_f64, backend="interp").compilation.program
+    device = ac.compile(causal_lse_f64, backend="cuda").compilation.program  # built, never run here
+    check_device("q", torch.device("cpu"), host)
+    check_device("q", torch.device("cuda", 0), device)
+    check_device("q", torch.device("meta"), host, allow_meta=True)
+    with pytest.raises(ValueError, match=r"^q: a cuda tensor, but this function runs on the 'interp' backend"):
+        check_device("q", torch.device("cuda", 0), host)
     with pytest.raises(ValueError, match=r"^v: a cpu tensor, but this function runs on the 'cuda' backend"):
-        torch_op.check_device("v", torch.device("cpu"), "cuda")
+        check_device("v", torch.device("cpu"), device)
     with pytest.raises(ValueError, match=r"^k: a meta tensor"):
-        torch_op.check_device("k", torch.device("meta"), "interp")
+        check_device("k", torch.device("meta"), host)
 
 
 def test_meta_tensors_give_shapes_without_running(alibi):
@@ -345,14 +348,14 @@ def test_meta_tensors_give_shapes_without_running(alibi):
 
 # names and the optional dependency -----------------------------------------------------------------
 def test_op_names_are_stable_and_unique(alibi_fn, alibi):
-    assert alibi.name == torch_op.op_name(alibi_fn)
+    assert alibi.name == op_name(alibi_fn)
     assert alibi.name.startswith("causal_alibi_") and str(alibi.op._qualname).startswith("attncomp::")
     assert alibi_fn.to_torch() is alibi
     same = ac.compile(causal_alibi, backend="interp", window=WINDOW)
-    assert torch_op.op_name(same) == torch_op.op_name(ac.compile(causal_alibi, backend="interp", window=WINDOW))
+    assert op_name(same) == op_name(ac.compile(causal_alibi, backend="interp", window=WINDOW))
     others = {
-        torch_op.op_name(same),
-        torch_op.op_name(ac.compile(causal_alibi, backend="interp", window=WINDOW + 1)),
+        op_name(same),
+        op_name(ac.compile(causal_alibi, backend="interp", window=WINDOW + 1)),
         alibi.name,
     }
     assert len(others) == 3, "backends and constants give different ops"
@@ -360,6 +363,13 @@ def test_op_names_are_stable_and_unique(alibi_fn, alibi):
 
 def test_import_attncomp_does_not_import_torch():
     code = "import attncomp, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    # nor does the torch package itself, and inside it `import torch` is PyTorch, not the package
+    code = (
+        "import sys, attncomp.torch, attncomp.distributed; assert 'torch' not in sys.modules, 'torch was imported'; "
+        "from attncomp.torch.op import require_torch; torch = require_torch(); "
+        "assert torch is sys.modules['torch'] and hasattr(torch, 'library') and torch.__name__ == 'torch', torch"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -11,8 +11,8 @@ from tests.passes import specs
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'attncomp[torch]'")
 
-from attncomp import torch_op  # noqa: E402
-from attncomp.torch_eager import EagerPlan  # noqa: E402
+from attncomp.torch.eager import eager_dtypes  # noqa: E402
+from attncomp.torch.plan import Plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +29,11 @@ def tensors(T=6, requires_grad=False, dtype=torch.float32, seed=0):
 
 def test_eager_calls_take_the_short_path_and_agree_with_the_op(op):
     args = tensors()
-    assert torch_op.eager_dtypes(torch, args, "cpu") == tuple(t.dtype for t in args)
-    assert torch_op.eager_dtypes(torch, [t.to("meta") for t in args], "cpu") is None  # fake functions: the op
-    assert torch_op.eager_dtypes(torch, args, "cuda") is None  # another device: the op, whose checks name it
+    assert eager_dtypes(torch, args, "cpu") == tuple(t.dtype for t in args)
+    assert eager_dtypes(torch, [t.to("meta") for t in args], "cpu") is None  # fake functions: the op
+    assert eager_dtypes(torch, args, "cuda") is None  # another device: the op, whose checks name it
     parameters = [torch.nn.Parameter(t) for t in args]  # a module's weights: plain tensors for the op
-    assert torch_op.eager_dtypes(torch, parameters, "cpu") == tuple(t.dtype for t in args)
+    assert eager_dtypes(torch, parameters, "cpu") == tuple(t.dtype for t in args)
     np.testing.assert_array_equal(op(*args).numpy(), op.op(*args)[0].numpy())
 
 
@@ -44,14 +44,39 @@ def test_eager_gradients_equal_the_registered_autograd(op):
     op.op(*dispatched)[0].backward(cotangent)
     for a, b in zip(eager, dispatched):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-6, atol=1e-7)
-    for call, message in ((op, "no second derivative"), (lambda *args: op.op(*args)[0], "no autograd formula")):
-        # no second derivative, on either path: an error where one is taken, even when the cotangent
-        # (of out.sum()) needs no gradient, never a gradient penalty silently dropped
+    for call in (op, lambda *args: op.op(*args)[0]):
+        # no second derivative, on either path (one autograd): an error where one is taken, even when
+        # the cotangent (of out.sum()) needs no gradient, never a gradient penalty silently dropped
         args = tensors(requires_grad=True)
         out = call(*args)
         (grad,) = torch.autograd.grad(out.sum(), args[0], create_graph=True)
-        with pytest.raises(RuntimeError, match=message):
+        with pytest.raises(RuntimeError, match="no second derivative"):
             (out.sum() + grad.pow(2).sum()).backward()
+
+
+def test_a_backward_under_a_dispatch_mode_runs_the_registered_backward_op(op):
+    """The backward takes the call's rule: under a mode that watches ops it goes through the registered
+    backward op (which the mode sees), with the gradients of the eager backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recording(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    cotangent = torch.randn((1, 2, 6, 8), generator=torch.Generator().manual_seed(4))
+    eager, watched = tensors(requires_grad=True), tensors(requires_grad=True)
+    op(*eager).backward(cotangent)
+    out = op(*watched)  # the eager forward
+    with Recording() as mode:
+        out.backward(cotangent)
+    assert any(name.startswith(f"attncomp.{op.name}_backward") for name in mode.seen), mode.seen
+    for a, b in zip(eager, watched):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_repeated_gradient_calls_reuse_their_sizes_and_keep_the_inplace_check(op):
@@ -144,7 +169,7 @@ def test_bad_tensors_after_good_calls_get_the_same_errors(op):
     with pytest.raises(ShapeError, match="k"):
         op(q, k[:, :1], v, slopes)
     with pytest.raises(ValueError, match="q: a meta tensor"):
-        op.run_tensors(op.fn.compilation, [q.to("meta"), k, v, slopes])
+        op.forward_impl(q.to("meta"), k, v, slopes)
     np.testing.assert_allclose(op(*tensors(T=9)).shape, (1, 2, 9, 8))  # a new shape after the errors
 
 
@@ -155,13 +180,13 @@ def test_eager_gradients_of_strided_inputs_and_a_broadcast_cotangent(op, monkeyp
     x = torch.randn((1, 6, 2, 8), generator=torch.Generator().manual_seed(5), requires_grad=True)
     strided = [x.transpose(1, 2), *base[1:]]  # q as a transposed view
     runs = []
-    execute = EagerPlan.execute  # every eager run on the cpu (checked or by sizes seen before)
+    execute = Plan.execute  # every run on the cpu
 
     def recording_execute(self, compiled, arrays):
         runs.append((compiled.name, list(arrays)))
         return execute(self, compiled, arrays)
 
-    monkeypatch.setattr(EagerPlan, "execute", recording_execute)
+    monkeypatch.setattr(Plan, "execute", recording_execute)
     op(*strided).sum().backward()
     monkeypatch.undo()
     (name, forward_args), (backward_name, backward_args) = runs
@@ -195,7 +220,7 @@ def test_a_result_returned_twice_takes_both_cotangents_once_each():
             a, b = twice(*args)
         else:
             outputs = twice.op(*args)
-            a, b = (outputs[slot] for slot in twice.result_slots)
+            a, b = (outputs[slot] for slot in twice.slots.result_slots)
         assert a.data_ptr() == b.data_ptr()  # one value, one tensor
         ((a * weights[0]).sum() + (b * weights[1]).sum()).backward()
         _, pullback = fn.vjp(*(t.detach().numpy() for t in args))

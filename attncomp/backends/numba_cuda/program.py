@@ -6,6 +6,7 @@ host helpers it calls (``host/``) are imported on use, so that this module loads
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -151,6 +152,35 @@ class CudaFunction(Program):
         from attncomp.backends.numba_cuda.host import arrays
 
         return arrays.is_device(x)
+
+    # memory PyTorch (or another library) hands over --------------------------------------
+    #: CUDA memory is read in place, through ``__cuda_array_interface__``
+    device_type = "cuda"
+
+    def on_stream(self, handle: int) -> contextlib.AbstractContextManager[Any]:
+        """Every launch, allocation and copy of a call inside on the CUDA stream ``handle`` (wrapped as a
+        Numba external stream: ``host.launches.on_stream``)."""
+        from numba import cuda
+
+        from attncomp.backends.numba_cuda.host.launches import on_stream
+
+        return on_stream(cuda.external_stream(handle))
+
+    def bf16_patterns(self, bits: Any) -> Any:
+        """16-bit device memory as bf16 patterns (``host.arrays.Bf16Bits``): kept in 16 bits for the
+        arguments in ``bf16_bits``, widened by a kernel for the others."""
+        from attncomp.backends.numba_cuda.host import arrays
+
+        return arrays.Bf16Bits(bits)
+
+    def bf16_patterns_of(self, result: Any) -> Any | None:
+        """A bf16 result's patterns: the 16-bit device array of a ``Bf16Bits``, the uint16 view of a
+        host one (0-d results come back to the host)."""
+        from attncomp.backends.numba_cuda.host import arrays
+
+        if isinstance(result, arrays.Bf16Bits):
+            return result.bits
+        return super().bf16_patterns_of(result)
 
     def shape_view(self, x: Any, name: str) -> Any:
         """What the shared shape checks read: a stand-in for a device array (no copy), else numpy."""
