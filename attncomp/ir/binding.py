@@ -162,16 +162,21 @@ class Binder:
 
     def bind(self, args: Sequence[Any], sizes: dict[str, int] | None = None) -> tuple[list[Any], dict[str, int]]:
         """``bind_arguments(func, args, constraints, sizes)``, quickly for a key seen before."""
-        key = None
-        if all([type(x) is np.ndarray for x in args]):
-            own = sizes and not self.shape_names.isdisjoint(sizes)  # sizes that shapes must agree with
-            key = tuple([(x.dtype, x.shape, x.strides) for x in args])
+        key: tuple | None = tuple([(x.dtype, x.shape, x.strides) for x in args if type(x) is np.ndarray])
+        if len(key) != len(args):  # not all numpy arrays: no key
+            key = None
+        elif not sizes:
+            env = self.seen.get(key)
+            if env is not None:
+                return list(args), dict(env)
+        else:
+            own = not self.shape_names.isdisjoint(sizes)  # sizes that shapes must agree with
             if own:
                 key = (*key, *sorted(sizes.items()))
             env = self.seen.get(key)
             if env is not None:
-                env = {**env, **sizes} if sizes and not own else dict(env)
-                if not sizes or own or self.fits(env):
+                env = dict(env) if own else {**env, **sizes}
+                if own or self.fits(env):
                     return list(args), env
         arrays, env = self.bind_new(args, sizes)
         if key is not None and len(self.seen) < REMEMBERED_KEYS:

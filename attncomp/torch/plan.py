@@ -128,15 +128,11 @@ class Plan:
         return self
 
     # running ---------------------------------------------------------------------------------------
-    def execute(self, compiled: Compilation, arrays: Sequence[np.ndarray]) -> Sequence[Any]:
-        """``compiled``'s outputs on host ``arrays`` (:func:`numpy_views` of tensors of this plan's dtypes),
-        bound by the compilation's binder (the checked way for a key of element types and shapes not
-        seen before: errors name the argument; a first call compiles)."""
-        return compiled.run(arrays)
-
     def run_arrays(self, compiled: Compilation, arrays: Sequence[np.ndarray], picked: Sequence[int] | None) -> list:
-        """:meth:`execute`'s ``picked`` outputs (all when None), each aliasing no input and no other."""
-        outputs = self.execute(compiled, arrays)
+        """``compiled``'s ``picked`` outputs (all when None) on host ``arrays`` (:func:`numpy_views` of
+        tensors of this plan's dtypes), each aliasing no input and no other.  The compilation's binder
+        binds them (the checked way for a key not seen before: errors name the argument)."""
+        outputs = compiled.run(arrays)
         return owned(outputs if picked is None else [outputs[k] for k in picked], arrays)
 
     def run(

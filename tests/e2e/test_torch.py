@@ -22,9 +22,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'attncomp[torch]'")
 
 import attncomp as ac  # noqa: E402
+from attncomp.compilation import Compilation  # noqa: E402
 from attncomp.testing import relative_error  # noqa: E402
 from attncomp.torch.op import op_name  # noqa: E402
-from attncomp.torch.plan import Plan  # noqa: E402
 from attncomp.torch.tensors import check_device  # noqa: E402
 from examples.alibi import alibi_slopes, causal_alibi  # noqa: E402
 from examples.lse import key_padding_with_lse  # noqa: E402
@@ -181,15 +181,15 @@ def test_cpu_tensors_are_passed_as_views(alibi_fn, alibi, monkeypatch):
     """
     calls = []
     saving = alibi_fn.forward_saving.compilation  # the compilation the op runs
-    execute = Plan.execute  # every run on the cpu
+    run = Compilation.run  # every run on the cpu
 
-    def recording_execute(self, compiled, arrays):
-        outputs = execute(self, compiled, arrays)
-        if compiled is saving:
-            calls.append((arrays, outputs))
+    def recording_run(self, args, sizes=None, exact=False):
+        outputs = run(self, args, sizes, exact)
+        if self is saving:
+            calls.append((args, outputs))
         return outputs
 
-    monkeypatch.setattr(Plan, "execute", recording_execute)
+    monkeypatch.setattr(Compilation, "run", recording_run)
     inputs = alibi_inputs(requires_grad=True)
     out = alibi(*inputs)
     assert len(calls) == 1, "one forward run"

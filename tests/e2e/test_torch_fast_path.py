@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import attncomp as ac
+from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
 from tests.passes import specs
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'attncomp[torch]'")
 
 from attncomp.torch.eager import eager_dtypes  # noqa: E402
-from attncomp.torch.plan import Plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -180,13 +180,13 @@ def test_eager_gradients_of_strided_inputs_and_a_broadcast_cotangent(op, monkeyp
     x = torch.randn((1, 6, 2, 8), generator=torch.Generator().manual_seed(5), requires_grad=True)
     strided = [x.transpose(1, 2), *base[1:]]  # q as a transposed view
     runs = []
-    execute = Plan.execute  # every run on the cpu
+    run = Compilation.run  # every run on the cpu
 
-    def recording_execute(self, compiled, arrays):
-        runs.append((compiled.name, list(arrays)))
-        return execute(self, compiled, arrays)
+    def recording_run(self, args, sizes=None, exact=False):
+        runs.append((self.name, list(args)))
+        return run(self, args, sizes, exact)
 
-    monkeypatch.setattr(Plan, "execute", recording_execute)
+    monkeypatch.setattr(Compilation, "run", recording_run)
     op(*strided).sum().backward()
     monkeypatch.undo()
     (name, forward_args), (backward_name, backward_args) = runs
