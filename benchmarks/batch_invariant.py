@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 
 import attncomp as ac
-from benchmarks import specs
+from benchmarks import results_file, specs
 from benchmarks.timing import paired
 
 H, D = 8, 64
@@ -86,9 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
-    for line in rows(args.quick, args.repeats, args.backend):
-        print(line)
+    with results_file.recorded(args, "benchmarks.batch_invariant", argv):
+        for line in rows(args.quick, args.repeats, args.backend):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 
 import attncomp as ac
-from benchmarks import peers, specs
+from benchmarks import peers, results_file, specs
 from benchmarks.timing import paired
 
 
@@ -91,9 +91,11 @@ def rows(pairs: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=2000)
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
-    for line in rows(args.pairs):
-        print(line)
+    with results_file.recorded(args, "benchmarks.call_overhead", argv):
+        for line in rows(args.pairs):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import attncomp as ac  # noqa: E402
 import attncomp.distributed as acd  # noqa: E402
 from attncomp.distributed.layout import Layout  # noqa: E402
 from attncomp.distributed.spec import standin  # noqa: E402
-from benchmarks import specs  # noqa: E402
+from benchmarks import results_file, specs  # noqa: E402
 
 
 def packed_documents(rng: np.random.Generator, length: int, documents: int) -> np.ndarray:
@@ -156,14 +156,16 @@ def ring_table(length: int, repeats: int) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T = 4096 for the ring")
     parser.add_argument("--repeats", type=int, default=5)
-    options = parser.parse_args()
-    print("\n".join(balance_table()))
-    print()
-    print("\n".join(ring_table(4096 if options.quick else 16384, options.repeats)))
+    results_file.add_option(parser)
+    options = parser.parse_args(argv)
+    with results_file.recorded(options, "benchmarks.context_parallel", argv):
+        print("\n".join(balance_table()))
+        print()
+        print("\n".join(ring_table(4096 if options.quick else 16384, options.repeats)))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
-from benchmarks import call_overhead, peers, specs  # noqa: E402
+from benchmarks import call_overhead, peers, results_file, specs  # noqa: E402
 from benchmarks.float_types import float_type_rows  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
@@ -488,38 +488,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", metavar="PNG")
     parser.add_argument("--skip-processes", action="store_true", help="skip the memory and compile probes")
     parser.add_argument("--serving-only", action="store_true", help="only the paged decoder's rows")
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
-    torch = peers.torch_or_none()
-    print(
-        f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
-        f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
-    )
-    print(peers.blas_kernels())
-    if args.serving_only:
+    with results_file.recorded(args, "benchmarks.cpu", argv):
+        torch = peers.torch_or_none()
+        print(
+            f"attncomp {ac.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
+            f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
+        )
+        print(peers.blas_kernels())
+        if args.serving_only:
+            for line in serving_rows(args.quick, args.repeats):
+                print(line)
+            return
+        rows = attention_cases(args.quick, args.repeats)
+        print_table(rows)
+        for line in backward_rows(args.quick, args.repeats):
+            print(line)
+        for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
+            print(line)
+        for line in float_type_rows(args.quick, args.repeats):
+            print(line)
+        for line in call_overhead.rows(200 if args.quick else 2000):
+            print(line)
         for line in serving_rows(args.quick, args.repeats):
             print(line)
-        return
-    rows = attention_cases(args.quick, args.repeats)
-    print_table(rows)
-    for line in backward_rows(args.quick, args.repeats):
-        print(line)
-    for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
-        print(line)
-    for line in float_type_rows(args.quick, args.repeats):
-        print(line)
-    for line in call_overhead.rows(200 if args.quick else 2000):
-        print(line)
-    for line in serving_rows(args.quick, args.repeats):
-        print(line)
-    from benchmarks import hf_model  # a Hugging Face model's training step (the hf extra)
+        from benchmarks import hf_model  # a Hugging Face model's training step (the hf extra)
 
-    for line in hf_model.rows(args.quick, args.repeats):
-        print(line)
-    if not args.skip_processes:
-        for line in memory_rows(args.quick) + compile_rows():
+        for line in hf_model.rows(args.quick, args.repeats):
             print(line)
-    if args.plot:
-        plot(rows, args.plot)
+        if not args.skip_processes:
+            for line in memory_rows(args.quick) + compile_rows():
+                print(line)
+        if args.plot:
+            plot(rows, args.plot)
 
 
 if __name__ == "__main__":

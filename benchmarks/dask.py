@@ -26,7 +26,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
 from attncomp.chunked import PAIR  # noqa: E402
-from benchmarks import specs  # noqa: E402
+from benchmarks import results_file, specs  # noqa: E402
 from benchmarks.timing import paired  # noqa: E402
 
 
@@ -76,73 +76,74 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="T = 16384, chunks of 4096")
     parser.add_argument("--pairs", type=int, default=3, help="alternating pairs of calls timed")
     parser.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s between workers, for the model")
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
+    with results_file.recorded(args, "benchmarks.dask", argv):
+        import dask.array as da
+        from dask.distributed import Client, LocalCluster, get_task_stream, wait
 
-    import dask.array as da
-    from dask.distributed import Client, LocalCluster, get_task_stream, wait
+        t, chunk = (16384, 4096) if args.quick else (65536, 8192)
+        b, h, d = 1, 8, 64
+        fn = ac.compile(specs.causal, backend="cpu")
+        with (
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                env={"NUMBA_NUM_THREADS": "1"},
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            # made on the workers, so the graph does not carry the data; the plain call gets the same numbers
+            rng = da.random.default_rng(0)
+            lazy = [
+                client.persist(rng.standard_normal((b, h, t, d), chunks=(1, h, chunk, d), dtype=np.float32))
+                for _ in range(3)
+            ]
+            wait(lazy)
+            q, k, v = (x.compute() for x in lazy)
+            out = fn(*lazy)
+            n = -(-t // chunk)
+            tasks = sum(1 for key in dict(out.__dask_graph__()) if isinstance(key, tuple) and key[0].startswith(PAIR))
+            expected = fn(q, k, v)
+            got = out.compute()
+            error = float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
+            dask_s, plain_s, ratio = paired(lambda: out.compute(), lambda: fn(q, k, v), args.pairs)
+            with get_task_stream(client) as stream:
+                out.compute()
+            whole, diagonal = pair_seconds(stream.data)
 
-    t, chunk = (16384, 4096) if args.quick else (65536, 8192)
-    b, h, d = 1, 8, 64
-    fn = ac.compile(specs.causal, backend="cpu")
-    with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            env={"NUMBA_NUM_THREADS": "1"},
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        # made on the workers, so the graph does not carry the data; the plain call gets the same numbers
-        rng = da.random.default_rng(0)
-        lazy = [
-            client.persist(rng.standard_normal((b, h, t, d), chunks=(1, h, chunk, d), dtype=np.float32))
-            for _ in range(3)
-        ]
-        wait(lazy)
-        q, k, v = (x.compute() for x in lazy)
-        out = fn(*lazy)
-        n = -(-t // chunk)
-        tasks = sum(1 for key in dict(out.__dask_graph__()) if isinstance(key, tuple) and key[0].startswith(PAIR))
-        expected = fn(q, k, v)
-        got = out.compute()
-        error = float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
-        dask_s, plain_s, ratio = paired(lambda: out.compute(), lambda: fn(q, k, v), args.pairs)
-        with get_task_stream(client) as stream:
-            out.compute()
-        whole, diagonal = pair_seconds(stream.data)
-
-    per_pair = float(np.median(whole)) if whole else float(np.median(diagonal))
-    chunk_mb = chunk * h * d * 4 / 1e6
-    print(f"causal T = {t}, H = {h}, D = {d}, chunks of {chunk}: relative error {error:.1e}")
-    print()
-    print("| run | seconds | ratio to the plain call |")
-    print("|---|---:|---:|")
-    print(f"| plain call, numpy arrays, 2 threads | {plain_s:.2f} | 1.00 |")
-    print(f"| dask, LocalCluster of 2 single-threaded processes | {dask_s:.2f} | {ratio:.2f} |")
-    print()
-    print(f"attention tasks: {tasks} = n(n+1)/2 for n = {n} chunks, against n^2 = {n * n}")
-    print(
-        f"pair task, one thread: {per_pair:.3f} s off the diagonal, "
-        f"{float(np.median(diagonal)) if diagonal else float('nan'):.3f} s on it; "
-        f"reads 3 chunks of {chunk_mb:.1f} MB, writes a partial output of {chunk_mb:.1f} MB"
-    )
-    print()
-    big = 1 << 20
-    print(f"model: T = {big}, chunks of {chunk}, {args.bandwidth / 1e9:.2f} GB/s between workers")
-    print()
-    print(
-        "| workers | pair tasks | all tasks | compute per worker (s) | block side (chunks) "
-        "| moved per worker (GB) | network (s) | merge depth (across workers) |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for workers in (8, 64, 512):
-        m = model(per_pair, chunk, h, d, big, workers, args.bandwidth)
+        per_pair = float(np.median(whole)) if whole else float(np.median(diagonal))
+        chunk_mb = chunk * h * d * 4 / 1e6
+        print(f"causal T = {t}, H = {h}, D = {d}, chunks of {chunk}: relative error {error:.1e}")
+        print()
+        print("| run | seconds | ratio to the plain call |")
+        print("|---|---:|---:|")
+        print(f"| plain call, numpy arrays, 2 threads | {plain_s:.2f} | 1.00 |")
+        print(f"| dask, LocalCluster of 2 single-threaded processes | {dask_s:.2f} | {ratio:.2f} |")
+        print()
+        print(f"attention tasks: {tasks} = n(n+1)/2 for n = {n} chunks, against n^2 = {n * n}")
         print(
-            f"| {workers} | {m['pairs']} | {m['tasks']} | {m['compute_s']:.0f} | {m['side']:.1f} "
-            f"| {m['moved_gb']:.2f} | {m['network_s']:.1f} | {m['depth']} ({m['cross_depth']}) |"
+            f"pair task, one thread: {per_pair:.3f} s off the diagonal, "
+            f"{float(np.median(diagonal)) if diagonal else float('nan'):.3f} s on it; "
+            f"reads 3 chunks of {chunk_mb:.1f} MB, writes a partial output of {chunk_mb:.1f} MB"
         )
+        print()
+        big = 1 << 20
+        print(f"model: T = {big}, chunks of {chunk}, {args.bandwidth / 1e9:.2f} GB/s between workers")
+        print()
+        print(
+            "| workers | pair tasks | all tasks | compute per worker (s) | block side (chunks) "
+            "| moved per worker (GB) | network (s) | merge depth (across workers) |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for workers in (8, 64, 512):
+            m = model(per_pair, chunk, h, d, big, workers, args.bandwidth)
+            print(
+                f"| {workers} | {m['pairs']} | {m['tasks']} | {m['compute_s']:.0f} | {m['side']:.1f} "
+                f"| {m['moved_gb']:.2f} | {m['network_s']:.1f} | {m['depth']} ({m['cross_depth']}) |"
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
-from benchmarks import peers, specs  # noqa: E402
+from benchmarks import peers, results_file, specs  # noqa: E402
 from benchmarks.timing import paired  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
@@ -130,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--repeats", type=int, default=5)
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
-    print(peers.blas_kernels())
-    for line in float_type_rows(args.quick, args.repeats):
-        print(line)
+    with results_file.recorded(args, "benchmarks.float_types", argv):
+        print(peers.blas_kernels())
+        for line in float_type_rows(args.quick, args.repeats):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
+from benchmarks import results_file
 from benchmarks.peers import torch_or_none  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
 from tests.conftest import load_example  # noqa: E402
@@ -73,18 +74,20 @@ def prefill_row(torch, length: int, repeats: int) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=11)
-    options = parser.parse_args()
-    torch = torch_or_none()
-    if torch is None:
-        raise SystemExit("benchmarks.mla compares with PyTorch's SDPA: pip install torch")
-    print("| case (float32, 2 threads) | attncomp | SDPA | ratio |")
-    print("|---|---:|---:|---:|")
-    print(decode_row(torch, 2048 if options.quick else 8192, options.repeats))
-    print(prefill_row(torch, 512 if options.quick else 2048, max(3, options.repeats // 2)))
+    results_file.add_option(parser)
+    options = parser.parse_args(argv)
+    with results_file.recorded(options, "benchmarks.mla", argv):
+        torch = torch_or_none()
+        if torch is None:
+            raise SystemExit("benchmarks.mla compares with PyTorch's SDPA: pip install torch")
+        print("| case (float32, 2 threads) | attncomp | SDPA | ratio |")
+        print("|---|---:|---:|---:|")
+        print(decode_row(torch, 2048 if options.quick else 8192, options.repeats))
+        print(prefill_row(torch, 512 if options.quick else 2048, max(3, options.repeats // 2)))
 
 
 if __name__ == "__main__":

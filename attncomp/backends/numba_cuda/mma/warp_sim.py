@@ -174,6 +174,8 @@ def _look_at_block(thread, warp: _Warp) -> str | None:
         if other is None:  # not started yet
             continue
         if not other.is_alive():
+            if other.exception:  # its own error, which the simulator may not have reported yet
+                raise RuntimeError(f"lane {lane} of warp {warp.index} raised: {other.exception[0]}")
             raise RuntimeError(f"lane {lane} of warp {warp.index} has exited before a warp instruction")
         if other.syncthreads_blocked:
             return f"lane {lane} of warp {warp.index} waits"
