@@ -152,3 +152,31 @@ def differing(seen: dict[int, list[np.ndarray]]) -> list[str]:
         for s, (a, b) in enumerate(zip(alone, seen[n]))
         if not same_bits(a, b)
     ]
+
+
+def gradient_inputs(rng: np.random.Generator, rows: int, keys: int) -> list[np.ndarray]:
+    """One sequence's q, k, v and a cotangent of its output (batch size 1)."""
+    k, v = tokens(rng, keys)[1:]
+    q, d_out = (rng.standard_normal((1, 2, rows, 8)).astype(np.float32) for _ in range(2))
+    return [q, k, v, d_out]
+
+
+def gradient_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list[np.ndarray]]:
+    """``fn.vjp`` of ``ragged_gqa``: one sequence's output and its dq, dk, dv for one cotangent,
+    alone and at a place in batches of other sequences with random key counts, by batch size."""
+    rng = np.random.default_rng(seed)
+    q, k, v, d_out = gradient_inputs(rng, rows, keys)
+
+    def run(qs, ks, vs, counts, cotangent, at):
+        out, pullback = fn.vjp(qs, ks, vs, counts)
+        return [host(x)[at] for x in (out, *pullback(cotangent)[:3])]
+
+    seen = {0: run(q, k, v, np.array([keys], np.int64), d_out, 0)}
+    for n in BATCHES:
+        at = (5 * n) // 7
+        qs, cot = (rng.standard_normal((n, 2, rows, 8)).astype(np.float32) for _ in range(2))
+        ks, vs = (rng.standard_normal((n, 1, keys, 8)).astype(np.float32) for _ in range(2))
+        counts = rng.integers(1, keys + 1, n)
+        qs[at], ks[at], vs[at], counts[at], cot[at] = q[0], k[0], v[0], keys, d_out[0]
+        seen[n] = run(qs, ks, vs, counts, cot, at)
+    return seen

@@ -7,7 +7,16 @@ import pytest
 
 import attncomp as ac
 from attncomp.passes.flash_tiling import key_split_of
-from tests.e2e.batch_invariance import causal_gqa, decoder_steps, differing, paged_steps, plain_calls, ragged_gqa
+from tests.e2e.batch_invariance import (
+    causal_gqa,
+    decoder_steps,
+    differing,
+    gradient_calls,
+    gradient_inputs,
+    paged_steps,
+    plain_calls,
+    ragged_gqa,
+)
 
 #: keys of the sequence: three parts of the CPU's fixed key split (1024 keys, its key blocks of 128)
 KEYS = 2 * key_split_of(128) + 200
@@ -67,3 +76,17 @@ def test_paged_decoder_steps():
     fn = ac.compile(causal_gqa, backend="cpu", batch_invariant=True, n_rep=4)
     seen = paged_steps(fn, np.asarray, KEYS)
     assert differing(seen) == []
+
+
+@pytest.mark.parametrize("rows", [1, 6], ids=["one-row", "six-rows"])
+def test_gradients(rows):
+    """The backward of one sequence (its dq, dk, dv) has the same bits alone and in batches: its
+    sums run over its own rows and keys in a fixed order, whatever shares the call (the default
+    mode does not: its forward splits keys by the launch's size)."""
+    fn = ac.compile(ragged_gqa, backend="cpu", batch_invariant=True)
+    seen = gradient_calls(fn, np.asarray, rows, KEYS)
+    assert differing(seen) == []
+    q, k, v, d_out = gradient_inputs(np.random.default_rng(0), rows, KEYS)  # the sequence's own, as drawn there
+    _, pullback = ac.compile(ragged_gqa, backend="interp").vjp(q, k, v, np.array([KEYS], np.int64))
+    for got, want in zip(seen[0][1:], pullback(d_out)[:3]):
+        assert np.max(np.abs(got - want[0])) < 1e-4 * max(1.0, np.max(np.abs(want)))
