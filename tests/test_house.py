@@ -228,6 +228,35 @@ def test_cuda_backend_files_stay_small():
     assert not long, f"split these (over {CUDA_BACKEND_LINES} lines):\n" + "\n".join(long)
 
 
+#: the kernel writers of the CUDA backend, by the module that defines them
+CUDA_WRITER_MODULES = ("simt", "mma")
+
+
+def writer_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every class of ``numba_cuda/simt/`` and ``numba_cuda/mma/``: name -> (module, base names)."""
+    found = {}
+    for room in CUDA_WRITER_MODULES:
+        for path in sorted((PACKAGE / "backends" / "numba_cuda" / room).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+                    found[node.name] = (f"{room}/{path.name}", bases)
+    return found
+
+
+def test_no_kernel_writer_per_precision():
+    """A float32 precision (TF32, 3xTF32) or a 16-bit type is an operand policy the one forward and the
+    one backward tensor-core writer take (``mma/operands.py``), not a writer subclass: no tensor-core
+    writer derives from another but the asynchronous-copy variant, and no writer is named for a type."""
+    classes = writer_classes()
+    names = re.compile(r"(Tf32|F16|Bf16|Half|Float32|Exact)", re.I)
+    assert not [n for n in classes if "Writer" in n and names.search(n)], "a writer named for an operand type"
+    mma_writers = {n for n, (module, _) in classes.items() if module.startswith("mma/") and n.endswith("Writer")}
+    derived = {n: [b for b in bases if b in mma_writers] for n, (_, bases) in classes.items() if n in mma_writers}
+    assert {n: b for n, b in derived.items() if b} == {"FlashKernelWriter": ["MmaKernelWriter"]}
+    assert "Operands" in classes and classes["Operands"][0] == "mma/operands.py"
+
+
 # the torch package -----------------------------------------------------------------------------
 TORCH_PACKAGE = PACKAGE / "torch"
 

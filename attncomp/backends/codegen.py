@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from attncomp.ir.core import Block, Op, Value
@@ -37,6 +37,11 @@ class SourceWriter:
 
     def line(self, text: str = "") -> None:
         self.lines.append(("    " * self.depth + text) if text else "")
+
+    def line_each(self, texts: Iterable[str]) -> None:
+        """Each of ``texts`` as a line, at the current indentation."""
+        for text in texts:
+            self.line(text)
 
     def indent(self) -> _Indent:
         return _Indent(self)

@@ -28,11 +28,9 @@ from attncomp.backends.key_splits import fixed_split_count, split_blocks
 from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
-from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan, plan_flash, plan_mma
-from attncomp.backends.numba_cuda.mma.tf32_kernel import Tf32KernelWriter
 from attncomp.backends.numba_cuda.simt.forward_kernel import write_attention_kernel
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
@@ -44,8 +42,6 @@ from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 MAX_SPLIT = 64
 #: the streams whose scratch buffers a kernel keeps (``AttentionKernels._workspace``)
 SCRATCH_STREAMS = 8
-#: the tensor-core kernel writer of each atom's shape (``KernelChoice.atom``)
-WRITERS = {M16N8K16: MmaKernelWriter, M16N8K8_TF32: Tf32KernelWriter}
 
 
 class AttentionKernels:
@@ -171,7 +167,7 @@ class AttentionKernels:
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
         mma = self.mma_plan(head_dim, value_dim, rows, dense)
         if mma is not None:
-            writer = FlashKernelWriter if mma.async_copies else WRITERS[mma.atom]
+            writer = FlashKernelWriter if mma.async_copies else MmaKernelWriter
             return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim, rows), self.choice.scalar()
         return write_attention_kernel(*args, plan, self.bits, self.out_bits, choice)

@@ -28,10 +28,8 @@ from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
-from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward
-from attncomp.backends.numba_cuda.mma.tf32_backward_kernel import Tf32BackwardKernelWriter
 from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.simt.deterministic_backward import (
@@ -43,9 +41,6 @@ from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan, plan_dq
 from attncomp.ir.core import Func, Op, captured_values
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
-
-#: the tensor-core backward writer of each atom (``KernelChoice.atom``)
-WRITERS = {M16N8K16: MmaBackwardKernelWriter, M16N8K8_TF32: Tf32BackwardKernelWriter}
 
 
 class BackwardKernels:
@@ -144,7 +139,7 @@ class BackwardKernels:
     def source(self, head_dim: int, value_dim: int) -> str:
         mma = self.mma_plan(head_dim, value_dim)
         if mma is not None:
-            writer = WRITERS[mma.atom](self.name, self.tiled, self.captured, self.dims, mma)
+            writer = MmaBackwardKernelWriter(self.name, self.tiled, self.captured, self.dims, mma)
             return writer.write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim), self.choice.scalar()
         if choice.deterministic:

@@ -2,8 +2,8 @@
 
 An ``ac.tile_grid`` (the forward) or ``ac.key_grid`` (the backward) runs one of several kernels:
 the scalar FMA kernels (``simt/forward_kernel.py``, ``simt/backward_kernel.py``, ``simt/deterministic_backward.py`` with
-its dQ pass), or products on tensor cores (``mma/forward_kernel.py``, ``mma/tf32_kernel.py``,
-``mma/backward_kernel.py``, ``mma/tf32_backward_kernel.py``) on one of the atoms of
+its dQ pass), or products on tensor cores (``mma/forward_kernel.py``, ``mma/backward_kernel.py``,
+with the operands of ``mma/operands.py``) on one of the atoms of
 ``atoms.ATOMS``.  :func:`choose` decides which from the grid's IR and the call's types (the
 element type of query, key, value and output gradient, the grid's ``precision`` and
 ``deterministic``), once per grid; the plans and writers read the choice's fields.  Where the plan

@@ -13,8 +13,8 @@ elements, its half ``h`` (0: the low 16 bits, 1: the high), the element is
 
 so the low half holds the lower column of an A register and the lower row of a B register.  This
 table is the one statement of the layouts: ``mma/warp_sim.py``'s emulation places the registers by it,
-and the kernel writers (``mma/forward_kernel.py``, ``mma/tf32_kernel.py``, ``mma/backward_kernel.py``,
-``mma/tf32_backward_kernel.py``) and plans take their fragment places, steps and orders from it;
+and the kernel writers (``mma/forward_kernel.py``, ``mma/backward_kernel.py``, with the operands of
+``mma/operands.py``) and plans take their fragment places, steps and orders from it;
 ``tests/cuda_sim`` check it against numpy's products, on the GPU against the PTX.
 
 What the writers derive from an atom: its k step (:attr:`MmaAtom.k`); the A and B places as 32-bit

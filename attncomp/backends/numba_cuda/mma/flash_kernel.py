@@ -34,8 +34,9 @@ conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
 from __future__ import annotations
 
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
-from attncomp.backends.numba_cuda.mma.forward_kernel import ROW, ROW_NAMES, MmaKernelWriter
+from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS
+from attncomp.backends.numba_cuda.mma.fragment_rows import ROW, ROW_NAMES
 from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op
 
@@ -57,7 +58,7 @@ class FlashKernelWriter(MmaKernelWriter):
 
     def shared_arrays(self) -> None:
         """The key and value tiles, and each lane's ldmatrix addresses into them."""
-        p, w, atom = self.mp, self.w, self.ATOM
+        p, w, atom = self.mp, self.w, self.atom
         # 16-byte aligned (``warp.COPY_ALIGNMENT``): a copy's destination and an ldmatrix row are
         w.line(f"k_sh = cuda.shared.array({p.k_words}, np.uint32, alignment=COPY_ALIGNMENT)")
         w.line(f"v_sh = cuda.shared.array({p.v_words}, np.uint32, alignment=COPY_ALIGNMENT)")
@@ -122,7 +123,7 @@ class FlashKernelWriter(MmaKernelWriter):
     def load_query(self) -> None:
         """This lane's A fragments of its warp's 16 query rows, a 32-bit load a register (the query's
         rows are dense too; rows past the end read the last)."""
-        p, w, atom = self.mp, self.w, self.ATOM
+        p, w, atom = self.mp, self.w, self.atom
         w.line(f"q_rows = {self.slice_of(self.t.q_load)}")
         row0 = self.ref(self.t.q_load.operands[-1])
         for name in ROW_NAMES.values():  # from this lane's first column: constant offsets
@@ -210,7 +211,7 @@ class FlashKernelWriter(MmaKernelWriter):
         """The score region on every element a lane holds; then, in one branch taken by masked tiles
         and the chunk holding the last key only, the mask region and keys past the end (the mask is
         exact everywhere, so evaluating it in a full tile's last chunk changes nothing)."""
-        p, w, c = self.mp, self.w, self.ATOM.c
+        p, w, c = self.mp, self.w, self.atom.c
         # positions in 32 bits (a sequence is shorter than 2^31): one compare a masked element
         rows, cols, elements = self.scored(compute, hoisted, cast="np.int32")
         mask = compute.mask if masked is not None else None
@@ -235,7 +236,7 @@ class FlashKernelWriter(MmaKernelWriter):
     def score_products(self) -> None:
         """``s_{n}_{e}`` from ldmatrix.x4 of the key tile: four chunks of 8 keys' rows, the B
         fragments of two k steps."""
-        p, w, atom = self.mp, self.w, self.ATOM
+        p, w, atom = self.mp, self.w, self.atom
         k_row = self.row_bytes(p.head_dim)
         for n in range(p.chunk // atom.n):
             for kc in range(0, p.head_dim // atom.k, 2):
@@ -246,17 +247,17 @@ class FlashKernelWriter(MmaKernelWriter):
                 for step, b in ((kc, "kf0, kf1"), (kc + 1, "kf2, kf3")):
                     acc = s if step else "ZERO, ZERO, ZERO, ZERO"
                     a = ", ".join(f"q_{step}_{r}" for r in range(atom.a.registers))
-                    w.line(f"{s} = {self.mma()}({a}, {b}, {acc})")
+                    w.line(f"{s} = {self.operands.mma}({a}, {b}, {acc})")
 
     def value_products(self) -> None:
         """``o_{en}_{e} += P V`` with the B fragments from ldmatrix.x4.trans of the value tile: keys
         16 kk .. of two 8-feature chunks."""
-        p, w, atom = self.mp, self.w, self.ATOM
+        p, w, atom = self.mp, self.w, self.atom
         v_row = self.row_bytes(p.value_dim)
         for kk in range(p.chunk // atom.k):
             for reg, halves in enumerate(atom.feed()):
                 pair = ", ".join(f"s_{atom.tiles * kk + tile}_{e}" for tile, e in halves)
-                w.line(f"p_{kk}_{reg} = {self.pack}({pair})")
+                w.line(f"p_{kk}_{reg} = {self.operands.pack}({pair})")
         for en in range(0, p.value_dim // atom.n, 2):
             for kk in range(p.chunk // atom.k):
                 at = kk * atom.k * v_row + (en & ~SWIZZLED) * CHUNK_BYTES
@@ -264,12 +265,12 @@ class FlashKernelWriter(MmaKernelWriter):
                 a = ", ".join(f"p_{kk}_{r}" for r in range(atom.a.registers))
                 for tile, b in ((en, "vf0, vf1"), (en + 1, "vf2, vf3")):
                     o = ", ".join(f"o_{tile}_{e}" for e in range(atom.c.registers))
-                    w.line(f"{o} = {self.mma()}({a}, {b}, {o})")
+                    w.line(f"{o} = {self.operands.mma}({a}, {b}, {o})")
 
     # the finish ---------------------------------------------------------------------
     def partial_outputs(self, halves: tuple[int, ...]) -> None:
         """As the staged kernel, from a slice at this lane's first column: constant offsets."""
-        c = self.ATOM.c
+        c = self.atom.c
         self.w.line(f"part_lane = part_o[sp, flat, {c.col_term}:]")
         for en in range(self.mp.value_dim // c.cols):
             for e in halves:
@@ -279,7 +280,7 @@ class FlashKernelWriter(MmaKernelWriter):
         """A 16-bit row's outputs times ``1 / l``, two neighbouring columns rounded together and
         stored as one 32-bit word, from a slice at this lane's first column (a float32 output: as the
         staged kernel)."""
-        c, w = self.ATOM.c, self.w
+        c, w = self.atom.c, self.w
         # bf16 outputs are written as their patterns (``out_bits``: the IR here is widened to float32)
         out = "bf16" if self.out_bits else self.t.grid.results[0].type.dtype
         if out not in ("f16", "bf16"):

@@ -15,7 +15,7 @@ of one 16-bit type (f16 or bf16), ``D`` a multiple of 16 (the ``k`` of a product
 multiple of 8 (its ``n``), ``block_k`` a multiple of 16, at least 16 rows per thread block,
 and the tiles within the shared-memory budget.  Others run the scalar kernels (``simt/forward_plan.py``).
 
-float32 query, key and value run on ``mma.sync.m16n8k8`` in tf32 (``mma/tf32_kernel.py``):
+float32 query, key and value run on ``mma.sync.m16n8k8`` in tf32 (``mma/operands.py``):
 ``"3xtf32"`` (flash-tiling's ``precision = "exact"``, the default) splits each operand into two
 tf32 parts and makes three products of them, float32-accurate; ``"tf32"`` (``precision =
 "tf32"``, opt-in) makes one.  Their words are whole float32: keys row by row (``k_sh[key, d]``),
@@ -63,7 +63,7 @@ class MmaPlan(OnTensorCores):
 
     @property
     def tf32(self) -> bool:
-        """float32 operands on ``m16n8k8`` tf32 products (``mma/tf32_kernel.py``)."""
+        """float32 operands on ``m16n8k8`` tf32 products (``operands.Operands``)."""
         return self.choice.tf32
 
     @property

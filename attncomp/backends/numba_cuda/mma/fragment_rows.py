@@ -1,0 +1,141 @@
+"""The rows of a tensor-core forward's accumulator fragments: scores, mask, online softmax, outputs.
+
+A lane of ``mma/forward_kernel.py``'s kernels holds two query rows of its warp's 16 (``ra``, ``rb``) and
+of each 8 keys (or output columns) two columns, in the places of the atom's accumulator fragment
+(``atoms.ACCUMULATOR``, the same for every atom).  What it computes per element of those fragments
+is written here once for the staged kernel, its asynchronous-copy variant (``mma/flash_kernel.py``)
+and every operand type: the score region and the mask region at the element's row and column, keys
+past the end hidden, the online softmax per row (the quad's max by shuffles, one rescale), and each
+row's outputs, log-sum-exp or a key split's partial state.
+"""
+
+from __future__ import annotations
+
+from attncomp.backends.lse_merge import write_finish
+from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR
+from attncomp.backends.tiles import TileCompute, element_expr
+from attncomp.ir.core import Op, Value
+
+#: the two rows of a lane (``ra = warp * 16 + g``, ``rb = ra + 8``): their letter by offset in a fragment
+ROW_NAMES = dict(zip((row for row, _ in ACCUMULATOR.by_row()), "ab"))
+#: the row of a lane (``ra`` or ``rb``) by accumulator register
+ROW = tuple(f"r{ROW_NAMES[row]}" for row, _ in ACCUMULATOR.offsets)
+
+
+class FragmentRows:
+    """The per-element and per-row code of a tensor-core forward writer (``MmaKernelWriter``, whose
+    plan ``mp``, atom and source lines it uses)."""
+
+    def scored(self, compute: TileCompute, hoisted: dict[Op, list[Op]], cast: str = "") -> tuple[dict, dict, list]:
+        """The score region on every element a lane holds: (its rows' and columns' position names, by
+        row name and by (tile, column offset); the (tile, register) of each element).  ``cast``
+        wraps the positions (``np.int32``: one compare a masked element)."""
+        p, w, c = self.mp, self.w, self.atom.c
+
+        def position(value: Value, row: str, col: str) -> str:
+            expr = element_expr(value, self.names, row, col)
+            return f"{cast}({expr})" if cast else expr
+
+        rows = {f"r{r}": self.fresh("i") for r in ROW_NAMES.values()}
+        for r, name in rows.items():
+            w.line(f"{name} = {position(compute.score.operands[-3], r, '0')}")
+        cols = {}
+        for n in range(p.chunk // c.cols):
+            for half in c.columns():
+                cols[n, half] = self.fresh("j")
+                col = f"(c0 + {n * c.cols + half} + {c.col_term})"
+                w.line(f"{cols[n, half]} = {position(compute.score.operands[-2], '0', col)}")
+        elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
+        for n, e in elements:
+            at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+            x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
+            w.line(f"s_{n}_{e} = ACC({x})")
+        return rows, cols, elements
+
+    def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The score region on every element a lane holds, the mask region where it applies, and
+        keys past the end hidden."""
+        p, w, c = self.mp, self.w, self.atom.c
+        rows, cols, elements = self.scored(compute, hoisted)
+        if masked is not None and compute.mask is not None:
+            w.line(f"if {masked}:")
+            with w.indent():
+                for n, e in elements:
+                    at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+                    visible = self.apply(compute.mask, hoisted[compute.mask], at)
+                    w.line(f"if not {visible}:")
+                    with w.indent():
+                        w.line(f"s_{n}_{e} = NEG_INF")
+        w.line(f"if jc + {p.chunk} > n_keys:  # the last chunk: keys past the end")
+        with w.indent():
+            for n, e in elements:
+                w.line(f"if jc + {n * c.cols + c.offsets[e][1]} + {c.col_term} >= n_keys:")
+                with w.indent():
+                    w.line(f"s_{n}_{e} = NEG_INF")
+
+    def softmax_update(self) -> None:
+        """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m)."""
+        p, w, c = self.mp, self.w, self.atom.c
+        n_tiles = p.chunk // c.cols
+        for offset, halves in c.by_row():
+            row = ROW_NAMES[offset]
+            w.line(f"mx_{row} = m_{row}")
+            for n in range(n_tiles):
+                for e in halves:
+                    w.line(f"mx_{row} = max(mx_{row}, s_{n}_{e})")
+            w.line(f"m_new_{row} = quad_max(mx_{row})")
+            w.line(f"m_safe_{row} = ACC(0.0) if m_new_{row} == NEG_INF else m_new_{row}")
+            w.line(f"alpha_{row} = ACC(math.exp(m_{row} - m_safe_{row}))")
+            w.line(f"m_{row} = m_new_{row}")
+            w.line(f"l_{row} = l_{row} * alpha_{row}")
+            for en in range(p.value_dim // c.cols):
+                for e in halves:
+                    w.line(f"o_{en}_{e} = o_{en}_{e} * alpha_{row}")
+            # exp(s - m) = 2^(s log2 e - m log2 e): one multiply-add and ex2 per element
+            w.line(f"m_log2_{row} = m_safe_{row} * LOG2E")
+            for n in range(n_tiles):
+                for e in halves:
+                    w.line(f"s_{n}_{e} = exp2_approx(s_{n}_{e} * LOG2E - m_log2_{row})")
+                    w.line(f"l_{row} += s_{n}_{e}")
+
+    def finish(self) -> None:
+        """Each row's output and log-sum-exp (:meth:`row_outputs`), or this split's partial state
+        (:meth:`partial_outputs`)."""
+        t, w, c = self.t, self.w, self.atom.c
+        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
+        for row in ROW_NAMES.values():
+            w.line(f"l_{row} = quad_sum(l_{row})")
+        partial, finishes = self.stores_partial()
+        for offset, halves in c.by_row():
+            row = ROW_NAMES[offset]
+            w.line(f"if i0 + r{row} < n_rows and {partial}:  # this split's partial state")
+            with w.indent():
+                w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
+                w.line("if tq == 0:")
+                with w.indent():
+                    w.line(f"part_m[sp, flat] = m_{row}")
+                    w.line(f"part_l[sp, flat] = l_{row}")
+                self.partial_outputs(halves)
+            w.line(f"elif i0 + r{row} < n_rows{'' if finishes == 'True' else ' and ' + finishes}:")
+            with w.indent():
+
+                def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:
+                    self.row_outputs(denominator, f"{prefix}i0 + r{row}", halves)
+
+                lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
+                write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
+
+    def partial_outputs(self, halves: tuple[int, ...]) -> None:
+        """A row's accumulators (registers ``halves`` of each fragment) into ``part_o[sp, flat]``."""
+        c = self.atom.c
+        for en in range(self.mp.value_dim // c.cols):
+            for e in halves:
+                self.w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = o_{en}_{e}")
+
+    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...]) -> None:
+        """A row's outputs (index prefix ``at``): its accumulators over ``denominator``."""
+        c = self.atom.c
+        for en in range(self.mp.value_dim // c.cols):
+            for e in halves:
+                index = f"{at}, {en * c.cols + c.offsets[e][1]} + {c.col_term}"
+                self.w.line(f"out_0[{index}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
