@@ -74,10 +74,10 @@ def test_lanes_per_row_follow_the_head_dim(head_dim, lanes):
 
     plan = plan_attention(64, 64, head_dim, head_dim)
     assert plan.lanes == lanes and plan.threads == 64 * lanes
-    assert plan.q_slice <= 32 and plan.shared_bytes <= 48 * 1024
+    assert plan.head_slice <= 32 and plan.shared_bytes <= 48 * 1024
     source = _kernel_source("causal", "causal", head_dim, head_dim)
     assert f"({lanes} per query row)" in source
-    assert f"q_{plan.q_slice - 1} = " in source and f"q_{plan.q_slice} = " not in source
+    assert f"q_{plan.head_slice - 1} = " in source and f"q_{plan.head_slice} = " not in source
 
 
 @pytest.mark.parametrize("rows,lanes", [(1, 32), (2, 16), (8, 4), (64, 2)])

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
-from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP
+from attncomp.backends.numba_cuda.block_plan import WarpPlan
+from attncomp.backends.numba_cuda.choice import KernelChoice
+from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma.forward_plan import PAD_WORDS
 
@@ -47,14 +48,12 @@ KEYS_ROWS = ((64, 64, 32, 1), (128, 32, 16, 2))
 
 
 @dataclass(frozen=True)
-class MmaBackwardPlan(OnTensorCores):
-    block_q: int  # query rows of the IR's tile
-    block_k: int  # keys of the IR's tile
-    head_dim: int  # D
-    value_dim: int  # E
-    #: the kernel (``choice.KernelChoice``): its atom and operand type, and how query, key, value and
-    #: output gradient are held ("f16", or "f32": float32, or bf16 widened)
-    choice: KernelChoice
+class MmaBackwardPlan(WarpPlan):
+    """A warp per 16 keys (``WarpPlan``), ``parts`` thread blocks per IR key block (the keys divide
+    it); storage "f16", or "f32": float32, or bf16 widened."""
+
+    OWNERS = "keys"
+
     keys: int  # keys per thread block (a part of one IR key block)
     rows: int  # query rows per chunk
     halves: int = 1  # thread blocks sharing the keys, each the dK, dV and dQ columns of its share
@@ -70,22 +69,9 @@ class MmaBackwardPlan(OnTensorCores):
         return self.value_dim // self.halves
 
     @property
-    def warps(self) -> int:
-        return self.keys // self.atom.m
-
-    @property
-    def threads(self) -> int:
-        return self.warps * WARP
-
-    @property
     def per_word(self) -> int:
         """Elements per 32-bit shared word: two 16-bit ones, or one tf32."""
         return self.atom.a.per_register
-
-    @property
-    def parts(self) -> int:
-        """Thread blocks per IR key block."""
-        return self.block_k // self.keys
 
     # words per row of each shared tile
     @property

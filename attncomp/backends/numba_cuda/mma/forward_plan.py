@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
+from attncomp.backends.numba_cuda.block_plan import WarpPlan
+from attncomp.backends.numba_cuda.choice import KernelChoice
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K16
 
@@ -49,15 +50,9 @@ F32_CHUNKS = {False: ((64, 32), (128, 16)), True: ((64, 16),)}
 
 
 @dataclass(frozen=True)
-class MmaPlan(OnTensorCores):
-    block_q: int  # query rows of the IR's tile
-    block_k: int  # keys of the IR's tile
-    head_dim: int  # D
-    value_dim: int  # E
-    #: the kernel (``choice.KernelChoice``): its atom and operand type, and how the query, key and
-    #: value arrays hold them on the device ("f16"; "bits": bf16 as its 16-bit patterns, uint16 or
-    #: int16; "f32": float32, or bf16 widened, ``numba_cuda.widened``)
-    choice: KernelChoice
+class MmaPlan(WarpPlan):
+    """A warp per 16 query rows (``WarpPlan``)."""
+
     rows: int  # query rows per thread block
     chunk: int  # keys computed at a time (divides block_k)
 
@@ -70,14 +65,6 @@ class MmaPlan(OnTensorCores):
     def split(self) -> bool:
         """Each operand as two tf32 parts, three products (3xTF32)."""
         return self.choice.tf32 and self.choice.exact
-
-    @property
-    def warps(self) -> int:
-        return self.rows // WARP_ROWS
-
-    @property
-    def threads(self) -> int:
-        return self.warps * WARP
 
     @property
     def lanes(self) -> int:

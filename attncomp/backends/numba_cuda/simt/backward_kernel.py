@@ -238,9 +238,9 @@ class BackwardKernelWriter(CudaKernelSource):
         with w.indent():
             w.line("pw = p_tile[rr, c]")
             w.line("dw = ds_tile[rr, c]")
-            for k in range(p.dv_slice):
+            for k in range(p.value_slice):
                 w.line(f"dv_{k} += pw * o_tile[rr, {self.feature(k)}]")
-            for k in range(p.dk_slice):
+            for k in range(p.head_slice):
                 w.line(f"dk_{k} += dw * q_tile[rr, {self.feature(k)}]")
 
     def query_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
@@ -301,8 +301,8 @@ class BackwardKernelWriter(CudaKernelSource):
                 w.line("if kv_atomic:" if atomic else "else:")
                 with w.indent():
                     for out, acc, count, width in (
-                        ("out_dk", "dk", p.dk_slice, p.head_dim),
-                        ("out_dv", "dv", p.dv_slice, p.value_dim),
+                        ("out_dk", "dk", p.head_slice, p.head_dim),
+                        ("out_dv", "dv", p.value_slice, p.value_dim),
                     ):
                         for k in range(count):
                             f = self.feature(k)
@@ -384,9 +384,9 @@ class BackwardKernelWriter(CudaKernelSource):
             first = f"{self.ref(t.v_load.operands[-1])} + koff"
             self.stage("v_tile", t.v_load, "nk", first, p.value_dim, p.value_pitch, p.keys)
             hoisted = self.hoist_regions()
-            for k in range(p.dk_slice):
+            for k in range(p.head_slice):
                 w.line(f"dk_{k} = ACC(0.0)")
-            for k in range(p.dv_slice):
+            for k in range(p.value_slice):
                 w.line(f"dv_{k} = ACC(0.0)")
             self.start_sites()
             w.line("cuda.syncthreads()")

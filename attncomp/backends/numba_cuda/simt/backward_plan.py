@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from attncomp.backends.numba_cuda.block_plan import LanePlan
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
@@ -32,12 +33,11 @@ MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
-class BackwardPlan:
-    block_q: int  # query rows of the IR's tile
-    block_k: int  # keys of the IR's tile
-    head_dim: int  # D: query/key features
-    value_dim: int  # E: value/output features
-    lanes: int  # threads per key
+class BackwardPlan(LanePlan):
+    """``lanes`` threads per key (``LanePlan``), ``parts`` thread blocks per IR key block."""
+
+    OWNERS = "keys"
+
     keys: int  # keys per thread block (a part of one IR key block)
     rows: int  # query rows staged in shared memory at a time
     acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
@@ -47,34 +47,17 @@ class BackwardPlan:
     thread_sums: bool = False
 
     @property
-    def threads(self) -> int:
-        return self.keys * self.lanes
-
-    @property
-    def parts(self) -> int:
-        """Thread blocks per IR key block."""
-        return ceil_div(self.block_k, self.keys)
-
-    @property
     def halves(self) -> int:
         """Thread blocks sharing one part's keys (each keeps all of their columns)."""
         return 1
 
     @property
-    def dk_slice(self) -> int:
-        return ceil_div(self.head_dim, self.lanes)
-
-    @property
-    def dv_slice(self) -> int:
-        return ceil_div(self.value_dim, self.lanes)
-
-    @property
     def head_pitch(self) -> int:
-        return max(self.head_dim + 1, self.lanes * self.dk_slice)
+        return max(self.head_dim + 1, self.head_pad)
 
     @property
     def value_pitch(self) -> int:
-        return max(self.value_dim + 1, self.lanes * self.dv_slice)
+        return max(self.value_dim + 1, self.value_pad)
 
     @property
     def shared_bytes(self) -> int:

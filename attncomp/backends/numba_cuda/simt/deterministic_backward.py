@@ -216,8 +216,8 @@ class DeterministicBackwardWriter(BackwardKernelWriter):
         w.line("if c < nk:")
         with w.indent():
             for out, acc, count, width in (
-                ("out_dk", "dk", p.dk_slice, p.head_dim),
-                ("out_dv", "dv", p.dv_slice, p.value_dim),
+                ("out_dk", "dk", p.head_slice, p.head_dim),
+                ("out_dv", "dv", p.value_slice, p.value_dim),
             ):
                 for k in range(count):
                     self.guarded(k, width, f"{out}[{prefix}j0 + koff + c, {self.feature(k)}] = {acc}_{k}")

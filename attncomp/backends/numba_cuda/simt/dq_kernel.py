@@ -110,7 +110,7 @@ class DqKernelWriter(BackwardKernelWriter):
                 w.line("for cc in range(nk):")
                 with w.indent():
                     w.line("dw = ds_tile[rr, cc]")
-                    for k in range(p.dq_slice):
+                    for k in range(p.head_slice):
                         w.line(f"dq_{k} += dw * k_tile[cc, {self.feature(k)}]")
 
     def key_loop(self, hoisted: dict[Op, list[Op]]) -> None:
@@ -134,7 +134,7 @@ class DqKernelWriter(BackwardKernelWriter):
         prefix = "".join(f"{n}, " for n in self.batch)
         w.line("if rr < nr:")
         with w.indent():
-            for k in range(p.dq_slice):
+            for k in range(p.head_slice):
                 self.guarded(k, p.head_dim, f"out_dq[{prefix}i0 + r0 + rr, {self.feature(k)}] = dq_{k}")
 
     def write(self, func_name: str = "") -> str:
@@ -150,7 +150,7 @@ class DqKernelWriter(BackwardKernelWriter):
             self.stage("q_tile", tile.q_load, "nr", "i0 + r0", p.head_dim, p.head_pitch, p.rows)
             self.stage("o_tile", tile.d_out_load, "nr", "i0 + r0", p.value_dim, p.value_pitch, p.rows)
             hoisted = self.hoist_regions()
-            for k in range(p.dq_slice):
+            for k in range(p.head_slice):
                 w.line(f"dq_{k} = ACC(0.0)")
             self.key_loop(hoisted)
             self.store()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from attncomp.backends.numba_cuda.block_plan import LanePlan
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
@@ -29,32 +30,16 @@ MIN_KEYS = 16
 
 
 @dataclass(frozen=True)
-class DqPlan:
-    block_q: int  # query rows of the IR's tile
-    block_k: int  # keys of the IR's tile
-    head_dim: int  # D: query/key features
-    value_dim: int  # E: value/output features
-    lanes: int  # threads per query row
+class DqPlan(LanePlan):
+    """``lanes`` threads per query row (``LanePlan``), ``parts`` thread blocks per IR query block."""
+
     rows: int  # query rows per thread block (a part of one IR query block)
     keys: int  # keys staged in shared memory at a time
     acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
 
     @property
-    def threads(self) -> int:
-        return self.rows * self.lanes
-
-    @property
-    def parts(self) -> int:
-        """Thread blocks per IR query block."""
-        return ceil_div(self.block_q, self.rows)
-
-    @property
-    def dq_slice(self) -> int:
-        return ceil_div(self.head_dim, self.lanes)
-
-    @property
     def head_pitch(self) -> int:
-        return max(self.head_dim + 1, self.lanes * self.dq_slice)
+        return max(self.head_dim + 1, self.head_pad)
 
     @property
     def value_pitch(self) -> int:

@@ -125,7 +125,7 @@ class AttentionKernelWriter(CudaKernelSource):
     def store_slice(self, template: str) -> None:
         """Emit ``template`` (with ``{k}`` and ``{f}``) for each accumulator register, guarding the
         padded features of the last slice."""
-        for k in range(self.plan.acc_slice):
+        for k in range(self.plan.value_slice):
             self.guarded(k, self.plan.value_dim, template.format(k=k, f=self.feature(k)))
 
     def load_query(self) -> None:
@@ -135,7 +135,7 @@ class AttentionKernelWriter(CudaKernelSource):
         prefix = "".join(f"{self.ref(v)}, " for v in load.operands[1:-1])
         row0 = self.ref(load.operands[-1])
         w.line(f"q_row = min({row0} + r, n_rows - 1)")
-        for k in range(p.q_slice):
+        for k in range(p.head_slice):
             feature = self.feature(k)
             load_expr = self.read(load, f"{src}[{prefix}q_row, {feature}]")
             if not self.padded(k, p.head_dim):
@@ -147,7 +147,7 @@ class AttentionKernelWriter(CudaKernelSource):
         """This lane's part of q . k for key ``c`` of the staged chunk."""
         p = self.plan
         terms = []
-        for k in range(p.q_slice):
+        for k in range(p.head_slice):
             terms.append(f"q_{k} * k_tile[{c}, {self.feature(k)}]")
         return " + ".join(terms)
 
@@ -192,13 +192,13 @@ class AttentionKernelWriter(CudaKernelSource):
         w.line("m_safe = ACC(0.0) if m_new == NEG_INF else m_new")
         w.line("alpha = ACC(math.exp(m - m_safe))")
         w.line("l = l * alpha")
-        for k in range(p.acc_slice):
+        for k in range(p.value_slice):
             w.line(f"acc_{k} = acc_{k} * alpha")
         w.line("for c in range(nkc):")
         with w.indent():
             w.line("pc = ACC(math.exp(scores[c, r] - m_safe))")
             w.line("l += pc")
-            for k in range(p.acc_slice):
+            for k in range(p.value_slice):
                 w.line(f"acc_{k} += pc * v_tile[c, {self.feature(k)}]")
         w.line("m = m_new")
         w.line("cuda.syncthreads()")
@@ -249,7 +249,7 @@ class AttentionKernelWriter(CudaKernelSource):
             self.load_query()
             w.line("m = NEG_INF")
             w.line("l = ACC(0.0)")
-            for k in range(p.acc_slice):
+            for k in range(p.value_slice):
                 w.line(f"acc_{k} = ACC(0.0)")
             self.split_range()
             w.line("for kb in range(kb_lo, kb_hi):")

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
+from attncomp.backends.numba_cuda.block_plan import LanePlan
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
 #: registers per thread for the query slice, and again for the accumulator slice
@@ -34,38 +35,12 @@ MAX_CHUNK = 16
 
 
 @dataclass(frozen=True)
-class AttentionPlan:
-    block_q: int  # query rows of the IR's tile
-    block_k: int
-    head_dim: int  # D: query/key features
-    value_dim: int  # E: value/output features
-    lanes: int  # threads per query row
+class AttentionPlan(LanePlan):
+    """``lanes`` threads per query row (``LanePlan``)."""
+
     chunk: int  # keys staged in shared memory at a time
     acc_bytes: int  # 4 (float32 accumulation) or 8 (float64 specs)
     rows: int  # query rows per thread block: block_q, or fewer for calls with fewer rows
-
-    @property
-    def threads(self) -> int:
-        return self.rows * self.lanes
-
-    @property
-    def q_slice(self) -> int:
-        """Query entries per lane (registers)."""
-        return ceil_div(self.head_dim, self.lanes)
-
-    @property
-    def acc_slice(self) -> int:
-        """Output entries per lane (registers)."""
-        return ceil_div(self.value_dim, self.lanes)
-
-    @property
-    def head_pad(self) -> int:
-        """Columns of the staged key tile: D rounded up to whole lane slices (zero padded)."""
-        return self.q_slice * self.lanes
-
-    @property
-    def value_pad(self) -> int:
-        return self.acc_slice * self.lanes
 
     @property
     def shared_bytes(self) -> int:
