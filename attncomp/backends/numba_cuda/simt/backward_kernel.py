@@ -30,8 +30,7 @@ does a grid marked ``deterministic = true`` (``simt/deterministic_backward.py``,
 which reuses this writer's elements and chunks).  A
 thread adds its site contributions to a running sum while they go to the
 same index (ALiBi's ``slopes[h]`` is one index per thread block) and issues
-one atomic per run, not one per element.  An index outside the site's shape
-is dropped (the forward's gather of the same index reads it unchecked too).
+one atomic per run, not one per element (``simt/site_runs.py``).
 
 As in the forward kernel (``simt/forward_kernel.py``), class 2 runs class 1's code
 without the mask (mask-elimination makes the full region the masked one
@@ -56,6 +55,7 @@ from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan
+from attncomp.backends.numba_cuda.simt.site_runs import SiteRuns
 from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
@@ -75,7 +75,7 @@ from numba import cuda
 """
 
 
-class BackwardKernelWriter(CudaKernelSource):
+class BackwardKernelWriter(SiteRuns, CudaKernelSource):
     """Writes the backward kernel of one ``ac.key_grid`` for one plan."""
 
     def __init__(
@@ -123,44 +123,6 @@ class BackwardKernelWriter(CudaKernelSource):
     # pieces -------------------------------------------------------------------
     def prefix(self, load: Op) -> str:
         return "".join(f"{self.ref(v)}, " for v in load.operands[1:-1])
-
-    def site_add(self, k: int, contribution: str, index: list[str]) -> None:
-        """Add a site contribution to this thread's run for its index; a new index flushes the run."""
-        w = self.w
-        rank, acc, current = self.sites[k]
-        if rank == 0:
-            w.line(f"{acc} += ACC({contribution})")
-            return
-        inside = " and ".join(f"0 <= {x} < site_{k}.shape[{a}]" for a, x in enumerate(index))
-        w.line(f"if {inside}:")
-        with w.indent():
-            self.site_run(k, index, f"ACC({contribution})")
-
-    def site_run(self, k: int, index: list[str], value: str, as_index: str = "{}") -> None:
-        """``value`` into site ``k``'s open run when ``index`` is the run's, else the run flushed
-        (:meth:`site_flush`) and a new one opened at ``index`` (each written as ``as_index``)."""
-        w = self.w
-        rank, acc, current = self.sites[k]
-        w.line(f"if {' and '.join(f'{x} == {c}' for x, c in zip(index, current))}:")
-        with w.indent():
-            w.line(f"{acc} += {value}")
-        w.line("else:")
-        with w.indent():
-            self.site_flush(k)
-            for x, c in zip(index, current):
-                w.line(f"{c} = {as_index.format(x)}")
-            w.line(f"{acc} = {value}")
-
-    def site_flush(self, k: int) -> None:
-        w = self.w
-        rank, acc, current = self.sites[k]
-        if rank == 0:
-            w.line(f"cuda.atomic.add(site_{k}, 0, {acc})")
-            return
-        w.line(f"if {current[0]} >= 0:")
-        with w.indent():
-            at = current[0] if rank == 1 else f"({', '.join(current)})"  # numba wants a plain index in 1-d
-            w.line(f"cuda.atomic.add(site_{k}, {at}, {acc})")
 
     def elements(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """Each thread's elements of the chunk: its key ``c``, rows ``g, g + lanes, ...``; p and ds_raw -> shared."""
@@ -392,9 +354,6 @@ class BackwardKernelWriter(CudaKernelSource):
             w.line("cuda.syncthreads()")
             self.tile_loop(hoisted)
 
-    def declare_site_arrays(self) -> None:
-        """Shared arrays for the sites' sums: none here (each thread adds its runs with atomics)."""
-
     def hoist_regions(self) -> dict[Op, list[Op]]:
         """Emit the score, mask and gradient regions' position-independent ops; per region, the others."""
         compute = self.t.masked
@@ -402,13 +361,6 @@ class BackwardKernelWriter(CudaKernelSource):
         if compute.mask is not None:
             hoisted[compute.mask] = self.hoist(compute.mask, 2)
         return hoisted
-
-    def start_sites(self) -> None:
-        """Each site's running sum at zero, its index at none yet."""
-        for _, acc, current in self.sites:
-            self.w.line(f"{acc} = ACC(0.0)")
-            for name in current:
-                self.w.line(f"{name} = np.int64(-1)")
 
     def tile_loop(self, hoisted: dict[Op, list[Op]]) -> None:
         """The loop over the IR's query blocks, then the stores."""
