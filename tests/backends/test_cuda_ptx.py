@@ -490,6 +490,56 @@ def test_bf16_conversion_kernels(bits):
             assert local_memory_lines(ptx) == []
 
 
+def library_bf16_kernels() -> list:
+    """(kernel, signature) of the same two conversions written with numba-cuda's own bf16: widening a
+    ``bfloat16`` array (what a torch bf16 tensor is typed as through DLPack), and rounding into one
+    with the library's round-to-nearest-even conversion."""
+    from numba import cuda, float32
+    from numba.cuda.bf16 import float32_to_bfloat16_rn
+
+    def widen(out, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = float32(x[i])
+
+    def rounded(out, x):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = float32_to_bfloat16_rn(x[i])
+
+    return [(widen, "void(float32[::1], bfloat16[::1])"), (rounded, "void(bfloat16[::1], float32[::1])")]
+
+
+def test_the_library_bf16_conversions_go_through_local_memory():
+    """Why the kernels keep bf16 as 16-bit words (``Bf16Bits``) and convert with ``warp.widen_bf16`` and
+    ``warp.round_bf16`` (docs/architecture.md, "bf16 on the device"): numba-cuda 0.30's bf16 arrays
+    compile, but each conversion is a call whose argument and result pass through a local-memory frame
+    (``__local_depot``), where ``test_bf16_conversion_kernels`` finds none.  When this fails, the
+    library's conversions can replace the hand-written ones."""
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
+
+    for kernel, signature in library_bf16_kernels():
+        for ptx in compile_ptx_for(kernel, signature, TARGETS).values():
+            assert local_memory_lines(ptx) and "call" in ptx
+
+
+def test_torch_bf16_array_interface_is_no_numba_type():
+    """torch describes a bf16 CUDA tensor's ``__cuda_array_interface__`` with typestr ``"<V2"`` (the
+    interface has no bfloat16), which numba-cuda cannot type; it types ``ml_dtypes.bfloat16`` (and a
+    DLPack bf16 tensor passed straight to a launch), but offers no public DLPack import to a device
+    array that can be viewed, sliced and reshaped.  So a torch bf16 tensor crosses as its 16-bit
+    patterns, viewed as int16 (``Program.bf16_patterns``)."""
+    import ml_dtypes
+    import numpy as np
+    from numba.cuda import types
+    from numba.cuda.core.errors import NumbaNotImplementedError
+    from numba.cuda.np import numpy_support
+
+    with pytest.raises(NumbaNotImplementedError):
+        numpy_support.from_dtype(np.dtype("<V2"))
+    assert numpy_support.from_dtype(np.dtype(ml_dtypes.bfloat16)) == types.bfloat16
+
+
 def test_attention_kernels_carry_their_block_size_as_launch_bounds():
     """The forward and backward kernels are compiled with launch bounds of the threads they are
     launched with (``.maxntid``): ptxas keeps registers x threads within the register file."""

@@ -73,3 +73,25 @@ def test_a_bf16_decoder_keeps_its_device_cache_in_16_bits():
     got = np.concatenate(outs, axis=2)
     want = ac.compile(alibi, backend="interp").for_dtype("bf16").compilation.run(args, exact=True)
     assert worst_error([got], want) < TOLERANCE["bf16"]
+
+
+def test_the_simulator_moves_bf16_arrays_but_has_no_bf16_conversions():
+    """numba-cuda 0.30's simulator copies ``ml_dtypes.bfloat16`` device arrays and views them as their
+    patterns, but its ``numba.cuda.bf16`` is a stub (no conversions, ``bfloat16 = None``) and a kernel
+    cannot make a bf16 of a float32 (``cuda.bfloat16(x)``): no kernel rounds to bf16 with the library
+    there, so the kernels keep bf16 as 16-bit words and ``warp.round_bf16`` (docs/architecture.md,
+    "bf16 on the device").  When this fails, the library's conversions may run in the simulator."""
+    import numba.cuda.bf16 as library
+    from numba import cuda
+
+    values = np.array([1.0, -2.5, 3.140625], dtype=ml_dtypes.bfloat16)
+    device = cuda.to_device(values)
+    assert np.array_equal(device.view(np.uint16).copy_to_host(), values.view(np.uint16))
+    assert library.bfloat16 is None and not hasattr(library, "float32_to_bfloat16_rn")
+
+    @cuda.jit
+    def rounded(out, x):
+        out[0] = cuda.bfloat16(x[0])
+
+    with pytest.raises((AttributeError, NotImplementedError)):  # no cuda.bfloat16, or a type that cannot cast
+        rounded[1, 1](cuda.device_array(1, ml_dtypes.bfloat16), cuda.to_device(np.ones(1, np.float32)))
