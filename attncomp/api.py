@@ -221,14 +221,24 @@ class CompiledFunction:
             )
         return Decoder(decoding_compilation(decoding, cache=stored), max_len)
 
-    def paged_decoder(self, page_size: int = 16, num_pages: int = 1024, dtype: str | None = None) -> PagedDecoder:
+    def paged_decoder(
+        self, page_size: int = 16, num_pages: int = 1024, dtype: str | None = None, cache: Any = None
+    ) -> PagedDecoder:
         """A decoder serving many sequences over one pool of key/value pages (docs/api.md section 7).
 
-        A generic spec's pool holds ``dtype`` (default float32) keys and values."""
+        A generic spec's pool holds ``dtype`` (default float32) keys and values, or with
+        ``cache="f8e4m3"`` / ``"f8e5m2"`` (``ac.f8e4m3``, ``ac.f8e5m2``) 8-bit codes and a float32
+        scale per (token, head) beside the pages."""
+        stored = cache_type(cache)
+        if stored and self.backend == "cuda":
+            raise ValueError(
+                f"cache={stored!r}: 8-bit key/value pages run on the cpu and interp backends; "
+                "the cuda backend's paged decoder does not have them yet"
+            )
         compilation = self.for_dtype(dtype).compilation
         # the same refusals as fn.decoder: keys must be computable for new tokens alone
         decoding_compilation(compilation, backend="interp")
-        return PagedDecoder(compilation, page_size, num_pages)
+        return PagedDecoder(compilation, page_size, num_pages, cache=stored)
 
     def chunk_parts(self, dtype: str | None = None) -> dict[str, CompiledFunction]:
         """The compiled parts a run over Dask arrays schedules (docs/api.md section 8), by name.

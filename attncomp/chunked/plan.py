@@ -30,13 +30,15 @@ def part_pipeline(
     offsets: bool = True,
     ragged: bool = False,
     paged: bool = False,
+    cache: str = "",
 ) -> list[Pass]:
     """``passes`` with ``chunk-pairs{part=...}`` run on the fused graph (its options as named).
 
     ``blocks`` sets flash-tiling's (query, key) blocks: the classifier tiles one tile per chunk
     pair (with ``offsets`` false); a paged decoder's ragged parts take small query blocks.
+    ``cache``: a paged part's pools hold 8-bit codes of this type, with their scales.
     """
-    cut = make_pass("chunk-pairs", part=part, masked=masked, offsets=offsets, ragged=ragged, paged=paged)
+    cut = make_pass("chunk-pairs", part=part, masked=masked, offsets=offsets, ragged=ragged, paged=paged, cache=cache)
     passes = edit_pipeline(passes, insert=cut, before="flash-tiling")
     if blocks is not None:
         # the function's own tiling options (precision, determinism, batch invariance) with these blocks
@@ -151,22 +153,26 @@ class ChunkPlan:
             named["outputs"] = self.outputs.fn
         return named
 
-    def ragged_attention(self, paged: bool = False) -> Part:
+    def ragged_attention(self, paged: bool = False, cache: str = "") -> Part:
         """The attention part over a ragged batch of sequences (built once); ``paged``: its keys and
-        values read from pools of pages through page tables."""
-        key = "paged" if paged else "ragged"
+        values read from pools of pages through page tables (``cache``: pools of 8-bit codes of this
+        type, with their scales)."""
+        key = f"paged{cache}" if paged else "ragged"
         if key not in self._ragged:
-            self._ragged[key] = self._part(str(self.fn.input), "attention", ragged=True, paged=paged)
+            self._ragged[key] = self._part(str(self.fn.input), "attention", ragged=True, paged=paged, cache=cache)
         return self._ragged[key]
 
-    def _part(self, text: str, part: str, masked: bool = True, ragged: bool = False, paged: bool = False) -> Part:
+    def _part(
+        self, text: str, part: str, masked: bool = True, ragged: bool = False, paged: bool = False, cache: str = ""
+    ) -> Part:
         fn = self.fn
         # a step's sequences bring a few new tokens each: query blocks of 16 rows; key blocks as the
         # function's own tiling takes them (the CPU's 128: half the per-tile work of 64)
         block_k = next((p.block_k for p in fn.passes if p.name == "flash-tiling"), 64)
         blocks = (16, block_k) if ragged else None
-        passes = part_pipeline(fn.passes, part, masked, blocks, ragged=ragged, paged=paged)
+        passes = part_pipeline(fn.passes, part, masked, blocks, ragged=ragged, paged=paged, cache=cache)
         suffix = ("" if masked else "_unmasked") + ("_ragged" if ragged else "") + ("_paged" if paged else "")
+        suffix += f"_{cache}" if cache else ""
         ref = PartRef(text, fn.backend, pipeline_text(passes), f"{fn.name}_{part}{suffix}")
         compiled = fn.derive(passes, name=ref.name, module=parse_ir(text))
         register(ref, compiled)

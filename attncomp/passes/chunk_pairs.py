@@ -32,6 +32,13 @@ naming it, as kv-cache-reuse refuses.  The function attribute
 queries and keys), the name of its offset, or "" for an axis that is never
 split (a head axis shared through ``kv_repeat``); ``position_offsets`` lists
 the other parts' offsets as "axis=offset".
+
+With ``paged = true`` the attention reads its keys and values from pools of
+pages through a page table (``ac.page_view``); with ``cache = f8e4m3`` (or
+``f8e5m2``) as well, the pools hold 8-bit codes and beside each a float32
+argument ``k_scales`` (``v_scales``), one scale per (token, head) row in the
+pages' own layout, and the views are every row dequantised (``ir.quantized``);
+the function carries ``cache_type``.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops import Checker
 from attncomp.ir.ops.attention import attention_types
 from attncomp.ir.printer import Namer
-from attncomp.ir.types import TensorType
+from attncomp.ir.types import CACHE_DTYPES, TensorType
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
 from attncomp.passes.kv_cache_reuse import find_mixing, fresh_dim, offset_iotas, offset_region_index
@@ -168,10 +175,20 @@ class ChunkPairs(Pass):
     offsets: bool = True
     ragged: bool = False
     paged: bool = False
+    #: the pools' element type: "" (the keys' and values' own) or an 8-bit type with scales (``paged``)
+    cache: str = ""
 
     def run(self, module: Module, remarks: list[str]) -> None:
         if self.part not in PARTS:
             raise PipelineError(f"chunk-pairs: part must be one of {', '.join(PARTS)}, not {self.part!r}")
+        if self.cache and self.cache not in CACHE_DTYPES:
+            raise PipelineError(
+                f"chunk-pairs: cache must be one of {', '.join(CACHE_DTYPES)} (or absent), got {self.cache!r}"
+            )
+        if self.cache and not (self.paged and self.part == "attention"):
+            raise PipelineError(
+                "chunk-pairs: cache= is the element type of a paged attention's pools (part=attention, paged=true)"
+            )
         func = module.main
         attn = fused_attention(func)
         q = attn.operands[0]
@@ -218,16 +235,26 @@ class ChunkPairs(Pass):
         if self.paged:  # keys and values read through a page table from a pool of pages
             del func.body.args[-2:]
             pool = Dim.sym(fresh_dim(func, "num_pages")), Dim.sym(fresh_dim(func, "page_size"))
-            pages = []
+            pages, scales = [], []
             for c, n in ((chunks[1], "k"), (chunks[2], "v")):  # [num_pages, *heads, page_size, d]
                 shape = (pool[0], *c.type.shape[1:-2], pool[1], c.type.shape[-1])
-                pages.append(func.body.add_arg(c.type.with_shape(shape), f"{n}_pages"))
+                pages.append(func.body.add_arg(TensorType.of(shape, self.cache or c.type.dtype), f"{n}_pages"))
+                if self.cache:  # one float32 scale per (token, head) row, where its row is
+                    scales.append(func.body.add_arg(TensorType.of(shape[:-1], "f32"), f"{n}_scales"))
             entries = Dim.sym(fresh_dim(func, "table_entries"))
             table_shape = (batch, entries) if self.ragged else (entries,)
             table = func.body.add_arg(TensorType(table_shape, "i64"), "page_table")
             builder = Builder(func.body, 0)
-            chunks[1:] = [builder.emit("ac.page_view", p, table, rows=Dim.sym(k_rows)) for p in pages]
-            first = [chunks[0], *pages, table]
+            views = []
+            for k, (p, c) in enumerate(zip(pages, chunks[1:])):
+                operands = [p, table, scales[k]] if self.cache else [p, table]
+                seen = (table_shape[0] if self.ragged else dim(1), *p.type.shape[1:-2], Dim.sym(k_rows))
+                read_as = [TensorType.of((*seen, p.type.shape[-1]), c.type.dtype)]  # the chunk's float type
+                views.append(builder.op("ac.page_view", operands, {"rows": Dim.sym(k_rows)}, read_as).result)
+            chunks[1:] = views
+            first = [chunks[0], *(x for k in range(2) for x in [pages[k], *scales[k : k + 1]]), table]
+            if self.cache:
+                func.attrs["cache_type"] = self.cache
         attn.operands = list(chunks)
         lse = _with_lse(attn)
         out_t, lse_t = attention_types(

@@ -21,7 +21,12 @@ prefill and decode in one call) and:
 4. only then appends the new keys and values to the pages, in place.
 
 Anything that fails before step 4 leaves every sequence and the pool as they
-were.  A batch-invariant function (``flash-tiling{batch_invariant=true}``) gives each
+were.  An 8-bit pool (``cache="f8e4m3"`` or ``"f8e5m2"``) holds codes and a
+float32 scale per (token, head) row: the step's new keys and values are
+quantised in step 2 and attended as the pool will hold them (dequantised), so
+every key a query sees is read back from 8 bits, and their codes and scales are
+what step 4 writes; the paged attention reads the codes and scales in place
+(``chunk-pairs{paged=true,cache=...}``).  A batch-invariant function (``flash-tiling{batch_invariant=true}``) gives each
 sequence the bits it would get alone: no cascade (stacking a group's queries into one
 entry, and cutting their keys at the shared prefix, would make a row's sums depend on
 the other sequences), and every tile of cached keys read whole, the ragged batch's key
@@ -43,6 +48,7 @@ from attncomp.backends.lse_merge import merge_partials
 from attncomp.chunked.plan import ChunkPlan
 from attncomp.compilation import Compilation
 from attncomp.errors import ShapeError
+from attncomp.ir.quantized import dequantize, quantize
 from attncomp.passes.pipeline import is_batch_invariant
 from attncomp.serving.pool import PagePool, PoolExhausted
 
@@ -60,6 +66,8 @@ class Pending:
     k: np.ndarray | None = None
     v: np.ndarray | None = None
     partials: list[tuple[np.ndarray, np.ndarray]] | None = None
+    #: what the pool's arrays get: the new keys' and values' rows, or an 8-bit pool's codes and scales
+    stored: list[np.ndarray] | None = None
 
     @property
     def positions(self) -> np.ndarray:
@@ -81,16 +89,19 @@ class PagedDecoder:
         num_pages: int,
         cascade_min: int = 64,
         cascade_sharers: int = 2,
+        cache: str = "",
     ):
         self.fn = fn
+        #: the pool's 8-bit type ("" for the keys' own type)
+        self.cache = cache
         self.plan = ChunkPlan.of(fn)
         #: the attention of a ragged batch of sequences over keys held contiguously (the new ones)
         self.attention = self.plan.ragged_attention()
         #: and over cached keys read in place from the pages (``ac.page_view``): the one function that
         #: reads the pool (cascade and own pages alike), so the pool is stored as it reads it (a device
         #: pool copies in only a step's new tokens, and holds bf16 in 16 bits where its kernels take that)
-        self.paged = self.plan.ragged_attention(paged=True)
-        self.pool = PagePool(num_pages, page_size, self.paged.fn.program.page_storage())
+        self.paged = self.plan.ragged_attention(paged=True, cache=cache)
+        self.pool = PagePool(num_pages, page_size, self.paged.fn.program.page_storage(), cache)
         self.cascade_min, self.cascade_sharers = cascade_min, cascade_sharers
         #: each sequence's bits as it would get them alone (no cascade; whole key tiles)
         self.batch_invariant = is_batch_invariant(self.paged.fn.passes)
@@ -153,7 +164,7 @@ class PagedDecoder:
         self._own(pending, start)
         results = {p.seq: self._outputs(p) for p in pending}
         for p in pending:  # everything computed: now the pages change
-            self.pool.append(p.seq, [to_rows(p.k), to_rows(p.v)])
+            self.pool.append(p.seq, p.stored)
         return results
 
     def _check(self, seq: int, args: tuple[Any, ...]) -> Pending:
@@ -186,6 +197,15 @@ class PagedDecoder:
             for role, out in zip(produced, outs):
                 got.setdefault(role, out)
         p.q, p.k, p.v = got["q"], got["k"], got["v"]
+        if not self.cache:
+            p.stored = [to_rows(p.k), to_rows(p.v)]
+            return
+        p.stored = []
+        for name in ("k", "v"):  # quantised once: attended as read back, appended as codes and scales
+            x = getattr(p, name)
+            codes, scales = quantize(x, self.cache)
+            p.stored += [to_rows(codes), np.moveaxis(scales[0], -1, 0)]
+            setattr(p, name, dequantize(codes, scales, np.float64).astype(x.dtype))
 
     def _sizes(self, p: Pending, rows: int, k_rows: int | None = None) -> dict[str, int]:
         sizes = dict(p.env, **{name: 0 for name in self._offsets})
@@ -217,9 +237,9 @@ class PagedDecoder:
         for b, (p, s) in enumerate(zip(members, ragged[1])):
             pages = self.pool.sequence(p.seq).pages[s // size : -(-(s + lengths[b]) // size)]
             table[b, : len(pages)] = pages
-        keys, values = self.pool.arrays
+        pools = self.pool.arrays  # keys, values; or keys' codes and scales, values' codes and scales
         sizes = self._sizes(first, q.shape[-2], rows)
-        outputs = self.paged.fn.run_shaped([q, keys, values, table, *ragged, lengths, *captured], sizes)
+        outputs = self.paged.fn.run_shaped([q, *pools, table, *ragged, lengths, *captured], sizes)
         return [self.pool.storage.host(x) for x in outputs]  # a device pool leaves them on the device
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:

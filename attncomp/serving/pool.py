@@ -9,6 +9,12 @@ is copied only when one of its holders appends to it (copy on write), so a
 fork copies at most one page; a page returns to the free list when its last
 holder is freed.  The arrays live where the backend's kernels read them
 (``storage``): host memory, or the GPU's for the cuda backend.
+
+An 8-bit pool (``cache="f8e4m3"`` or ``"f8e5m2"``) holds each cached tensor as
+two arrays: its codes ``[num_pages, *heads, page_size, d]`` and beside them a
+float32 scale per (token, head) row, ``[num_pages, *heads, page_size]`` (the
+same page indexing); rows are quantised before they are appended
+(``ir.quantized``), and pages are copied on write codes and scales alike.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.host_pages import HostPages
+from attncomp.ir.quantized import dequantize
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.serving.pages import gather_pages
 
@@ -35,9 +42,11 @@ class Sequence:
 
 
 class PagePool:
-    def __init__(self, num_pages: int, page_size: int, storage: Any = None):
+    def __init__(self, num_pages: int, page_size: int, storage: Any = None, cache: str = ""):
         if num_pages <= 0 or page_size <= 0:
             raise ValueError(f"num_pages and page_size must be positive, got {num_pages} and {page_size}")
+        #: the 8-bit type the pages hold ("" for the keys' own): each cached tensor is then codes and scales
+        self.cache = cache
         self.num_pages, self.page_size = int(num_pages), int(page_size)
         self.refs = np.zeros(self.num_pages, dtype=np.int64)
         self._free = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
@@ -93,12 +102,23 @@ class PagePool:
         return needed
 
     def allocate(self, shapes: list[tuple[tuple[int, ...], np.dtype]]) -> None:
-        """Make the page arrays: one per cached tensor, whose positions are ``(*heads, d)`` of ``dtype``."""
-        if self.arrays is None:
-            self.arrays = [
-                self.storage.zeros((self.num_pages, *rest[:-1], self.page_size, rest[-1]), dtype)
-                for rest, dtype in shapes
-            ]
+        """Make the page arrays: one per cached tensor, whose positions are ``(*heads, d)`` of ``dtype``;
+        in an 8-bit pool, its codes and their scales."""
+        if self.arrays is not None:
+            return
+        arrays = []
+        for rest, dtype in shapes:
+            rows = (self.num_pages, *rest[:-1], self.page_size)
+            if self.cache:
+                arrays += [self.storage.zeros((*rows, rest[-1]), NUMPY_DTYPES[self.cache])]
+                arrays += [self.storage.zeros(rows, np.float32)]
+            else:
+                arrays += [self.storage.zeros((*rows, rest[-1]), dtype)]
+        self.arrays = arrays
+
+    def is_scales(self, k: int) -> bool:
+        """Whether ``arrays[k]`` holds an 8-bit pool's scales (one per row) rather than rows."""
+        return bool(self.cache) and k % 2 == 1
 
     @property
     def bytes_per_position(self) -> int:
@@ -111,7 +131,9 @@ class PagePool:
         return [self.storage.host(a) for a in self.arrays or []]
 
     def append(self, seq: int, rows: list[np.ndarray]) -> None:
-        """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place."""
+        """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place: one
+        per page array (an 8-bit pool's codes ``[count, *heads, d]`` and scales ``[count, *heads]``,
+        quantised by the caller)."""
         s, size = self.sequence(seq), self.page_size
         count = rows[0].shape[0]
         if count and s.length % size and self.refs[s.pages[-1]] > 1:
@@ -127,7 +149,9 @@ class PagePool:
             s.pages.append(page)
         positions = np.arange(s.length, s.length + count)
         pages = np.asarray(s.pages)[positions // size]
-        for array, new in zip(self.arrays, rows):  # new: [count, *heads, d]
+        for k, (array, new) in enumerate(zip(self.arrays, rows)):  # new: [count, *heads, d]
+            if self.is_scales(k):  # [count, *heads]: written as rows of one element
+                array, new = array[..., None], new[..., None]
             self.storage.write(array, pages, positions % size, new)
         s.length += count
 
@@ -136,12 +160,15 @@ class PagePool:
 
         One copy per cached tensor, page by page; ``start`` is a page boundary.  Rows past
         the sequence's last page are zeros (a ragged batch reads each entry to the longest).
+        An 8-bit pool's rows are read dequantised, in float32.
         """
         s, size = self.sequence(seq), self.page_size
         first, last = start // size, -(-stop // size)
         pages = np.asarray(s.pages[first:last], dtype=np.int64)
         out = []
-        for array in self.host_arrays():
+        for k, array in enumerate(self.host_arrays()):
+            if self.is_scales(k):
+                array = array[..., None]
             heads, d = array.shape[1:-2], array.shape[-1]
             buffer = np.zeros((1, *heads, stop - start, d), array.dtype)
             flat_heads = int(np.prod(heads, dtype=np.int64))
@@ -152,10 +179,14 @@ class PagePool:
                 stop - start,
                 buffer.view(raw.dtype).reshape(flat_heads, stop - start, d),
             )
-            out.append(buffer)
+            out.append(buffer[..., 0] if self.is_scales(k) else buffer)
+        if self.cache:
+            return [dequantize(codes, scales) for codes, scales in zip(out[::2], out[1::2])]
         return out
 
 
 def _gatherable(array: np.ndarray) -> np.ndarray:
-    """``array``, or the 16-bit patterns of a bf16 array (Numba has no bfloat16 element)."""
-    return array.view(np.uint16) if array.dtype == np.dtype(NUMPY_DTYPES["bf16"]) else array
+    """``array``, or the bits of a bf16 or 8-bit array (Numba has no such element)."""
+    if array.dtype == np.dtype(NUMPY_DTYPES["bf16"]):
+        return array.view(np.uint16)
+    return array.view(np.uint8) if array.dtype.itemsize == 1 else array

@@ -25,7 +25,7 @@ from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
 from attncomp.backends.numba_cpu.intrinsics import unpin_after_error
 from attncomp.backends.numba_cpu.kernel import FEW_ROWS, SERIAL_WORK, write_kernel
-from attncomp.backends.numba_cpu.signatures import Jit, quantized_cache
+from attncomp.backends.numba_cpu.signatures import Jit, quantized_cache, quantized_scales
 from attncomp.backends.numba_cpu.tile_math import FASTMATH
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Module, Op, Value, captured_values
@@ -107,7 +107,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> str:
             if v.owner is not None and getattr(v.owner, "name", None) == "ac.page_view":
                 captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
             if quantized_cache(v) is not None:
-                captured.setdefault(v.owner.operands[1], f"arg_{n}_scale")  # an 8-bit cache's row scales
+                captured.setdefault(quantized_scales(v), f"arg_{n}_scale")  # an 8-bit cache's row scales
         chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, jit))
         kernels[op] = (name, captured)
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):

@@ -227,12 +227,15 @@ class KernelWriter(KernelSource):
             w.line("if not scored:")
             with w.indent():
                 if self.paged(compute.k_load):
-                    self.page_runs(
-                        compute.k_load,
-                        "j0",
-                        "nk",
-                        lambda rows: f"group_scores(qt, qt_bits, qt_is_bf16, {rows}, sg, sg_spare, G, nq, run, 0, c0)",
-                    )
+                    factor = self.code_scale(compute.k_load) if compute.k_load.operands[0] in self.codes else None
+
+                    def scores(rows: str, scales: str | None) -> list[str]:
+                        lines = [f"group_scores(qt, qt_bits, qt_is_bf16, {rows}, sg, sg_spare, G, nq, run, 0, c0)"]
+                        if scales is not None:  # products with codes: times each key's scale
+                            lines.append(f"scale_keys(sg, {scales}, {factor}, G, nq, run, c0)")
+                        return lines
+
+                    self.page_runs(compute.k_load, "j0", "nk", scores)
                 else:
                     # the rows nk on are prefetched, the next tile's (a hint: past the end it fetches nothing)
                     keys = "ks_bits" if raw[compute.k_load] else "ks"
@@ -257,12 +260,15 @@ class KernelWriter(KernelSource):
 
     def page_runs(self, load_op, start: str, count: str, call, at: list[str] | None = None) -> None:
         """Rows ``start .. start + count`` of a tile read through pages, in place, a page's run of rows
-        at a time: ``call(rows)`` gives the line that uses them (``rows``: a view of the pool; ``c0``
-        the run's first row in the tile, ``run`` its rows).  ``at``: names holding the load's batch
-        and head indices, where they are not its operands' own."""
+        at a time: ``call(rows, scales)`` gives the lines that use them (``rows``: a view of the pool,
+        ``scales``: of 8-bit pages' row scales, else None; ``c0`` the run's first row in the tile,
+        ``run`` its rows).  ``at``: names holding the load's batch and head indices, where they are
+        not its operands' own."""
         w = self.w
         view = self.page_view(load_op)
         pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
+        source = load_op.operands[0]
+        scales = self.array_ref(sig.quantized_scales(source)) if source in self.codes else None
         batch, *heads = at or [self.scalar().ref(v) for v in load_op.operands[1:-1]]
         entry = f"{batch}, " if view.operands[1].type.rank == 2 else ""
         size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
@@ -279,7 +285,9 @@ class KernelWriter(KernelSource):
             w.line("if at + run < n_keys:")
             with w.indent():
                 w.line(f"prefetch_rows({pages}[{table}[{entry}(at + run) // {size}], {heads}0:BK])")
-            w.line(call(f"{pages}[page, {heads}slot:slot + run]"))
+            run_scales = None if scales is None else f"{scales}[page, {heads}slot:slot + run]"
+            for line in call(f"{pages}[page, {heads}slot:slot + run]", run_scales):
+                w.line(line)
             w.line("c0 += run")
 
     def group_value_at(self, v_load) -> list[str]:
@@ -321,7 +329,23 @@ class KernelWriter(KernelSource):
             return
         view = self.page_view(load_op)
         src = self.array_ref(load_op.operands[0])
-        if load_op.operands[0] in self.codes:  # 8-bit codes: each row times its scale
+        if load_op.operands[0] in self.codes and view is not None:  # 8-bit pages: a page's run at a time
+            scales = self.array_ref(sig.quantized_scales(load_op.operands[0]))
+            page, _ = self.page_row(load_op, view, "j0 + c0")
+            heads = "".join(f"{self.scalar().ref(v)}, " for v in load_op.operands[2:-1])
+            size = f"{src}.shape[{view.operands[0].type.rank - 2}]"
+            run = f"{heads}slot:slot + run"
+            lines = [
+                "c0 = np.int64(0)",
+                "while c0 < nk:  # the rows on one page, each times its scale",
+                f"    page = {page}",
+                f"    slot = (j0 + c0) % {size}",
+                f"    run = min(nk - c0, {size} - slot)",
+                f"    dequantize_rows({src}[page, {run}], {scales}[page, {run}], "
+                f"{self.code_scale(load_op)}, {buffer}[c0:], run)",
+                "    c0 += run",
+            ]
+        elif load_op.operands[0] in self.codes:  # 8-bit codes: each row times its scale
             rows, scales = self.tile_rows(load_op), self.tile_rows(load_op, scales=True)
             lines = [f"dequantize_rows({rows}, {scales}, {self.code_scale(load_op)}, {buffer}, nk)"]
         elif view is None:  # bf16 rows: each row's bits to the top half of the buffer's float32 bits
@@ -351,14 +375,14 @@ class KernelWriter(KernelSource):
         """No rows of a value tile read in place, of the type the few-row branch gives its rows
         (``scales``: of an 8-bit source's row scales)."""
         source = load_op.operands[0]
-        src = self.array_ref(source.owner.operands[1] if scales else source)
+        src = self.array_ref(sig.quantized_scales(source) if scales else source)
         return f"{src}[{''.join('0, ' for _ in load_op.operands[1:-1])}0:0]"
 
     def tile_rows(self, load_op, scales: bool = False) -> str:
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load (``scales``: of an 8-bit
         source's row scales)."""
         source = load_op.operands[0]
-        src = self.array_ref(source.owner.operands[1] if scales else source)
+        src = self.array_ref(sig.quantized_scales(source) if scales else source)
         batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
         return f"{src}[{''.join(b + ', ' for b in batch)}j0:j0 + nk]"
 
@@ -546,13 +570,15 @@ class KernelWriter(KernelSource):
                 w.line("if nq <= FEW_ROWS and scored:")
                 with w.indent():
                     if self.paged(v_load):
-                        self.page_runs(
-                            v_load,
-                            "j0_group",
-                            "nk_group",
-                            lambda rows: f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0)",
-                            self.group_value_at(v_load),
-                        )
+                        factor = self.code_scale(v_load) if v_load.operands[0] in self.codes else None
+
+                        def values(rows: str, scales: str | None) -> list[str]:
+                            lines = [f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0)"]
+                            if scales is not None:  # weights times each value row's scale, first
+                                lines.insert(0, f"scale_keys(sg, {scales}, {factor}, G, nq, run, c0)")
+                            return lines
+
+                        self.page_runs(v_load, "j0_group", "nk_group", values, self.group_value_at(v_load))
                     else:  # the rows nk_group on prefetched: the next tile's
                         if v_load.operands[0] in self.codes:  # weights times each value row's scale
                             w.line(f"scale_keys(sg, vs_scale_group, {self.code_scale(v_load)}, G, nq, nk_group, 0)")

@@ -72,11 +72,18 @@ def stored_bf16(grid: Op) -> set[Value]:
 
 
 def quantized_cache(value: Value) -> Op | None:
-    """The ``ac.cache_append`` to an 8-bit cache (with its scales) whose view ``value`` is, or None."""
+    """The ``ac.cache_append`` to an 8-bit cache, or the ``ac.page_view`` of 8-bit pages (each with
+    its scales), whose view ``value`` is, or None.  Its first operand holds the codes."""
     owner = value.owner
-    if getattr(owner, "name", None) == "ac.cache_append" and len(owner.operands) == 3:
+    if getattr(owner, "name", None) in ("ac.cache_append", "ac.page_view") and len(owner.operands) == 3:
         return owner
     return None
+
+
+def quantized_scales(value: Value) -> Value:
+    """The row scales of the 8-bit cache or pages whose view ``value`` is (:func:`quantized_cache`)."""
+    owner = quantized_cache(value)
+    return owner.operands[2] if owner.name == "ac.page_view" else owner.operands[1]
 
 
 def stored_f8(grid: Op) -> set[Value]:

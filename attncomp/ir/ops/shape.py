@@ -243,31 +243,67 @@ class PageView(OpDef):
     builds the view.  Page numbers are checked before use.
 
     %k = ac.page_view %k_pages, %page_table {rows = k_rows} : tensor<1 x KV x k_rows x D x f32>
+
+    8-bit pages (``f8e4m3`` or ``f8e5m2``, ``ir.quantized``) come with their
+    float32 scales after the table, one per row (``[num_pages, *heads, P]``,
+    the same page indexing), and the view is every row dequantised (codes times
+    scale), in the declared float type:
+
+    %k = ac.page_view %k_pages, %page_table, %k_scales {rows = k_rows} : tensor<1 x KV x k_rows x D x f32>
     """
 
     name = "ac.page_view"
     attributes = {"rows": "the rows seen (a dimension)"}
+    #: the result's element type: the pages' own, or, for 8-bit pages, the float type they are read in
+    declared_result = True
 
     def infer(self, operands, attrs, declared, checker):
-        if len(operands) != 2:
-            raise TypeCheckError(f"{self.name}: expects the pages and the page table")
-        pages, table = operands
+        if len(operands) not in (2, 3):
+            raise TypeCheckError(f"{self.name}: expects the pages, the page table (and the pages' scales)")
+        pages, table = operands[:2]
         rows = dim(require_attr(attrs, "rows", (int, Dim), self.name))
         if pages.rank < 3 or table.rank not in (1, 2) or not table.dtype.startswith("i"):
             raise TypeCheckError(
                 f"{self.name}: expects pages [num_pages, ..., page_size, d] and an integer table of rank 1 or 2"
             )
         batch = table.shape[0] if table.rank == 2 else dim(1)
-        return [pages.with_shape((batch, *pages.shape[1:-2], rows, pages.shape[-1]))]
+        view = pages.with_shape((batch, *pages.shape[1:-2], rows, pages.shape[-1]))
+        if len(operands) == 2:
+            if pages.dtype in CACHE_DTYPES:
+                raise TypeCheckError(f"{self.name}: 8-bit pages {pages} need their scales after the page table")
+            return [view]
+        scales = operands[2]
+        if pages.dtype not in CACHE_DTYPES or scales.dtype != "f32":
+            raise TypeCheckError(
+                f"{self.name}: 8-bit pages are {' or '.join(CACHE_DTYPES)} with f32 scales, got {pages} and {scales}"
+            )
+        if scales.rank != pages.rank - 1:
+            raise TypeCheckError(f"{self.name}: the scales {scales} need one per row of the pages {pages}")
+        for p, s in zip(pages.shape, scales.shape):
+            checker.unify(p, s, self.name)
+        result = single_declared(declared, self.name)
+        if not is_float(result.dtype):
+            raise TypeCheckError(f"{self.name}: 8-bit pages are read as a float type, not {result.dtype}")
+        return [view.with_dtype(result.dtype)]
 
     def evaluate(self, op, args, ctx):
-        pages, table = args
+        pages, table = args[:2]
         rows = dim(op.attrs["rows"]).evaluate(ctx.env)
-        size, heads, d = pages.shape[-2], pages.shape[1:-2], pages.shape[-1]
+        size, heads = pages.shape[-2], pages.shape[1:-2]
         table = np.asarray(table, dtype=np.int64).reshape(-1, np.shape(table)[-1])
         check_pages(table, pages.shape[0], size, rows)
         need = -(-rows // size)
-        views = [np.moveaxis(pages[t[:need]], 0, -3).reshape(*heads, need * size, d)[..., :rows, :] for t in table]
+
+        def gather(t: np.ndarray, array: np.ndarray) -> np.ndarray:  # one sequence's rows, [*heads, rows, ...]
+            rest = array.shape[len(heads) + 2 :]
+            return np.moveaxis(array[t[:need]], 0, len(heads)).reshape(*heads, need * size, *rest)[
+                (slice(None),) * len(heads) + (slice(0, rows),)
+            ]
+
+        if len(args) == 3:  # 8-bit pages: every row dequantised
+            views = [dequantize(gather(t, pages), gather(t, args[2]), np.float64) for t in table]
+        else:
+            views = [gather(t, pages) for t in table]
         return [np.stack(views)]
 
 
