@@ -321,7 +321,8 @@ class PagedDecoder:
 
     def __repr__(self) -> str:
         pool = self.pool
+        stored = f", {self.cache} pages" if self.cache else ""
         return (
             f"<attncomp paged decoder {self.fn.name}: {len(pool.sequences)} sequences, "
-            f"{pool.pages_free}/{pool.num_pages} pages of {pool.page_size} free>"
+            f"{pool.pages_free}/{pool.num_pages} pages of {pool.page_size} free{stored}>"
         )
