@@ -100,7 +100,15 @@ def decoder_steps(fn, host, prompt: int, seed: int = 0) -> dict[int, list[np.nda
 
 
 def paged_steps(
-    fn, host, prompt: int, page_size: int = 16, seed: int = 0, heads=(4, 1, 1), dims=(8, 8, 32), steps: int = 8
+    fn,
+    host,
+    prompt: int,
+    page_size: int = 16,
+    seed: int = 0,
+    heads=(4, 1, 1),
+    dims=(8, 8, 32),
+    steps: int = 8,
+    cache: str | None = None,
 ) -> dict[int, list[np.ndarray]]:
     """``fn.paged_decoder`` steps of ``causal_gqa`` (``heads`` and ``dims`` of q, k, v: four query
     heads a key/value head, 32 value features by default, as its CPU loops take four rows at a time):
@@ -110,7 +118,7 @@ def paged_steps(
     short), in a pool whose pages were handed out first to a sequence freed after, so that the
     sequence's pages lie elsewhere, among the others'.  In the batch of 17 a fork of the sequence
     decodes beside it (their shared prompt would be read once, in cascade, by default).  Its outputs
-    of each step, by batch size (0: alone)."""
+    of each step, by batch size (0: alone).  ``cache``: pools of 8-bit pages of that type."""
     rng = np.random.default_rng(seed)
 
     def tokens_of(n):
@@ -118,11 +126,11 @@ def paged_steps(
 
     mine = [tokens_of(prompt)] + [tokens_of(1) for _ in range(steps)]
     pages = 4 * 17 * (-(-(2 * prompt + 8 + steps) // page_size))
-    srv = fn.paged_decoder(page_size=page_size, num_pages=pages)
+    srv = fn.paged_decoder(page_size=page_size, num_pages=pages, cache=cache)
     me = srv.new()
     seen = {0: [host(srv.step({me: tuple(chunk)})[me]) for chunk in mine]}
     for n in BATCHES:
-        srv = fn.paged_decoder(page_size=page_size, num_pages=pages)
+        srv = fn.paged_decoder(page_size=page_size, num_pages=pages, cache=cache)
         scratch = srv.new()
         srv.step({scratch: tuple(tokens_of(3 * page_size + 5))})
         lengths = [prompt, prompt + 3 * page_size + 7] + list(rng.integers(1, 4 * page_size, max(n - 3, 0)))

@@ -90,3 +90,9 @@ def test_gradients(rows):
     _, pullback = ac.compile(ragged_gqa, backend="interp").vjp(q, k, v, np.array([KEYS], np.int64))
     for got, want in zip(seen[0][1:], pullback(d_out)[:3]):
         assert np.max(np.abs(got - want[0])) < 1e-4 * max(1.0, np.max(np.abs(want)))
+
+
+def test_paged_decoder_steps_over_8bit_pages():
+    fn = ac.compile(causal_gqa, backend="cpu", batch_invariant=True, n_rep=4)
+    seen = paged_steps(fn, np.asarray, KEYS, cache="f8e4m3")
+    assert differing(seen) == []
