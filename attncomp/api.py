@@ -208,11 +208,6 @@ class CompiledFunction:
         holds that type, or with ``cache="f8e4m3"`` / ``"f8e5m2"`` (``ac.f8e4m3``, ``ac.f8e5m2``)
         8-bit codes and a float32 scale per (token, head)."""
         stored = cache_type(cache)
-        if stored and self.backend == "cuda":
-            raise ValueError(
-                f"cache={stored!r}: 8-bit key/value caches run on the cpu and interp backends; "
-                "the cuda backend does not have them yet"
-            )
         decoding = self.for_dtype(dtype).compilation
         if self.family is not None and dtype is None:
             decoding_compilation(decoding, cache=stored)  # the refusals, now

@@ -26,8 +26,10 @@ from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.key_splits import fixed_split_count, split_blocks
 from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
+from attncomp.backends.numba_cuda.fp8_codes import quantized_append
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
+from attncomp.backends.numba_cuda.host.quantized_append import codes_type
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan, plan_flash, plan_mma
@@ -66,6 +68,8 @@ class AttentionKernels:
             self.captured[v] = f"arg_{n}"
             if v.owner is not None and getattr(v.owner, "name", None) == "ac.page_view":
                 self.captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
+            if quantized_append(v) is not None:  # an 8-bit cache's codes, read with their rows' scales
+                self.captured.setdefault(v.owner.operands[1], f"arg_{n}_scale")
         self.dims = size_names(func)
         self.func_name = func.name
         self.name = f"attention_kernel_{index}"
@@ -183,6 +187,8 @@ class AttentionKernels:
             contiguous = contiguous_at_call(value)
             if value in self.bits:  # bf16 patterns (a host array's uint16 view)
                 types.append(array_type("f32", rank, contiguous, patterns=True))
+            elif quantized_append(value) is not None:  # 8-bit codes, as bytes
+                types.append(codes_type(rank, contiguous))
             else:
                 scalar = SCALAR_ARG[value.type.dtype]
                 types.append(scalar if rank == 0 else array_type(value.type.dtype, rank, contiguous))

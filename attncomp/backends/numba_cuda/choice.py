@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.mma.atoms import ATOMS, MmaAtom
 from attncomp.ir.core import Module, Op
-from attncomp.ir.types import accumulation_dtype
+from attncomp.ir.types import CACHE_DTYPES, accumulation_dtype
 
 #: the kernel families: an attention's forward, its backward (dK, dV, and dQ by atomics or in a
 #: pass of its own), and the dQ pass of a deterministic backward
@@ -51,6 +51,9 @@ class KernelChoice:
     storage: str = "f32"
     accumulate: str = "f32"
     deterministic: bool = False
+    #: keys and values read from a decoder's 8-bit cache ("f8e4m3" or "f8e5m2": codes decoded and
+    #: scaled as they are staged, on the scalar kernels); "" for none
+    cache: str = ""
     #: keys and values staged by 16-byte asynchronous copies into swizzled shared tiles and read by
     #: ``ldmatrix`` (``mma/flash_kernel.py``): 16-bit operands whose key and value rows are dense
     #: (``arrays.dense_rows``); else staged by loads and stores of 32-bit words
@@ -86,7 +89,8 @@ class KernelChoice:
         storage = STORAGE_NAMES.get(self.storage, self.storage)
         order = "deterministic" if self.deterministic else "atomic"
         copies = ", async copies" if self.async_copies else ""
-        return f"{self.family}, {arithmetic}{copies}, storage {storage}, accumulate {self.accumulate}, {order}"
+        cache = f", {self.cache} cache" if self.cache else ""
+        return f"{self.family}, {arithmetic}{copies}, storage {storage}{cache}, accumulate {self.accumulate}, {order}"
 
     def header(self) -> str:
         """The comment line a generated kernel's source starts with."""
@@ -127,8 +131,9 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     Tensor cores where these are one type: f16 or bf16 on ``m16n8k16``; float32 on ``m16n8k8`` in
     tf32, exact (3xTF32) or not by the grid's ``precision`` ("ieee": the scalar kernels).  The
     scalar kernels where the types differ, where ``fixed_lanes`` (a layout of the scalar kernels
-    asked for: float32 forwards and every backward), and for a ``deterministic`` backward.
-    ``storage`` is how the device holds the operands ("bits" where the module keeps bf16 arguments
+    asked for: float32 forwards and every backward), for a ``deterministic`` backward, and where keys
+    and values are read from a decoder's 8-bit cache (``KernelChoice.cache``: the tensor-core kernels
+    do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module keeps bf16 arguments
     16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.tiles import read_tiled_attention
@@ -164,6 +169,11 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
         accumulation_dtype(op.results[0].type.dtype),
         deterministic,
     )
+    appends = [load.operands[0].owner for load in loads]
+    quantized = [a.operands[0].type.dtype for a in appends if getattr(a, "name", None) == "ac.cache_append"]
+    quantized = [dtype for dtype in quantized if dtype in CACHE_DTYPES]
+    if quantized:  # an 8-bit cache: the scalar kernels decode its codes as they stage them
+        return replace(choice.scalar(), cache=quantized[0])
     if family == BACKWARD and (deterministic or fixed_lanes):
         return choice.scalar()  # the tensor-core backward adds dQ with atomics; lanes are the scalar kernel's
     return choice

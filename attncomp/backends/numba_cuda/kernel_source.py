@@ -5,7 +5,8 @@ split into what is hoisted out of the tile loops and what runs per element;
 and the index code of the lane layout (``lanes.py``): the feature a lane's
 register holds, batch indices from a flat block index, stores guarded for
 the padded features of a last slice, and rows staged into shared memory
-(through a page table when the load reads pages).
+(through a page table when the load reads pages; an 8-bit cache's codes decoded and scaled by
+their row's scale, ``fp8_codes``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, ScalarEmitter
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
+from attncomp.backends.numba_cuda.fp8_codes import DECODE, quantized_append
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.types import is_float
 
@@ -141,6 +143,10 @@ class CudaKernelSource(KernelSource):
             if view is None:
                 prefix = "".join(f"{self.ref(v)}, " for v in load.operands[1:-1])
                 element = self.read(load, f"{src}[{prefix}{first} + cc, dd]")
+                append = quantized_append(load.operands[0])
+                if append is not None:  # an 8-bit cache: the code decoded, times its row's scale
+                    code = f"{DECODE[append.operands[0].type.dtype]}({src}[{prefix}{first} + cc, dd])"
+                    element = f"{code} * {self.array_ref(append.operands[1])}[{prefix}{first} + cc]"
                 w.line(f"{tile}[cc, dd] = {element} if {cond} else ACC(0.0)")
                 return
             page, at = self.page_row(load, view, f"{first} + cc")

@@ -17,7 +17,7 @@ import numpy as np
 from attncomp.backends.base import Program
 from attncomp.backends.numba_cuda.choice import KernelChoice
 from attncomp.ir.core import Func
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,18 @@ class CudaFunction(Program):
 
     def zeros(self, shape: tuple[int, ...], dtype: Any, arg: int | None = None) -> Any:
         """A zeroed device array (a decoder's cache: steps append to it in place, never copying it);
-        for argument ``arg`` kept as bf16 patterns (``bf16_bits``), their 16 bits (``Bf16Bits``)."""
+        for argument ``arg`` kept as bf16 patterns (``bf16_bits``), their 16 bits (``Bf16Bits``); for an
+        8-bit cache, its codes as bytes (``CacheCodes``)."""
         from attncomp.backends.numba_cuda.host import arrays
 
         if arg in self.bf16_bits:
             array = arrays.scratch(shape, np.dtype(np.uint16))
             arrays.fill_zero(array)
             return arrays.Bf16Bits(array)
+        if np.dtype(dtype).name in {np.dtype(NUMPY_DTYPES[t]).name for t in CACHE_DTYPES}:
+            codes = arrays.scratch(shape, np.dtype(np.uint8))  # an 8-bit cache: its codes as bytes
+            arrays.fill_zero(codes)
+            return arrays.CacheCodes(codes, dtype)
         array = arrays.scratch(shape, arrays.device_dtype(dtype))
         arrays.fill_zero(array)
         return array

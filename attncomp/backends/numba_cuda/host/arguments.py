@@ -29,8 +29,9 @@ def stand_in(device: Any, dtype: Any = None) -> np.ndarray:
 
 
 def declared(x: Any) -> np.dtype | None:
-    """The element type a device argument stands for, where its memory's type is not it (bf16 bits)."""
-    return x.dtype if isinstance(x, arrays.Bf16Bits) else None
+    """The element type a device argument stands for, where its memory's type is not it (bf16 bits,
+    8-bit codes)."""
+    return x.dtype if isinstance(x, (arrays.Bf16Bits, arrays.CacheCodes)) else None
 
 
 def bind_device_arguments(

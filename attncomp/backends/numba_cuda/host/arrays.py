@@ -72,10 +72,43 @@ class Bf16Bits:
         return f"<bf16 device array {self.shape}>"
 
 
+class CacheCodes:
+    """A decoder's 8-bit cache in device memory: a uint8 device array of ``f8e4m3`` or ``f8e5m2``
+    codes (the array interface has no 8-bit floats).  The argument checks see an array of the
+    8-bit type; the kernels read and write the bytes (``fp8_codes``)."""
+
+    def __init__(self, bits: Any, dtype: Any):
+        self.bits = bits
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.bits.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.bits.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.bits.size)
+
+    def __getitem__(self, index: Any) -> CacheCodes:
+        """A view of the codes (a decoder's cache, up to its length)."""
+        return CacheCodes(self.bits[index], self.dtype)
+
+    def copy_to_host(self) -> np.ndarray:
+        """The codes on the host, as their ``ml_dtypes`` type."""
+        return np.asarray(self.bits.copy_to_host()).view(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"<{self.dtype.name} device array {self.shape}>"
+
+
 def is_device(x: Any) -> bool:
     """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
     torch CUDA tensors), a simulator device array, or :class:`Bf16Bits` of one."""
-    if isinstance(x, Bf16Bits):
+    if isinstance(x, (Bf16Bits, CacheCodes)):
         return True
     fake = _simulated_array_type()
     return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
@@ -88,6 +121,8 @@ def device_view(x: Any) -> Any:
     if isinstance(x, Bf16Bits):
         bits = device_view(x.bits)
         return bits if bits.dtype == np.uint16 else bits.view(np.uint16)
+    if isinstance(x, CacheCodes):
+        return device_view(x.bits)
     fake = _simulated_array_type()
     if fake is not None:
         return x

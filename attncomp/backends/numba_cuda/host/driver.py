@@ -27,6 +27,7 @@ from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
 from attncomp.backends.numba_cuda.host.graph_kernels import graph_kernel
 from attncomp.backends.numba_cuda.host.map_kernels import bf16_patterns_kernel, cache_append_kernel, reshape_copy
+from attncomp.backends.numba_cuda.host.quantized_append import quantized_append_kernel
 from attncomp.backends.numba_cuda.host.reduction_kernels import scatter_add_kernel
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
@@ -151,21 +152,27 @@ class DriverWriter:
         """Write the new entries into the cache in place; the result is a view of its first rows.  Every
         later ``ac.cache_append`` whose operands are ready by now (a step's keys and values) is folded
         into the same launch.  A cache the attention reads as bf16 patterns takes new entries that are
-        an argument as their patterns, computed ones (float32) rounded to bf16."""
+        an argument as their patterns, computed ones (float32) rounded to bf16.  An 8-bit cache takes
+        its new rows quantised (``host/quantized_append.py``); the result is a view of its codes."""
         ready = set(self.names)
         later = self.func.body.ops[self.func.body.ops.index(op) + 1 :]
         group = [op] + [o for o in later if o.name == "ac.cache_append" and all(v in ready for v in o.operands)]
-        appends = []
-        for member in group:
-            cache_bits = member.results[0] in self.patterns
-            appends.append((member, cache_bits, cache_bits and member.operands[1] in self.func.args))
-        kernel = cache_append_kernel(name, appends)
+        group = [o for o in group if len(o.operands) == len(op.operands)]  # 8-bit ones apart
+        if len(op.operands) == 3:  # an 8-bit cache: codes and scales written by a row per thread
+            kernel = quantized_append_kernel(name, group)
+        else:
+            appends = []
+            for member in group:
+                cache_bits = member.results[0] in self.patterns
+                appends.append((member, cache_bits, cache_bits and member.operands[1] in self.func.args))
+            kernel = cache_append_kernel(name, appends)
         self.kernels.append(kernel)
         args, count = [], []
         for member in group:
-            cache, new = (self.ref(v) for v in member.operands)
-            args += [cache, new, dim_expr(member.attrs["length"])]
-            count.append(f"rt.work({new}, None)")
+            operands = [self.ref(v) for v in member.operands]
+            args += [*operands, dim_expr(member.attrs["length"])]
+            axis = None if len(operands) == 2 else member.operands[-1].type.rank - 1
+            count.append(f"rt.work({operands[-1]}, {axis})")
         self.w.line(f"rt.launch_map({kernel.name}, {' + '.join(count)}, {', '.join(args)})")
         for member in group:
             out = member.results[0]

@@ -50,6 +50,7 @@ from attncomp.backends.key_splits import split_blocks, write_part_range
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.fp8_codes import IMPORT as FP8_IMPORT
 from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan
@@ -69,6 +70,7 @@ from numba import cuda
 
 {device_math}
 from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
+{fp8}
 """
 
 
@@ -223,7 +225,7 @@ class AttentionKernelWriter(CudaKernelSource):
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.plan, self.w
         w.lines.extend(kernel_line(self.choice))
-        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT).splitlines())
+        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT, fp8=FP8_IMPORT).splitlines())
         w.line()
         w.line()
         w.line(jit_decorator(p.threads))

@@ -1,0 +1,126 @@
+"""8-bit float codes on the device: decoding to float32 and encoding, by integer arithmetic on bits.
+
+A decoder's 8-bit cache (``ir.quantized``) holds ``f8e4m3`` (``float8_e4m3fn``: 4 exponent bits of
+bias 7, 3 fraction bits, no infinities, ``S.1111.111`` NaN) or ``f8e5m2`` (``float8_e5m2``: 5 of bias
+15, 2 fraction bits, IEEE infinities and NaNs) codes as bytes (uint8: the array interface has no
+8-bit floats).  These device functions give the same values ``ml_dtypes`` does:
+
+- ``decode_f8e4m3(code)``, ``decode_f8e5m2(code)``: the float32 a code is (exact; NaN as float32's
+  quiet NaN of the code's sign).  A normal code's exponent and fraction move into float32's fields;
+  a subnormal one is its fraction times the smallest step.
+- ``encode_f8e4m3(x)``, ``encode_f8e5m2(x)``: the code of a float32 already saturated to the type's
+  range (``quantize`` clips before it converts), rounded to nearest, ties to even; NaN as the type's
+  NaN of ``x``'s sign (``0x7F`` / ``0x7E``, ``ml_dtypes``'s).
+
+Inlined into the calling kernels (``inline="always"``), the same code in the simulator and on the GPU
+(``warp.f32_bits``, ``warp.bits_f32``), so that kernels compile to PTX without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from attncomp.backends.numba_cuda.warp import bits_f32, f32_bits
+from attncomp.ir.core import Op, Value
+
+#: float32's quiet NaN, positive and negative
+_NAN, _NEG_NAN = 0x7FC00000, 0xFFC00000
+
+
+@cuda.jit(device=True, inline="always")
+def _decode(code, fraction_bits, rebias, step):
+    """A finite code with ``fraction_bits``: float32 bits for a normal one (exponent + ``rebias``),
+    ``fraction * step`` for a subnormal one, signed."""
+    c = int(code)
+    negative = c >= 128
+    exponent = (c & 0x7F) >> fraction_bits
+    fraction = c & ((1 << fraction_bits) - 1)
+    if exponent == 0:
+        value = np.float32(fraction) * np.float32(step)
+        return -value if negative else value
+    bits = ((exponent + rebias) << 23) | (fraction << (23 - fraction_bits))
+    if negative:
+        bits = bits | 0x80000000
+    return bits_f32(np.uint32(bits))
+
+
+@cuda.jit(device=True, inline="always")
+def decode_f8e4m3(code):
+    c = int(code)
+    if (c & 0x7F) == 0x7F:
+        return bits_f32(np.uint32(_NEG_NAN if c >= 128 else _NAN))
+    return _decode(c, 3, 120, 2.0**-9)
+
+
+@cuda.jit(device=True, inline="always")
+def decode_f8e5m2(code):
+    c = int(code)
+    if (c & 0x7C) == 0x7C:  # all exponent bits: infinity (fraction 0) or NaN
+        if (c & 3) == 0:
+            return bits_f32(np.uint32(0xFF800000 if c >= 128 else 0x7F800000))
+        return bits_f32(np.uint32(_NEG_NAN if c >= 128 else _NAN))
+    return _decode(c, 2, 112, 2.0**-16)
+
+
+@cuda.jit(device=True, inline="always")
+def _round_shift(m, s):
+    """``m >> s`` rounded to nearest, ties to even (``m < 2**24``, ``s >= 1``)."""
+    if s > 24:
+        return 0
+    q = m >> s
+    rest = m - (q << s)
+    half = 1 << (s - 1)
+    if rest > half or (rest == half and (q & 1) == 1):
+        q += 1
+    return q
+
+
+@cuda.jit(device=True, inline="always")
+def _encode(x, fraction_bits, bias, nan_code):
+    """The code of a float32 within the type's range: a normal one rounds float32's exponent and
+    fraction together (a carry moves into the exponent), a subnormal one its fraction in steps of
+    the type's smallest subnormal."""
+    bits = int(f32_bits(np.float32(x)))
+    sign = (bits >> 24) & 0x80
+    magnitude = bits & 0x7FFFFFFF
+    if magnitude > 0x7F800000:
+        return np.uint8(sign | nan_code)
+    exponent = magnitude >> 23
+    if exponent >= 128 - bias:  # normal in the 8-bit type
+        code = _round_shift(magnitude, 23 - fraction_bits) - ((127 - bias) << fraction_bits)
+    else:
+        fraction = magnitude & 0x7FFFFF
+        if exponent > 0:
+            fraction = fraction | 0x800000
+        shift = 150 - (bias - 1 + fraction_bits) - max(exponent, 1)
+        code = _round_shift(fraction, shift)
+    return np.uint8(sign | code)
+
+
+@cuda.jit(device=True, inline="always")
+def encode_f8e4m3(x):
+    return _encode(x, 3, 7, 0x7F)
+
+
+@cuda.jit(device=True, inline="always")
+def encode_f8e5m2(x):
+    return _encode(x, 2, 15, 0x7E)
+
+
+#: the cache type -> (its decoder, its encoder), as the generated kernels name them
+DECODE = {"f8e4m3": "decode_f8e4m3", "f8e5m2": "decode_f8e5m2"}
+ENCODE = {"f8e4m3": "encode_f8e4m3", "f8e5m2": "encode_f8e5m2"}
+#: the import line of a generated kernel
+IMPORT = (
+    "from attncomp.backends.numba_cuda.fp8_codes import decode_f8e4m3, decode_f8e5m2, encode_f8e4m3, encode_f8e5m2"
+)
+
+
+def quantized_append(value: Value) -> Op | None:
+    """The ``ac.cache_append`` to an 8-bit cache (cache, scales, new entries) that ``value`` is, if
+    any: a tile source whose rows are codes, each read with its row's scale."""
+    owner = value.owner
+    if getattr(owner, "name", None) == "ac.cache_append" and len(owner.operands) == 3:
+        return owner
+    return None
