@@ -133,8 +133,8 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     scalar kernels where the types differ, where ``fixed_lanes`` (a layout of the scalar kernels
     asked for: float32 forwards and every backward), for a ``deterministic`` backward, and where keys
     and values are read from a decoder's 8-bit cache (``KernelChoice.cache``: the tensor-core kernels
-    do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module keeps bf16 arguments
-    16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
+    do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module
+    keeps bf16 arguments 16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.tiles import read_tiled_attention
 

@@ -112,9 +112,7 @@ def encode_f8e5m2(x):
 DECODE = {"f8e4m3": "decode_f8e4m3", "f8e5m2": "decode_f8e5m2"}
 ENCODE = {"f8e4m3": "encode_f8e4m3", "f8e5m2": "encode_f8e5m2"}
 #: the import line of a generated kernel
-IMPORT = (
-    "from attncomp.backends.numba_cuda.fp8_codes import decode_f8e4m3, decode_f8e5m2, encode_f8e4m3, encode_f8e5m2"
-)
+IMPORT = "from attncomp.backends.numba_cuda.fp8_codes import decode_f8e4m3, decode_f8e5m2, encode_f8e4m3, encode_f8e5m2"
 
 
 def quantized_append(value: Value) -> Op | None:
