@@ -460,6 +460,21 @@ def test_bf16_paged_attention_kernels(rows):
         assert local_memory_lines(ptx) == []
 
 
+@pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])
+@pytest.mark.parametrize("head_dim,rows", [(64, 1), (128, 4)])
+def test_8bit_cache_decode_kernels(cache, head_dim, rows):
+    """A decoder over an 8-bit cache: the scalar attention kernel decodes codes (bytes) as it stages
+    keys and values, and the append quantises rows (integer arithmetic on the bits, no local memory)."""
+    pipeline = DECODER.replace("kv-cache-reuse", f"kv-cache-reuse{{cache={cache}}}")
+    impl = _build(load_example("gqa").grouped_query_attention, pipeline)
+    (attention,) = impl.decode_kernels(head_dim, rows=rows)
+    assert attention.choice.cache == cache and not attention.choice.mma
+    assert f"decode_{cache}(" in attention.source and "uint8[" in attention.signature
+    appends = [k for k in impl.kernels(head_dim) if k.name.endswith("cache_append")]
+    assert len(appends) == 1 and f"encode_{cache}(" in appends[0].source  # keys and values: one launch
+    _check(impl, head_dim, [attention, *appends])
+
+
 def test_decoder_rounding_append_and_query_kernels():
     """A bf16 decoder whose keys and values are computed: the append (keys and values in one kernel)
     rounds float32 to bf16 patterns, and so does the copy of the query the attention reads (integer
