@@ -21,11 +21,9 @@ from attncomp.ir.core import Func
 
 def stand_in(device: Any, dtype: Any = None) -> np.ndarray:
     """A numpy array with ``device``'s shape and dtype (or ``dtype``) that owns one element."""
-    return np.lib.stride_tricks.as_strided(
-        np.zeros(1, dtype=device.dtype if dtype is None else dtype),
-        shape=tuple(device.shape),
-        strides=(0,) * len(device.shape),
-    )
+    # broadcast, not as_strided: the array interface as_strided goes through names float8_e5m2 "<f1",
+    # which numpy does not read back
+    return np.broadcast_to(np.zeros((), dtype=device.dtype if dtype is None else dtype), tuple(device.shape))
 
 
 def declared(x: Any) -> np.dtype | None:
