@@ -9,7 +9,8 @@ features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs
         tile_class = ...               # the IR's classification code: block-uniform
         if tile_class == 0: skip       # nothing is loaded
         for each chunk of the key tile:
-            k, v rows -> shared (accumulation type, zero padded)          syncthreads
+            k, v rows -> shared (accumulation type, zero padded;         syncthreads
+                8-bit cache codes decoded, times their row's scale)
             this lane's part of q.k for every key -> shared partials    syncthreads
             every lanes-th key: sum the parts, score region,
                 mask region (class 1 only) -> shared scores              syncthreads
