@@ -24,11 +24,12 @@ from attncomp.backends.host_ops import (
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
 from attncomp.backends.numba_cuda.device_math import IMPORT
+from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
 from attncomp.backends.numba_cuda.host.graph_kernels import graph_kernel
 from attncomp.backends.numba_cuda.host.map_kernels import bf16_patterns_kernel, cache_append_kernel, reshape_copy
 from attncomp.backends.numba_cuda.host.quantized_append import quantized_append_kernel
-from attncomp.backends.numba_cuda.host.reduction_kernels import scatter_add_kernel
+from attncomp.backends.numba_cuda.host.reduction_kernels import reduce_kernel, scatter_add_kernel
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -60,6 +61,9 @@ class DriverWriter:
         self.folded: set[Op] = set()  # cache appends launched with an earlier one
         #: values attention kernels read as bf16 patterns (``numba_cuda.tensor_core_types``)
         self.patterns = {v for kernels in attention.values() for v in kernels.bits}
+        #: reductions with the elementwise ops they compute inline, by the op where each is launched
+        self.fused = {f.last: f for f in plan_fused_reductions(func).values()}
+        self.absorbed = {o for f in self.fused.values() for o in [f.reduce, *f.absorbed] if o is not f.last}
 
     def fresh(self, value: Value | None, hint: str = "v") -> str:
         self.counter += 1
@@ -97,10 +101,11 @@ class DriverWriter:
         self.w.line(f"{self.fresh(out)} = rt.cast({expr}, {out.type.dtype!r})")
 
     # device ops ------------------------------------------------------------------
-    def launch(self, kernel: GraphKernel, op: Op) -> None:
+    def launch(self, kernel: GraphKernel, op: Op, out: Value | None = None) -> None:
+        """Launch ``kernel`` for ``op``, whose result (or ``out``) it writes."""
         w = self.w
         self.kernels.append(kernel)
-        out = op.results[0]
+        out = op.results[0] if out is None else out
         args: dict[str, str] = {}
         for p in kernel.params:
             if p.kind == "out":
@@ -270,7 +275,11 @@ class DriverWriter:
         self.w.line(f"attention[{kernels.index}].launch({sizes}, {', '.join(outs + args + dims)})")
 
     def op(self, op: Op) -> None:
-        if op in self.folded:
+        if op in self.folded or op in self.absorbed:
+            return
+        if op in self.fused:  # a reduction and its elementwise neighbours: one kernel
+            fused = self.fused[op]
+            self.launch(reduce_kernel(f"k{len(self.kernels)}_reduce", fused), fused.reduce, fused.out)
             return
         if op.name == "ac.return":
             outs = [f"rt.result({self.ref(v)}, {v.type.dtype!r}, to_host)" for v in op.operands]

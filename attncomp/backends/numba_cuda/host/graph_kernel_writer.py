@@ -162,13 +162,14 @@ class GraphKernelWriter:
             out.append("0" if stretched else index[k])
         return out
 
-    def load(self, value: Value, index: list[str]) -> str:
-        """A scalar for an operand at the output element: a loaded array element or a host scalar."""
+    def load(self, value: Value, index: list[str], into: TensorType | None = None) -> str:
+        """A scalar for an operand at element ``index`` of ``into`` (default: the output), broadcast:
+        a loaded array element or a host scalar."""
         ref = self.operand(value)
         if value.type.rank == 0:
             return ref
         var = self.fresh("x")
-        at = ", ".join(self.broadcast(value, index, self.out_type))
+        at = ", ".join(self.broadcast(value, index, self.out_type if into is None else into))
         self.w.line(f"{var} = {widen(value.type.dtype, f'{ref}[{at}]')}")
         return var
 

@@ -5,7 +5,9 @@ running sum per target element, added in with atomics)."""
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
+from attncomp.backends.codegen import NUMPY_SCALAR, ScalarEmitter, dim_expr
+from attncomp.backends.numba_cuda.device_math import FUNCTIONS
+from attncomp.backends.numba_cuda.host.fused_reductions import FusedReduction, source_index, unit_reshape
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import (
     GraphKernel,
     GraphKernelWriter,
@@ -21,62 +23,99 @@ from attncomp.ir.types import TensorType, accumulation_dtype, is_float
 ROWS = {"ac.reduce", "ac.softmax", "ac.logsumexp", "ac.block_reduce"}
 
 
-def _reduce_loops(k: GraphKernelWriter, src: str, axes: list[int], kept_index: dict[int, str], rank: int, body) -> None:
-    """Nested loops over the reduced ``axes``; ``body(at)`` gets the operand index."""
-    at = [kept_index.get(a, "") for a in range(rank)]
-    depth = 0
+def _accumulation(value: Value) -> str:
+    return NUMPY_SCALAR[accumulation_dtype(value.type.dtype)] if is_float(value.type.dtype) else "np.int64"
+
+
+class _Inline:
+    """Scalar code for values the fused ``ops`` compute, at an element of the value's own shape: an
+    elementwise op's operands at that element broadcast, a unit reshape's operand at the same element
+    with the size-1 axes' indices dropped or added, any other value loaded (each once per element)."""
+
+    def __init__(self, k: GraphKernelWriter, ops: list[Op], known: dict | None = None):
+        self.k = k
+        self.ops = set(ops)
+        self.known: dict[tuple[Value, tuple[str, ...]], str] = dict(known or {})
+
+    def value(self, value: Value, index: list[str]) -> str:
+        key = (value, tuple(index))
+        if key not in self.known:
+            self.known[key] = self._compute(value, index)
+        return self.known[key]
+
+    def _compute(self, value: Value, index: list[str]) -> str:
+        op = value.owner if isinstance(value.owner, Op) else None
+        if op not in self.ops:
+            return self.k.load(value, index, into=value.type)
+        if unit_reshape(op):
+            return self.value(op.operands[0], source_index(op, index))
+        names = {v: self.value(v, self.k.broadcast(v, index, value.type)) for v in op.operands}
+        ScalarEmitter(self.k.w, names, self.k.fresh, self.k.operand, FUNCTIONS).op(op)
+        return names[value]
+
+
+def reduce_kernel(name: str, fused: FusedReduction) -> GraphKernel:
+    """``ac.reduce``: one output element per iteration, the reduced axes looped over.  Its producers
+    are computed per element inside the loop from the arrays they read (as stored: a float16 element
+    widened as it is loaded), its epilogue per output element after it; neither has a buffer."""
+    op = fused.reduce
+    k = GraphKernelWriter(name, op, out=fused.out)
+    src_value = op.operands[0]
+    src_type = src_value.type
+    rank = src_type.rank
+    axes, keepdims, kind = op.attrs["axes"], op.attrs["keepdims"], op.attrs["kind"]
+    for leaf in fused.leaves():
+        k.operand(leaf)
+    extents = {a: k.param(f"n{a}", "int", "int64", expr=dim_expr(src_type.shape[a])) for a in axes}
+    for leaf in fused.epilogue_leaves():
+        k.operand(leaf)
+    floating = is_float(src_type.dtype)
+    acc = _accumulation(src_value)
+    w = k.w
+    k.start()
+    index = k.out_index()
+    kept = [a for a in range(rank) if a not in axes]
+    kept_index = {a: index[a] for a in kept} if keepdims else {a: index[n] for n, a in enumerate(kept)}
+    if kind in ("sum", "mean"):
+        w.line(f"total = {acc}(0)")
+    else:
+        low = "-np.inf" if floating else "-9223372036854775807 - 1"
+        high = "np.inf" if floating else "9223372036854775807"
+        w.line(f"total = {acc}({low if kind == 'max' else high})")
+    at = [kept_index.get(a, f"u{a}") for a in range(rank)]
     for a in axes:
-        at[a] = f"u{a}"
-        k.w.line(f"for u{a} in range({src}.shape[{a}]):")
-        k.w.depth += 1
-        depth += 1
-    body(at)
-    k.w.depth -= depth
+        w.line(f"for u{a} in range({extents[a]}):")
+        w.depth += 1
+    inline = _Inline(k, fused.producers)
+    element = inline.value(src_value, at)
+    w.line(f"x = {acc}({element})")
+    if kind in ("sum", "mean"):
+        w.line("total += x")
+    else:  # a NaN wins, as in np.max
+        w.line(f"if x {'>' if kind == 'max' else '<'} total or x != x:")
+        with w.indent():
+            w.line("total = x")
+    w.depth -= len(axes)
+    count = " * ".join(extents[a] for a in axes) or "1"
+    result = compute_type(op.results[0].type.dtype)
+    w.line(f"reduced = {result}(total / {count})" if kind == "mean" else f"reduced = {result}(total)")
+    inline = _Inline(k, fused.epilogue_producers + fused.epilogue, {(op.results[0], tuple(index)): "reduced"})
+    k.store(index, inline.value(fused.out, index))
+    return k.finish()
 
 
-def row_kernel(name: str, op: Op) -> GraphKernel:
+def row_kernel(name: str, op: Op, fused: FusedReduction | None = None) -> GraphKernel:
+    """The kernel of a row op; an ``ac.reduce`` with its ``fused`` producers and epilogue inline."""
+    if op.name == "ac.reduce":
+        return reduce_kernel(name, fused or FusedReduction(op))
     k = GraphKernelWriter(name, op)
     src_value = op.operands[0]
     src = k.operand(src_value)
     rank = src_value.type.rank
     out_dtype = op.results[0].type.dtype
     attrs = op.attrs
-    floating = is_float(src_value.type.dtype)
-    acc = NUMPY_SCALAR[accumulation_dtype(src_value.type.dtype)] if floating else "np.int64"
+    acc = _accumulation(src_value)
     w = k.w
-    if op.name == "ac.reduce":
-        axes, keepdims, kind = attrs["axes"], attrs["keepdims"], attrs["kind"]
-        k.start()
-        index = k.out_index()
-        kept = [a for a in range(rank) if a not in axes]
-        if keepdims:
-            kept_index = {a: index[a] for a in kept}
-        else:
-            kept_index = {a: index[n] for n, a in enumerate(kept)} if kept else {}
-        if kind in ("sum", "mean"):
-            w.line(f"total = {acc}(0)")
-        else:
-            low = "-np.inf" if floating else "-9223372036854775807 - 1"
-            high = "np.inf" if floating else "9223372036854775807"
-            w.line(f"total = {acc}({low if kind == 'max' else high})")
-
-        def body(at):
-            w.line(f"x = {acc}({src}[{', '.join(at)}])")
-            if kind in ("sum", "mean"):
-                w.line("total += x")
-            else:  # a NaN wins, as in np.max
-                cmp = ">" if kind == "max" else "<"
-                w.line(f"if x {cmp} total or x != x:")
-                with w.indent():
-                    w.line("total = x")
-
-        _reduce_loops(k, src, axes, kept_index, rank, body)
-        if kind == "mean":
-            count = " * ".join(f"{src}.shape[{a}]" for a in axes) or "1"
-            k.store(index, f"{compute_type(out_dtype)}(total / {count})")
-        else:
-            k.store(index, f"{compute_type(out_dtype)}(total)")
-        return k.finish()
     if op.name == "ac.block_reduce":
         axis, block, kind = attrs["axis"], attrs["block"], attrs["kind"]
         k.start()
