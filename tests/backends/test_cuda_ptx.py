@@ -625,3 +625,21 @@ def test_warp_instructions_are_convergent_calls():
     assert any("cp.async.cg" in line for line in calls) and any("ldmatrix" in line for line in calls)
     assert all(("asm sideeffect" in line) == any(m in line for m in memory) for line in calls)
     assert all(" convergent" not in line for line in calls if "cvt.rn" in line or "ex2.approx" in line)
+
+
+@pytest.mark.parametrize("example,name,dtype", [("causal", "causal", "bf16"), ("lse", "key_padding_with_lse", "f16")])
+def test_the_backward_delta_kernel(example, name, dtype):
+    """``delta = rowsum(d_out * out) - d_lse`` is one graph kernel (a reduction with its casts, product
+    and difference inline, ``host/fused_reductions.py``): it compiles for sm_80 and sm_90 with no local
+    memory and no spills, and reads the 16-bit arrays as stored (float16 loads; bf16 is widened)."""
+    from attncomp.backends import numba_cuda
+    from tests.cuda_sim.helpers import retyped
+
+    fn = ac.compile(retyped(getattr(load_example(example), name), dtype), backend="interp")
+    impl = numba_cuda.build(fn.backward.module)
+    delta = [k for k in impl.graph_kernels if not k.name.endswith("_reshape")]
+    assert [k.name for k in delta] == ["k0_reduce"]
+    texts: dict = {}
+    _check(impl, 64, [k for k in impl.kernels(64, 64) if k.name == "k0_reduce"], texts)
+    for ptx in texts.values():
+        assert ("ld.global.u16" in ptx or "ld.global.b16" in ptx) == (dtype == "f16")

@@ -75,15 +75,18 @@ def _leaves(producers: list[Op], roots: list[Value]) -> list[Value]:
     return list(dict.fromkeys(found))
 
 
-def _gather_producers(roots: list[Value], users_of: Callable[[Value], list[Op]], inside: set[Op]) -> list[Op]:
+def _gather_producers(
+    roots: list[Value], users_of: Callable[[Value], list[Op]], inside: set[Op], claimed: set[Op]
+) -> list[Op]:
     """The elementwise ops computing ``roots`` whose every result is used only by ``inside`` ops or by
-    other such producers: computed inline, element by element."""
+    other such producers, and that no other reduction computes (``claimed``): computed inline, element
+    by element."""
     found: list[Op] = []
     pending = list(roots)
     while pending:
         value = pending.pop()
         producer = value.owner if isinstance(value.owner, Op) else None
-        if not _device_elementwise(producer) or producer in found:
+        if not _device_elementwise(producer) or producer in found or producer in claimed:
             continue
         consumers = users_of(value)
         if len(consumers) != 1 or not (consumers[0] in inside or consumers[0] in found):
@@ -132,6 +135,7 @@ def plan_fused_reductions(func: Func) -> dict[Op, FusedReduction]:
     table = users(block)
     position = {op: n for n, op in enumerate(block.ops)}
     fused: dict[Op, FusedReduction] = {}
+    claimed: set[Op] = set()  # ops an earlier reduction computes: one kernel each
     for op in block.ops:
         if op.name != "ac.reduce" or op.operands[0].type.rank == 0:
             continue
@@ -140,16 +144,19 @@ def plan_fused_reductions(func: Func) -> dict[Op, FusedReduction]:
             return table.get(value, [])
 
         plan = FusedReduction(op)
-        plan.producers = sorted(_gather_producers([op.operands[0]], users_of, {op}), key=position.__getitem__)
+        plan.producers = sorted(_gather_producers([op.operands[0]], users_of, {op}, claimed), key=position.__getitem__)
         current = op.results[0]
         while True:
             consumer = _only_user(current, table)
             if not _device_elementwise(consumer) or consumer.results[0].type.shape != current.type.shape:
                 break
+            if consumer in claimed:
+                break
             plan.epilogue.append(consumer)
             current = consumer.results[0]
         inside = set(plan.epilogue)
         others = [v for e in plan.epilogue for v in e.operands if v is not op.results[0] and v.owner not in inside]
-        plan.epilogue_producers = sorted(_gather_producers(others, users_of, inside), key=position.__getitem__)
+        plan.epilogue_producers = sorted(_gather_producers(others, users_of, inside, claimed), key=position.__getitem__)
+        claimed.update(plan.absorbed)
         fused[op] = plan
     return fused
