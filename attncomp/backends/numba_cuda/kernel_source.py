@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, ScalarEmitter
+from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
 from attncomp.backends.numba_cuda.fp8_codes import DECODE, quantized_append
+from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.types import is_float
 
@@ -48,6 +50,19 @@ class CudaKernelSource(KernelSource):
         super().__init__(captured, dims)
         #: divisors known before the tile loop -> the name of their reciprocal (see :meth:`hoist`)
         self.reciprocals: dict[Value, str] = {}
+
+    def module_head(self, choice: KernelChoice | None, header: str) -> None:
+        """A kernel module's first lines: its choice (``KernelChoice.header``), then its header
+        (comments and imports) and two blank lines."""
+        self.w.lines.extend(kernel_line(choice))
+        self.w.lines.extend(header.splitlines())
+        self.w.line()
+        self.w.line()
+
+    def def_line(self, threads: int) -> None:
+        """The kernel's ``cuda.jit`` (launched with ``threads`` per block) and its ``def`` line."""
+        self.w.line(jit_decorator(threads))
+        self.w.line(f"def {self.name}({', '.join(self.params())}):")
 
     def read(self, load: Op, element: str) -> str:
         """An element of a tile load's source as the accumulation type (bf16 patterns widened)."""

@@ -43,9 +43,6 @@ from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
-from attncomp.backends.numba_cuda.choice import kernel_line
-from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.mma.atoms import plus
 from attncomp.backends.numba_cuda.mma.backward_elements import BackwardElements
@@ -53,7 +50,6 @@ from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan
 from attncomp.backends.numba_cuda.mma.backward_staging import BackwardStaging
 from attncomp.backends.numba_cuda.mma.operands import Operands
 from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
-from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
 
@@ -294,25 +290,10 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
 
     # the kernel ----------------------------------------------------------------------
 
-    def header(self, func_name: str) -> str:
-        operands = self.operands
-        return HEADER.format(
-            func=func_name,
-            p=self.mp,
-            element=operands.element,
-            products=operands.describe(),
-            device_math=IMPORT,
-            warp=WARP_IMPORT,
-        )
-
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
-        w.lines.extend(kernel_line(p.choice))
-        w.lines.extend(self.header(func_name).splitlines())
-        w.line()
-        w.line()
-        w.line(jit_decorator(self.threads))
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        self.module_head(p.choice, self.operands.header(HEADER, func_name, p))
+        self.def_line(self.threads)
         with w.indent():
             w.line("ACC = np.float32")
             w.line("ZERO = ACC(0.0)")

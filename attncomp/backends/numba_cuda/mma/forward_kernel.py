@@ -38,15 +38,11 @@ so a lane feeds its accumulator columns as the A fragment's ``k`` in the atom's 
 
 from __future__ import annotations
 
-from attncomp.backends.numba_cuda.choice import kernel_line
-from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR, LANES, plus
 from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan
 from attncomp.backends.numba_cuda.mma.fragment_rows import ROW_NAMES, FragmentRows
 from attncomp.backends.numba_cuda.mma.operands import Operands
 from attncomp.backends.numba_cuda.simt.forward_kernel import AttentionKernelWriter
-from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 from attncomp.backends.tiles import TileCompute, TiledAttention
 from attncomp.ir.core import Op, Value
 
@@ -264,25 +260,10 @@ class MmaKernelWriter(FragmentRows, AttentionKernelWriter):
         if split:
             w.line(f"qr_at = U((tid // 32) * {p.head_dim // atom.k * atom.a.registers * LANES} + lane)")
 
-    def header(self, func_name: str) -> str:
-        operands = self.operands
-        return HEADER.format(
-            func=func_name,
-            p=self.mp,
-            element=operands.element,
-            products=operands.describe(),
-            device_math=IMPORT,
-            warp=WARP_IMPORT,
-        )
-
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
-        w.lines.extend(kernel_line(self.choice))
-        w.lines.extend(self.header(func_name).splitlines())
-        w.line()
-        w.line()
-        w.line(jit_decorator(p.threads))
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        self.module_head(self.choice, self.operands.header(HEADER, func_name, p))
+        self.def_line(p.threads)
         with w.indent():
             w.line("ACC = np.float32")
             w.line("NEG_INF = ACC(-np.inf)")

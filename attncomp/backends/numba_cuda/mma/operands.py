@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attncomp.backends.numba_cuda.choice import KernelChoice
+from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.mma.atoms import MmaAtom
+from attncomp.backends.numba_cuda.warp import IMPORT as WARP_IMPORT
 
 #: how a loaded pair of 16-bit elements becomes one register, by how the device holds them
 #: (``KernelChoice.storage``); float32 values are packed by the operand type's own ``pack_*x2``
@@ -87,6 +89,18 @@ class Operands:
             return f"products on mma.sync.{self.atom.shape}"
         kind = "3xTF32 (split operands, three products)" if self.split else "TF32 (one product)"
         return f"operands as {kind} on mma.sync.{self.atom.shape}"
+
+    def header(self, template: str, func_name: str, plan: object) -> str:
+        """A tensor-core kernel's header: ``template`` filled with the function's name, the ``plan``
+        (``p``), the element type and products, and the device math and warp imports."""
+        return template.format(
+            func=func_name,
+            p=plan,
+            element=self.element,
+            products=self.describe(),
+            device_math=IMPORT,
+            warp=WARP_IMPORT,
+        )
 
     def products(
         self,

@@ -50,9 +50,8 @@ from collections.abc import Iterator
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
-from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
+from attncomp.backends.numba_cuda.choice import KernelChoice
 from attncomp.backends.numba_cuda.device_math import IMPORT
-from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan
 from attncomp.backends.numba_cuda.simt.site_runs import SiteRuns
@@ -307,10 +306,7 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
 
     def write(self, func_name: str) -> str:
         w = self.w
-        w.lines.extend(kernel_line(self.choice))
-        w.lines.extend(HEADER.format(func=func_name, p=self.plan, device_math=IMPORT).splitlines())
-        w.line()
-        w.line()
+        self.module_head(self.choice, HEADER.format(func=func_name, p=self.plan, device_math=IMPORT))
         self.function()
         return w.text()
 
@@ -319,8 +315,7 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         """The kernel's def line and first lines, then (inside the block) its body: each thread's
         ``unit`` (a key, or a query row) and its lane ``g`` among ``lanes``."""
         w = self.w
-        w.line(jit_decorator(self.threads))
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        self.def_line(self.threads)
         with w.indent():
             w.line(f"ACC = {self.acc}")
             w.line(f"G = {self.group}")

@@ -49,10 +49,9 @@ from __future__ import annotations
 from attncomp.backends.codegen import NUMPY_SCALAR, dim_expr
 from attncomp.backends.key_splits import split_blocks, write_part_range
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
-from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
+from attncomp.backends.numba_cuda.choice import KernelChoice
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.fp8_codes import IMPORT as FP8_IMPORT
-from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
@@ -225,12 +224,8 @@ class AttentionKernelWriter(CudaKernelSource):
     # the kernel ---------------------------------------------------------------
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.plan, self.w
-        w.lines.extend(kernel_line(self.choice))
-        w.lines.extend(HEADER.format(func=func_name, p=p, device_math=IMPORT, fp8=FP8_IMPORT).splitlines())
-        w.line()
-        w.line()
-        w.line(jit_decorator(p.threads))
-        w.line(f"def {self.name}({', '.join(self.params())}):")
+        self.module_head(self.choice, HEADER.format(func=func_name, p=p, device_math=IMPORT, fp8=FP8_IMPORT))
+        self.def_line(p.threads)
         with w.indent():
             w.line(f"ACC = {self.acc}")
             w.line("NEG_INF = ACC(-np.inf)")
