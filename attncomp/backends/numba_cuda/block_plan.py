@@ -12,11 +12,14 @@ the tensor-core kernels a warp to every 16 (:class:`WarpPlan`, the ``m`` of the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from attncomp.backends.numba_cuda.choice import KernelChoice, OnTensorCores
-from attncomp.backends.numba_cuda.lanes import WARP, ceil_div
+from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET, WARP, ceil_div
+from attncomp.backends.tiles import LoweringError
 
+#: a plan of any kind (what :meth:`BlockPlan.within_budget` hands back)
+Plan = TypeVar("Plan", bound="BlockPlan")
 #: the IR block each kind of item tiles: query rows tile ``block_q``, keys ``block_k``
 IR_BLOCK = {"rows": "block_q", "keys": "block_k"}
 
@@ -46,6 +49,24 @@ class BlockPlan:
     @property
     def threads(self) -> int:
         raise NotImplementedError
+
+    @property
+    def shared_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def fits(self) -> bool:
+        """Whether a thread block's shared memory is within the budget (``lanes.SHARED_BUDGET``)."""
+        return self.shared_bytes <= SHARED_BUDGET
+
+    def within_budget(self: Plan, kernel: str) -> Plan:
+        """This plan, if it fits; else the error that says so (``kernel``: which, as "cuda backward")."""
+        if not self.fits:
+            raise LoweringError(
+                f"{kernel}: head dims D = {self.head_dim}, E = {self.value_dim} need {self.shared_bytes} bytes of "
+                f"shared memory per block, over the {SHARED_BUDGET} available"
+            )
+        return self
 
 
 @dataclass(frozen=True)

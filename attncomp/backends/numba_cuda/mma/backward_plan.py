@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.block_plan import WarpPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice
-from attncomp.backends.numba_cuda.lanes import SHARED_BUDGET
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K8_TF32, M16N8K16
 from attncomp.backends.numba_cuda.mma.forward_plan import PAD_WORDS
 
@@ -200,4 +199,4 @@ def _fitted(plan: MmaBackwardPlan) -> MmaBackwardPlan | None:
     plan = replace(plan, keys=keys, rows=rows)
     while plan.keys > m and plan.dq_tiles % plan.warps:
         plan = replace(plan, keys=plan.keys // 2)
-    return plan if plan.shared_bytes <= SHARED_BUDGET else None
+    return plan if plan.fits else None

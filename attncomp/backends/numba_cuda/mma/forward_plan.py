@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.block_plan import WarpPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice
-from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, WARP
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, WARP
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K16
 
 #: query rows per warp (the m of m16n8k16)
@@ -150,7 +150,7 @@ def plan_flash(
         plan.threads % (dim // COPY_ELEMENTS) or chunk * dim // COPY_ELEMENTS % plan.threads
         for dim in (head_dim, value_dim)
     )
-    if uneven or plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
+    if uneven or plan.threads > MAX_THREADS or not plan.fits:
         return None
     return plan
 
@@ -177,6 +177,6 @@ def plan_mma(
     if chunk is None:
         return None
     plan = MmaPlan(block_q, block_k, head_dim, value_dim, choice, rows, chunk)
-    if plan.threads > MAX_THREADS or plan.shared_bytes > SHARED_BUDGET:
+    if plan.threads > MAX_THREADS or not plan.fits:
         return None
     return plan

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.block_plan import LanePlan
-from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
-from attncomp.backends.tiles import LoweringError
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, ceil_div, choose_lanes
 
 #: registers per thread for the dk slice, and again for the dv slice
 MAX_SLICE = 16
@@ -84,13 +83,8 @@ def plan_backward(
         keys = ceil_div(keys, 2)
     rows = min(block_q, max(MAX_ROWS, lanes))
     plan = BackwardPlan(block_q, block_k, head_dim, value_dim, lanes, keys, rows, acc_bytes, site_bytes, thread_sums)
-    while plan.shared_bytes > SHARED_BUDGET and plan.keys > 1:
+    while not plan.fits and plan.keys > 1:
         plan = replace(plan, keys=ceil_div(plan.keys, 2))
-    while plan.shared_bytes > SHARED_BUDGET and plan.rows > 1:
+    while not plan.fits and plan.rows > 1:
         plan = replace(plan, rows=plan.rows // 2)
-    if plan.shared_bytes > SHARED_BUDGET:
-        raise LoweringError(
-            f"cuda backward: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared "
-            f"memory per block, over the {SHARED_BUDGET} available"
-        )
-    return plan
+    return plan.within_budget("cuda backward")

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.block_plan import LanePlan
-from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, ceil_div, choose_lanes
-from attncomp.backends.tiles import LoweringError
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, ceil_div, choose_lanes
 
 #: registers per thread for the dQ slice
 MAX_SLICE = 16
@@ -62,15 +61,10 @@ def plan_dq(block_q: int, block_k: int, head_dim: int, value_dim: int, acc_bytes
     while rows * lanes > MAX_THREADS:
         rows = ceil_div(rows, 2)
     plan = DqPlan(block_q, block_k, head_dim, value_dim, lanes, rows, min(block_k, MAX_KEYS), acc_bytes)
-    while plan.shared_bytes > SHARED_BUDGET and plan.keys > MIN_KEYS:
+    while not plan.fits and plan.keys > MIN_KEYS:
         plan = replace(plan, keys=ceil_div(plan.keys, 2))
-    while plan.shared_bytes > SHARED_BUDGET and plan.rows > 1:
+    while not plan.fits and plan.rows > 1:
         plan = replace(plan, rows=ceil_div(plan.rows, 2))
-    while plan.shared_bytes > SHARED_BUDGET and plan.keys > 1:
+    while not plan.fits and plan.keys > 1:
         plan = replace(plan, keys=ceil_div(plan.keys, 2))
-    if plan.shared_bytes > SHARED_BUDGET:
-        raise LoweringError(
-            f"cuda backward dq: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of "
-            f"shared memory per block, over the {SHARED_BUDGET} available"
-        )
-    return plan
+    return plan.within_budget("cuda backward dq")

@@ -22,10 +22,10 @@ simulator and the GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.block_plan import LanePlan
-from attncomp.backends.numba_cuda.lanes import MAX_THREADS, SHARED_BUDGET, choose_lanes
+from attncomp.backends.numba_cuda.lanes import MAX_THREADS, choose_lanes
 from attncomp.backends.tiles import LoweringError
 
 #: registers per thread for the query slice, and again for the accumulator slice
@@ -83,11 +83,6 @@ def plan_attention(
         )
     chunk = max(1, min(MAX_CHUNK, block_k))
     plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, chunk, acc_bytes, rows)
-    while plan.shared_bytes > SHARED_BUDGET and plan.chunk > 1:
-        plan = AttentionPlan(block_q, block_k, head_dim, value_dim, lanes, plan.chunk // 2, acc_bytes, rows)
-    if plan.shared_bytes > SHARED_BUDGET:
-        raise LoweringError(
-            f"cuda: head dims D = {head_dim}, E = {value_dim} need {plan.shared_bytes} bytes of shared memory "
-            f"per block, over the {SHARED_BUDGET} available"
-        )
-    return plan
+    while not plan.fits and plan.chunk > 1:
+        plan = replace(plan, chunk=plan.chunk // 2)
+    return plan.within_budget("cuda")
