@@ -24,7 +24,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
-from benchmarks import specs  # noqa: E402
+from benchmarks import results_file, specs  # noqa: E402
 from benchmarks.float_types import paired_cold  # noqa: E402
 from benchmarks.timing import paired  # noqa: E402
 
@@ -59,17 +59,23 @@ def cache_type_rows(quick: bool, repeats: int) -> list[str]:
     lines = [f"decode step GQA {HEADS}/{KV_HEADS} D={D}, {cached} cached, bf16 inputs: 8-bit caches against bf16"]
     for cache in ("f8e4m3", "f8e5m2"):
         dec, step = decode_step(fn, [q, k, v], cached, cache)
-        got = step().astype(np.float32)
-        error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         memory = sum(c.nbytes for c in dec.cache.values()) / base_bytes
-        mine, peer, ratio = paired(step, base_step, repeats)
-        _, _, cold = paired_cold(step, base_step, repeats)
-        lines.append(
-            f"  {cache}: {mine * 1e3:.2f} ms, bf16 {peer * 1e3:.2f} ms, time ratio {ratio:.2f} "
-            f"(caches flushed before each step: {cold:.2f}), memory ratio {memory:.3f} (scales included), "
-            f"max difference {error:.1e} of the largest output"
-        )
+        lines.append(compared(cache, step, base_step, want, memory, repeats))
     return lines
+
+
+def compared(cache: str, step, base_step, want: np.ndarray, memory: float, repeats: int) -> str:
+    """A row: an 8-bit step against the bf16 one, alternated (warm, and with caches flushed), its
+    memory ratio and its largest difference from the bf16 step's output."""
+    got = step().astype(np.float32)
+    error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    mine, peer, ratio = paired(step, base_step, repeats)
+    _, _, cold = paired_cold(step, base_step, repeats)
+    return (
+        f"  {cache}: {mine * 1e3:.2f} ms, bf16 {peer * 1e3:.2f} ms, time ratio {ratio:.2f} "
+        f"(caches flushed before each step: {cold:.2f}), memory ratio {memory:.3f} (scales included), "
+        f"max difference {error:.1e} of the largest output"
+    )
 
 
 SEQUENCES, PAGE, PREFILL = 4, 16, 512
@@ -113,16 +119,8 @@ def paged_rows(quick: bool, repeats: int) -> list[str]:
     ]
     for cache in ("f8e4m3", "f8e5m2"):
         srv, step = paged_step(fn, arrays, cached, cache)
-        got = step().astype(np.float32)
-        error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         memory = sum(a.nbytes for a in srv.pool.arrays) / sum(a.nbytes for a in base.pool.arrays)
-        mine, peer, ratio = paired(step, base_step, repeats)
-        _, _, cold = paired_cold(step, base_step, repeats)
-        lines.append(
-            f"  {cache}: {mine * 1e3:.2f} ms, bf16 {peer * 1e3:.2f} ms, time ratio {ratio:.2f} "
-            f"(caches flushed before each step: {cold:.2f}), memory ratio {memory:.3f} (scales included), "
-            f"max difference {error:.1e} of the largest output"
-        )
+        lines.append(compared(cache, step, base_step, want, memory, repeats))
     return lines
 
 
@@ -131,12 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="4096 cached positions")
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--only", choices=["decoder", "paged"], help="one kind of row")
+    results_file.add_option(parser)
     args = parser.parse_args(argv)
     rows = {"decoder": cache_type_rows, "paged": paged_rows}
-    for kind, make in rows.items():
-        if args.only in (None, kind):
-            for line in make(args.quick, args.repeats):
-                print(line, flush=True)
+    with results_file.recorded(args, "benchmarks.cache_types", argv):
+        for kind, make in rows.items():
+            if args.only in (None, kind):
+                for line in make(args.quick, args.repeats):
+                    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ device memory may come as its 16-bit patterns (:class:`Bf16Bits`), converted by 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -42,12 +43,12 @@ def _simulated_array_type() -> type | None:
     return FakeCUDAArray
 
 
-class Bf16Bits:
-    """bf16 device memory given as its 16-bit patterns: a uint16 or int16 device array (a torch
-    bfloat16 CUDA tensor viewed as int16; the array interface has no bfloat16).  The argument
-    checks see a bf16 array of its shape; kernels that keep bf16 in 16 bits read the patterns."""
+class DevicePatterns:
+    """Device memory of an element type the array interface lacks, given as its bit patterns: an
+    unsigned (or, from torch, signed) integer device array of the type's width.  The argument
+    checks see an array of ``dtype`` and its shape; the kernels read and write the patterns."""
 
-    dtype = np.dtype(NUMPY_DTYPES["bf16"])
+    dtype: np.dtype
 
     def __init__(self, bits: Any):
         self.bits = bits
@@ -60,55 +61,49 @@ class Bf16Bits:
     def ndim(self) -> int:
         return len(self.bits.shape)
 
-    def __getitem__(self, index: Any) -> Bf16Bits:
-        """A view of the patterns (a decoder's cache, up to its length)."""
-        return Bf16Bits(self.bits[index])
-
-    def copy_to_host(self) -> np.ndarray:
-        """The values on the host, as ``ml_dtypes.bfloat16``."""
-        return np.asarray(self.bits.copy_to_host()).view(np.uint16).view(self.dtype)
-
-    def __repr__(self) -> str:
-        return f"<bf16 device array {self.shape}>"
-
-
-class CacheCodes:
-    """A decoder's 8-bit cache in device memory: a uint8 device array of ``f8e4m3`` or ``f8e5m2``
-    codes (the array interface has no 8-bit floats).  The argument checks see an array of the
-    8-bit type; the kernels read and write the bytes (``fp8_codes``)."""
-
-    def __init__(self, bits: Any, dtype: Any):
-        self.bits = bits
-        self.dtype = np.dtype(dtype)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.bits.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.bits.shape)
-
     @property
     def nbytes(self) -> int:
-        return int(self.bits.size)
+        return int(self.bits.size) * self.dtype.itemsize
 
-    def __getitem__(self, index: Any) -> CacheCodes:
-        """A view of the codes (a decoder's cache, up to its length)."""
-        return CacheCodes(self.bits[index], self.dtype)
+    def __getitem__(self, index: Any) -> DevicePatterns:
+        """A view of the patterns (a decoder's cache, up to its length)."""
+        view = copy.copy(self)
+        view.bits = self.bits[index]
+        return view
 
     def copy_to_host(self) -> np.ndarray:
-        """The codes on the host, as their ``ml_dtypes`` type."""
+        """The values on the host, as their ``ml_dtypes`` type."""
         return np.asarray(self.bits.copy_to_host()).view(self.dtype)
 
     def __repr__(self) -> str:
         return f"<{self.dtype.name} device array {self.shape}>"
 
 
+class Bf16Bits(DevicePatterns):
+    """bf16 device memory as its 16-bit patterns: a uint16 or int16 device array (a torch bfloat16
+    CUDA tensor viewed as int16; the array interface has no bfloat16).  Kernels that keep bf16 in
+    16 bits read the patterns."""
+
+    dtype = np.dtype(NUMPY_DTYPES["bf16"])
+
+    def __repr__(self) -> str:
+        return f"<bf16 device array {self.shape}>"
+
+
+class CacheCodes(DevicePatterns):
+    """A decoder's 8-bit cache in device memory: a uint8 device array of ``f8e4m3`` or ``f8e5m2``
+    codes (the array interface has no 8-bit floats); the kernels read and write the bytes
+    (``fp8_codes``)."""
+
+    def __init__(self, bits: Any, dtype: Any):
+        super().__init__(bits)
+        self.dtype = np.dtype(dtype)
+
+
 def is_device(x: Any) -> bool:
     """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
     torch CUDA tensors), a simulator device array, or :class:`Bf16Bits` of one."""
-    if isinstance(x, (Bf16Bits, CacheCodes)):
+    if isinstance(x, DevicePatterns):
         return True
     fake = _simulated_array_type()
     return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
