@@ -118,6 +118,15 @@ class Compilation:
             return [np.asarray(o, dtype=t) for o, t in zip(program.run_bound(arrays, env), binder.result_dtypes)]
         return program.run(self.func, args, self.constraints, sizes)
 
+    def run_contiguous(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """:meth:`run` for C-contiguous numpy ``arrays`` (the torch op's views): a key seen before is
+        bound by element types and shapes alone."""
+        program, binder = self.program, self.binder
+        if self.called and binder is not None and program.runs_host_arrays:
+            arrays, env = binder.bind_contiguous(arrays)
+            return [np.asarray(o, dtype=t) for o, t in zip(program.run_bound(arrays, env), binder.result_dtypes)]
+        return self.run(arrays)
+
     def run_shaped(self, arrays: Sequence[Any], sizes: dict[str, int]) -> list[Any]:
         """:meth:`run` for arrays the caller built to the signature itself: their sizes are read, not
         checked again, where the program allows it (the first call goes the checked way: it may

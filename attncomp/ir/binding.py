@@ -183,6 +183,18 @@ class Binder:
             self.seen[key] = dict(env)
         return arrays, env
 
+    def bind_contiguous(self, arrays: Sequence[np.ndarray]) -> tuple[list[Any], dict[str, int]]:
+        """:meth:`bind` for C-contiguous numpy ``arrays`` (a caller that made them so): keyed by
+        element types and shapes alone, since their strides follow from those."""
+        key = tuple([(x.dtype, x.shape) for x in arrays])
+        env = self.seen.get(key)
+        if env is not None:
+            return list(arrays), dict(env)
+        arrays, env = self.bind(arrays)
+        if len(self.seen) < REMEMBERED_KEYS:
+            self.seen[key] = dict(env)
+        return arrays, env
+
     def fits(self, env: dict[str, int]) -> bool:
         """Whether ``env`` meets every constraint (a miss goes the checked way, which names it)."""
         try:

@@ -132,7 +132,7 @@ class Plan:
         """``compiled``'s ``picked`` outputs (all when None) on host ``arrays`` (:func:`numpy_views` of
         tensors of this plan's dtypes), each aliasing no input and no other.  The compilation's binder
         binds them (the checked way for a key not seen before: errors name the argument)."""
-        outputs = compiled.run(arrays)
+        outputs = compiled.run_contiguous(arrays)
         return owned(outputs if picked is None else [outputs[k] for k in picked], arrays)
 
     def run(
