@@ -66,13 +66,17 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """The checkout's commit (``+changes`` when its tracked files differ from it), or ``unknown``."""
+    """The checkout's commit (``+changes`` when its tracked files, RESULTS.md aside, differ from it),
+    or ``unknown``."""
     root = RESULTS.parents[1]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root, capture_output=True).returncode
+        others = f":(exclude){RESULTS.relative_to(root)}"  # the file's own earlier sections are no change
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", ".", others], cwd=root, capture_output=True
+        ).returncode
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+changes" if dirty else "")
