@@ -8,7 +8,8 @@ loop: its *epilogue*, with the elementwise ops computing the epilogue's other op
 nowhere else.  A reshape that only inserts or removes axes of size 1 counts as elementwise (the
 same element, its index with or without the size-1 axes).  The backward's
 ``delta = rowsum(cast(d_out) * cast(out)) - reshape(cast(d_lse))`` is then one kernel reading
-``d_out``, ``out`` and ``d_lse`` as stored, summing in float32, where it was one kernel per op with
+``d_out``, ``out`` and ``d_lse`` as it receives them (f16 as stored; bf16 ones still arrive widened
+to float32), summing in float32, where it was one kernel per op with
 a buffer between each.  Values stay in their compute type (float32 for 16-bit floats) between fused
 ops, as in the attention kernels.
 
@@ -18,7 +19,6 @@ kernel; the driver launches it where the last fused op stood and skips the other
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attncomp.backends.numba_cuda.host.map_kernels import ELEMENTWISE
@@ -75,9 +75,7 @@ def _leaves(producers: list[Op], roots: list[Value]) -> list[Value]:
     return list(dict.fromkeys(found))
 
 
-def _gather_producers(
-    roots: list[Value], users_of: Callable[[Value], list[Op]], inside: set[Op], claimed: set[Op]
-) -> list[Op]:
+def _gather_producers(roots: list[Value], table: dict[Value, list[Op]], inside: set[Op], claimed: set[Op]) -> list[Op]:
     """The elementwise ops computing ``roots`` whose every result is used only by ``inside`` ops or by
     other such producers, and that no other reduction computes (``claimed``): computed inline, element
     by element."""
@@ -88,7 +86,7 @@ def _gather_producers(
         producer = value.owner if isinstance(value.owner, Op) else None
         if not _device_elementwise(producer) or producer in found or producer in claimed:
             continue
-        consumers = users_of(value)
+        consumers = table.get(value, [])
         if len(consumers) != 1 or not (consumers[0] in inside or consumers[0] in found):
             continue
         found.append(producer)
@@ -140,11 +138,8 @@ def plan_fused_reductions(func: Func) -> dict[Op, FusedReduction]:
         if op.name != "ac.reduce" or op.operands[0].type.rank == 0:
             continue
 
-        def users_of(value: Value) -> list[Op]:
-            return table.get(value, [])
-
         plan = FusedReduction(op)
-        plan.producers = sorted(_gather_producers([op.operands[0]], users_of, {op}, claimed), key=position.__getitem__)
+        plan.producers = sorted(_gather_producers([op.operands[0]], table, {op}, claimed), key=position.__getitem__)
         current = op.results[0]
         while True:
             consumer = _only_user(current, table)
@@ -156,7 +151,7 @@ def plan_fused_reductions(func: Func) -> dict[Op, FusedReduction]:
             current = consumer.results[0]
         inside = set(plan.epilogue)
         others = [v for e in plan.epilogue for v in e.operands if v is not op.results[0] and v.owner not in inside]
-        plan.epilogue_producers = sorted(_gather_producers(others, users_of, inside, claimed), key=position.__getitem__)
+        plan.epilogue_producers = sorted(_gather_producers(others, table, inside, claimed), key=position.__getitem__)
         claimed.update(plan.absorbed)
         fused[op] = plan
     return fused
