@@ -154,6 +154,10 @@ def tile_attention(
     return grid_op
 
 
+#: the float types of a 16-bit forward tile (``FlashTiling.block_q_16bit``)
+SIXTEEN_BIT = frozenset({"f16", "bf16"})
+
+
 @register_pass
 @dataclass
 class FlashTiling(Pass):
@@ -161,6 +165,11 @@ class FlashTiling(Pass):
     summary = "turn ac.attention into query/key block loops with online softmax"
     block_q: int = 64
     block_k: int = 64
+    #: query rows of a forward tile whose query, key and value are all 16-bit (f16 or bf16); 0: ``block_q``.
+    #: The cuda backend's default takes 128 (``passes.default_pipeline("cuda")``): a thread block of
+    #: eight warps then shares each key and value chunk, as FlashAttention-2's does, where float32
+    #: operands (their 3xTF32 kernel's shared memory) keep 64
+    block_q_16bit: int = 0
     #: how float32 tile products may be computed (``ac.tile_grid``'s ``precision``): "exact"
     #: (float32-accurate), "tf32" (opt-in: inputs rounded to tf32, relative errors near 1e-3, on
     #: tensor cores where the backend has them), "ieee" (float32 FMAs, never tensor cores)
@@ -181,7 +190,10 @@ class FlashTiling(Pass):
             for op in [o for o in func.body.ops if o.name == "ac.attention"]:
                 guard_gathers(func.body, op)
                 split = key_split_of(self.block_k) if self.batch_invariant else None
-                tile_attention(func.body, op, self.block_q, self.block_k, self.precision, split)
+                block_q = self.block_q
+                if self.block_q_16bit and {x.type.dtype for x in op.operands} <= SIXTEEN_BIT:
+                    block_q = self.block_q_16bit
+                tile_attention(func.body, op, block_q, self.block_k, self.precision, split)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
                 if (

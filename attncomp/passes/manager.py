@@ -26,9 +26,18 @@ DEFAULT_PIPELINE = "cse,softmax-fusion,flash-tiling,mask-elimination,canonicaliz
 CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_k=128}")
 
 
+#: The cuda backend's default: forward tiles of 128 query rows where query, key and value are
+#: 16-bit (f16, bf16), so that eight warps share each key and value chunk the tensor-core forward
+#: copies in (half the copies a query row, as FlashAttention-2's 128-row blocks); float32 tiles
+#: keep 64 rows, whose 3xTF32 kernel would not fit its shared memory at eight warps.
+CUDA_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q_16bit=128}")
+#: each backend's default, where it is not ``DEFAULT_PIPELINE``
+DEFAULT_PIPELINES = {"cpu": CPU_PIPELINE, "cuda": CUDA_PIPELINE}
+
+
 def default_pipeline(backend: str) -> str:
     """The pipeline ``ac.compile`` runs for ``backend`` when given none."""
-    return CPU_PIPELINE if backend == "cpu" else DEFAULT_PIPELINE
+    return DEFAULT_PIPELINES.get(backend, DEFAULT_PIPELINE)
 
 
 #: Passes a backend runs after any pipeline, on what the pipeline gave: their output is what the

@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="float type (default bf16)")
     parser.add_argument("--head-dim", type=int, nargs="+", help="head dims D = E (default 64)")
     parser.add_argument("--backward", action="store_true", help="the backward's kernels")
-    parser.add_argument("--pipeline", help="the pipeline text (default: the default pipeline)")
+    parser.add_argument("--pipeline", help="the pipeline text (default: the cuda backend's default pipeline)")
     parser.add_argument("--arch", choices=sorted(ARCHS), nargs="+", default=["sm_90"], help="targets")
     parser.add_argument("--json", metavar="FILE", help="also write the reports to FILE as JSON")
     return parser.parse_args(argv)

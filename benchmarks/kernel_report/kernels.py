@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import attncomp as ac
+from attncomp.passes import default_pipeline
 from benchmarks import specs
 
 
@@ -41,6 +42,14 @@ class Built:
     products: str  # the tensor-core products' type ("bf16", "3xtf32", ...), or "scalar"
     threads: int  # the block size it is launched with
 
+    @property
+    def label(self) -> str:
+        """The case, and "1sp" for the kernel of a launch without key splits (one whose thread blocks
+        fill the GPU, as a long prefill's)."""
+        choice = self.kernel.choice
+        one_split = choice is not None and not choice.key_splits
+        return f"{self.case.label} 1sp" if one_split else self.case.label
+
 
 def build(case: Case, pipeline: str | None = None) -> list[Built]:
     """The attention kernels of one case (the forward's, or the backward's)."""
@@ -49,7 +58,8 @@ def build(case: Case, pipeline: str | None = None) -> list[Built]:
     spec = getattr(specs, case.spec, None)
     if not isinstance(spec, ac.Spec):
         raise ValueError(f"no spec {case.spec!r} in benchmarks/specs.py")
-    fn = ac.compile(spec, backend="interp", pipeline=pipeline)
+    # the cuda backend's default pipeline unless given one (``passes.default_pipeline("cuda")``)
+    fn = ac.compile(spec, backend="interp", pipeline=pipeline or default_pipeline("cuda"))
     if not fn.generic and case.dtype != "f32":
         raise ValueError(f"{case.spec} declares its types; use a generic spec (ac.floating) for {case.dtype}")
     fn = fn.for_dtype(case.dtype)
@@ -62,12 +72,25 @@ def build(case: Case, pipeline: str | None = None) -> list[Built]:
     d = case.head_dim
     plans = [group.mma_plan(d, d) for group in groups]
     products = ",".join(sorted({plan.element for plan in plans if plan is not None})) or "scalar"
+    kernels = [kernel for kernel in impl.kernels(d, d) if kernel.name.startswith(prefix)]
+    if not case.backward:
+        kernels += [one_split(group, d) for group in groups if not group.choice_for(d, d, splits=False).key_splits]
     found = []
-    for kernel in impl.kernels(d, d):
-        if kernel.name.startswith(prefix):
-            if not isinstance(kernel.launch_bounds, int):  # the CUDA simulator's kernels have none
-                raise ValueError(f"{kernel.name}: no launch bounds (NUMBA_ENABLE_CUDASIM set?)")
-            found.append(Built(case, kernel, products, kernel.launch_bounds))
+    for kernel in kernels:
+        if not isinstance(kernel.launch_bounds, int):  # the CUDA simulator's kernels have none
+            raise ValueError(f"{kernel.name}: no launch bounds (NUMBA_ENABLE_CUDASIM set?)")
+        found.append(Built(case, kernel, products, kernel.launch_bounds))
     if not found:
         raise ValueError(f"{case.label}: no attention kernel")
     return found
+
+
+def one_split(group: Any, d: int) -> Any:
+    """The forward kernel of a launch whose thread blocks fill the GPU: no key splits, no merge
+    (``KernelChoice.key_splits``), as ``impl.kernels`` lists the other."""
+    from attncomp.backends.numba_cuda.program import KernelInfo, bounds
+
+    kernel = group.kernel(d, d, splits=False)
+    source, choice = group.source(d, d, splits=False), group.choice_for(d, d, splits=False)
+    name = f"{group.name}[D={d},E={d},one split]"
+    return KernelInfo(name, kernel.py_func, group.signature(), source, bounds(kernel), choice)

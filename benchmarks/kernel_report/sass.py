@@ -136,13 +136,19 @@ def loops(function: Function) -> list[Loop]:
 
 
 def main_loop(function: Function) -> Loop | None:
-    """The loop with the most ``HMMA`` in its body, the innermost of those with as many; None when
-    no loop holds any."""
+    """The innermost loop with the most ``HMMA`` in its body (of the loops that hold no other loop
+    with ``HMMA``: a kernel whose run of full tiles has a loop of its own, inside the loop over every
+    tile, reports that run's loop), the shortest of those with as many; None when no loop holds any."""
     candidates = [loop for loop in loops(function) if loop.hmma]
-    if not candidates:
+    innermost = [
+        loop
+        for loop in candidates
+        if not any(other is not loop and loop.start <= other.start and other.end <= loop.end for other in candidates)
+    ]
+    if not innermost:
         return None
-    most = max(loop.hmma for loop in candidates)
-    return min((loop for loop in candidates if loop.hmma == most), key=lambda loop: loop.instructions)
+    most = max(loop.hmma for loop in innermost)
+    return min((loop for loop in innermost if loop.hmma == most), key=lambda loop: loop.instructions)
 
 
 def body(function: Function, loop: Loop) -> list[Instruction]:

@@ -143,11 +143,12 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
     attention = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0[")]
     texts: dict = {}
     _check(impl, head_dim, attention, texts)
-    # per chunk of keys: (D / 16) (chunk / 8) products for S, (E / 8) (chunk / 16) for O
+    # per chunk of keys: (D / 16) (chunk / 8) products for S, (E / 8) (chunk / 16) for O; twice,
+    # in the main loop over runs of full tiles and in the body of every other chunk
     products = head_dim // 16 * plan.chunk // 8 + head_dim // 8 * plan.chunk // 16
     assert plan.async_copies  # a call with C-contiguous arrays: 16-byte copies and ldmatrix
     for ptx in texts.values():
-        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == 2 * products
         assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
 
 

@@ -107,6 +107,22 @@ def test_main_loop_is_the_innermost_loop_with_the_most_hmma():
     )
     (kernel,) = sass.kernels(sass.parse(nested))
     assert sass.main_loop(kernel).end == 16
+    # an outer loop holding more HMMA than the loop inside it (a run of full tiles in a loop of its
+    # own, the general body beside it): the inner loop
+    outer = EXCERPT.replace(
+        "        /*0120*/                   HMMA.16816.F32.BF16 R36, R14, R24, R36 ;",
+        "        /*0120*/                   HMMA.16816.F32.BF16 R36, R14, R24, R36 ;\n"
+        "        /*0121*/                   HMMA.16816.F32.BF16 R36, R14, R24, R36 ;\n"
+        "        /*0122*/              @P4 BRA `(.L_x_0) ;",
+    )
+    outer = outer.replace(
+        "        /*0030*/              @!PT LDS RZ, [RZ] ;",
+        ".L_x_0:\n        /*0030*/  HMMA.16816.F32.BF16 R40, R14, R24, R40 ;",
+    )
+    (kernel,) = sass.kernels(sass.parse(outer))
+    assert max(loop.hmma for loop in sass.loops(kernel)) == 6
+    loop = sass.main_loop(kernel)
+    assert (loop.label, loop.hmma) == (".L_x_1", 3)
 
 
 def test_no_loop_without_hmma():
@@ -147,8 +163,12 @@ def test_report_of_the_bf16_causal_forward_at_d64():
     from benchmarks.kernel_report.kernels import Case
     from benchmarks.kernel_report.report import detail, row
 
-    (report,) = run([Case("causal_any", "bf16", 64)], ["sm_90"])
-    assert report.arch == "sm_90" and report.products == "bf16" and report.threads == 128
+    split, report = run([Case("causal_any", "bf16", 64)], ["sm_90"])
+    # the kernel that can split its keys, and the one a launch filling the GPU runs: no merge
+    assert (split.label, report.label) == ("causal_any bf16 D=64 fwd", "causal_any bf16 D=64 fwd 1sp")
+    assert report.kernel_counts.instructions < split.kernel_counts.instructions
+    assert (report.loop.hmma, report.loop.memory) == (split.loop.hmma, split.loop.memory)  # the same main loop
+    assert report.arch == "sm_90" and report.products == "bf16" and report.threads == 256  # 128 rows, 8 warps
     assert report.registers > 0 and report.blocks_per_sm >= 1
     assert report.kernel_counts.hmma > 0 and report.kernel_counts.instructions > report.kernel_counts.hmma
     assert report.loop is not None and report.loop.hmma > 0

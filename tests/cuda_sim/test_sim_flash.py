@@ -25,11 +25,19 @@ SIZES = {"B": 1, "H": 2, "KV": 1, "T": 33, "S": 45, "D": 64, "E": 64, "R": 33}
 CASES = dict(attention_cases())
 
 
-def run(name: str, dtype: str, pipeline: str = PIPELINE, sizes: dict | None = None, strided: bool = False):
+def run(
+    name: str,
+    dtype: str,
+    pipeline: str = PIPELINE,
+    sizes: dict | None = None,
+    strided: bool = False,
+    split: int | None = None,
+):
     """(attention kernels, got, want) of an example in ``dtype``; ``strided``: keys and values given
-    as views whose rows are not one after another."""
+    as views whose rows are not one after another; ``split``: key splits (default: as many as fill
+    the GPU, one under the simulator for these sizes)."""
     typed = retyped(CASES[name], dtype)
-    fn, impl = build_cuda(typed, pipeline)
+    fn, impl = build_cuda(typed, pipeline, split=split)
     sizes = {**SIZES, **(sizes or {})}
     inputs = random_inputs(typed.ir.main, sizes, seed=7)
     rng = np.random.default_rng(7)
@@ -101,6 +109,31 @@ def test_two_chunks_a_tile_and_one_warp(banks):
     """Key tiles of 128 computed 64 keys at a time, 16 query rows a block (one warp)."""
     kernels, got, want = run("lse.causal_with_lse", "bf16", LONG_TILES, {"T": 20, "S": 150})
     assert kernels.mma_plan(64, 64, rows=16).chunk == 64
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+    no_conflicts(banks)
+
+
+#: key tiles of 32 computed whole, 16 query rows a block: runs of several full tiles
+SHORT_TILES = LONG_TILES.replace("block_k=128", "block_k=32")
+
+
+@pytest.mark.parametrize(
+    "name,split",
+    [
+        ("pass_specs.unmasked", 1),
+        ("sliding_window.two_sided_window", 1),
+        ("prefix_lm.prefix_lm", 1),
+        ("sliding_window.two_sided_window", 3),
+    ],
+)
+def test_runs_of_full_tiles(name, split, banks):
+    """Full tiles run in the main loop of their own, a run ended by a masked tile or by the keys'
+    end (150 keys: four whole tiles, then 22 keys in the general body); by the kernel without key
+    splits, or by three splits' blocks and their merge."""
+    kernels, got, want = run(name, "bf16", SHORT_TILES, {"T": 40, "S": 150, "R": 40}, split=split)
+    assert kernels.last_split == split
+    assert kernels.last_choice.key_splits == (split > 1)
+    assert "while True:  # the main loop" in kernels.source(64, 64, rows=16)
     assert worst_error(got, want) < TOLERANCE["bf16"]
     no_conflicts(banks)
 

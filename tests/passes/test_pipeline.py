@@ -4,8 +4,8 @@ import pytest
 
 import attncomp as ac
 from attncomp.passes import DEFAULT_PIPELINE, PASSES, default_pipeline, parse_pipeline
-from attncomp.passes.manager import CPU_PIPELINE
-from tests.passes.specs import causal
+from attncomp.passes.manager import CPU_PIPELINE, CUDA_PIPELINE
+from tests.passes.specs import causal, generic_alibi
 
 
 def test_pass_names_are_the_documented_ones():
@@ -93,9 +93,15 @@ def test_cpu_computes_float32_whatever_the_precision():
 
 
 def test_default_pipelines():
-    """cpu tiles 128 keys a block by default; the other backends the pass's defaults (64)."""
+    """cpu tiles 128 keys a block by default; cuda 128 query rows where query, key and value are
+    16-bit; interp the pass's defaults (64)."""
     cpu = ac.compile(causal, backend="cpu")
     assert cpu.pipeline == CPU_PIPELINE and "block_k = 128" in cpu.ir()
     assert ac.compile(causal, backend="interp").pipeline == DEFAULT_PIPELINE
     assert "block_k = 64" in ac.compile(causal, backend="interp").ir()
-    assert default_pipeline("cuda") == DEFAULT_PIPELINE
+    assert default_pipeline("cuda") == CUDA_PIPELINE
+    generic = ac.compile(generic_alibi, backend="interp", pipeline=CUDA_PIPELINE)
+    for dtype, rows in (("bf16", 128), ("f16", 128), ("f32", 64)):
+        assert f"block_q = {rows}" in generic.for_dtype(dtype).ir(), dtype
+    # the backward's tiles keep block_q
+    assert "block_q = 64" in generic.for_dtype("bf16").backward.ir()

@@ -99,7 +99,7 @@ class AttentionKernels:
         self.last_split = 1
         #: the kernel of the last launch (``choice_for`` of its head dims, rows and dense or strided rows)
         self.last_choice: KernelChoice | None = None
-        self._kernels: dict[tuple[int, int, int], Any] = {}
+        self._kernels: dict[tuple, Any] = {}
         self._buffers: dict[tuple[int, Any, int], Any] = {}
         self._streams: list[int] = []  # the streams that have buffers, the most recently used last
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
@@ -139,22 +139,28 @@ class AttentionKernels:
         loads = (self.tiled.masked.k_load, self.tiled.masked.v_load)
         return any(getattr(load.operands[0].owner, "name", None) == "ac.page_view" for load in loads)
 
-    def mma_plan(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> MmaPlan | None:
+    def mma_plan(
+        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+    ) -> MmaPlan | None:
         """The tensor-core plan of a launch with these head dims and rows per block, if it has one:
         asynchronous copies where the call's query, key and value rows are ``dense`` and the plan fits
-        (``plan_flash``), else the staged one."""
+        (``plan_flash``; without key splits where ``splits`` is False and the grid's splits are not
+        fixed), else the staged one."""
         t = self.tiled
         rows = t.block_q if rows is None else rows
         if dense and not self.paged:
-            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
+            splits = splits or split_blocks(self.grid, t.block_k) is not None
+            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows, splits)
             if flash is not None:
                 return flash
         return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
 
-    def choice_for(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> KernelChoice:
+    def choice_for(
+        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+    ) -> KernelChoice:
         """The kernel a launch with these head dims and rows per block runs: the grid's choice where
         its tensor-core plan fits, else the scalar kernel."""
-        mma = self.mma_plan(head_dim, value_dim, rows, dense)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits)
         return mma.choice if mma is not None else self.choice.scalar()
 
     def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
@@ -166,10 +172,12 @@ class AttentionKernels:
         mma = self.mma_plan(head_dim, value_dim, rows, dense)
         return mma.threads if mma is not None else self.plan(head_dim, value_dim, rows).threads
 
-    def source(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> str:
+    def source(
+        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+    ) -> str:
         """The kernel's source: on tensor cores where the plan allows, else the scalar kernel."""
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
-        mma = self.mma_plan(head_dim, value_dim, rows, dense)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits)
         if mma is not None:
             writer = FlashKernelWriter if mma.async_copies else MmaKernelWriter
             return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
@@ -198,19 +206,24 @@ class AttentionKernels:
         types.append("int32[::1]")  # each unit's count of finished splits (``simt/forward_kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
-    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool) -> Any:
+    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool) -> Any:
         rows = self.tiled.block_q if rows is None else rows
-        # dense rows make a kernel of their own only where they get the asynchronous copies
-        plan = self.mma_plan(head_dim, value_dim, rows, dense)
-        key = (head_dim, value_dim, rows, plan is not None and plan.async_copies)
+        # dense rows make a kernel of their own only where they get the asynchronous copies, and one
+        # split only there too
+        plan = self.mma_plan(head_dim, value_dim, rows, dense, splits)
+        flash = plan is not None and plan.async_copies
+        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
 
-    def kernel(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> Any:
+    def kernel(
+        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+    ) -> Any:
         """The attention kernel for these head dims (and query rows per thread block), for a call
-        whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``)."""
-        return getattr(self._module(head_dim, value_dim, rows, dense), self.name)
+        whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``), with key splits
+        or not (``splits``: one split where False and the flash kernel runs)."""
+        return getattr(self._module(head_dim, value_dim, rows, dense, splits), self.name)
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
@@ -280,7 +293,7 @@ class AttentionKernels:
         threads = self.threads(head_dim, value_dim, rows, dense)
         n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
-        self.last_choice = self.choice_for(head_dim, value_dim, rows, dense)
+        self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1)
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:
@@ -290,5 +303,5 @@ class AttentionKernels:
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
             done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
-            kernel = self.kernel(head_dim, value_dim, rows, dense)
+            kernel = self.kernel(head_dim, value_dim, rows, dense, n_split > 1)
             launches.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

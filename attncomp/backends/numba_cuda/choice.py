@@ -58,6 +58,10 @@ class KernelChoice:
     #: ``ldmatrix`` (``mma/flash_kernel.py``): 16-bit operands whose key and value rows are dense
     #: (``arrays.dense_rows``); else staged by loads and stores of 32-bit words
     async_copies: bool = False
+    #: the kernel can split its keys over thread blocks (flash-decoding: each block's partial state,
+    #: merged by the unit's last block); False: a launch of one split, without that code
+    #: (``mma/flash_kernel.py``, chosen per launch where the grid's blocks fill the GPU)
+    key_splits: bool = True
 
     @property
     def mma(self) -> bool:
@@ -89,6 +93,7 @@ class KernelChoice:
         storage = STORAGE_NAMES.get(self.storage, self.storage)
         order = "deterministic" if self.deterministic else "atomic"
         copies = ", async copies" if self.async_copies else ""
+        copies += "" if self.key_splits else ", one split"
         cache = f", {self.cache} cache" if self.cache else ""
         return f"{self.family}, {arithmetic}{copies}, storage {storage}{cache}, accumulate {self.accumulate}, {order}"
 

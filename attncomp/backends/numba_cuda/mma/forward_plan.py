@@ -133,17 +133,18 @@ def chunk_of(chunks: tuple[tuple[int, int], ...], block_k: int, widest: int, lea
 
 
 def plan_flash(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int
+    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int, splits: bool = True
 ) -> MmaPlan | None:
     """The plan of the asynchronous-copy kernel (``mma/flash_kernel.py``), or None where it does not
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
-    same number of copies."""
+    same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``)."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
     chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
     if rows % WARP_ROWS or chunk is None:
         return None
-    plan = MmaPlan(block_q, block_k, head_dim, value_dim, replace(choice, async_copies=True), rows, chunk)
+    flash = replace(choice, async_copies=True, key_splits=splits)
+    plan = MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk)
     # a thread's copies are one column of whole rows: the threads a multiple of a row's copies, and
     # every thread making as many
     uneven = any(

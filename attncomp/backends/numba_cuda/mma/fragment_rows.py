@@ -26,10 +26,13 @@ class FragmentRows:
     """The per-element and per-row code of a tensor-core forward writer (``MmaKernelWriter``, whose
     plan ``mp``, atom and source lines it uses)."""
 
-    def scored(self, compute: TileCompute, hoisted: dict[Op, list[Op]], cast: str = "") -> tuple[dict, dict, list]:
+    def scored(
+        self, compute: TileCompute, hoisted: dict[Op, list[Op]], cast: str = "", raw: bool = False
+    ) -> tuple[dict, dict, list]:
         """The score region on every element a lane holds: (its rows' and columns' position names, by
         row name and by (tile, column offset); the (tile, register) of each element).  ``cast``
-        wraps the positions (``np.int32``: one compare a masked element)."""
+        wraps the positions (``np.int32``: one compare a masked element); ``raw``: the region is a
+        scale folded into the softmax (``softmax_update``), the products are left as they are."""
         p, w, c = self.mp, self.w, self.atom.c
 
         def position(value: Value, row: str, col: str) -> str:
@@ -46,7 +49,7 @@ class FragmentRows:
                 col = f"(c0 + {n * c.cols + half} + {c.col_term})"
                 w.line(f"{cols[n, half]} = {position(compute.score.operands[-2], '0', col)}")
         elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
-        for n, e in elements:
+        for n, e in elements if not raw else ():
             at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
             x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
             w.line(f"s_{n}_{e} = ACC({x})")
@@ -73,19 +76,26 @@ class FragmentRows:
                 with w.indent():
                     w.line(f"s_{n}_{e} = NEG_INF")
 
-    def softmax_update(self) -> None:
-        """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m)."""
+    def softmax_update(self, scale: str | None = None) -> None:
+        """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m).
+        ``scale``: the scores are ``scale`` (never negative) times the products held, so the row's
+        max is of the products, then scaled, and ``scale`` joins the exponent's multiply-add
+        (``scale_log2``: ``scale * log2 e``)."""
         p, w, c = self.mp, self.w, self.atom.c
         n_tiles = p.chunk // c.cols
         for offset, halves in c.by_row():
             row = ROW_NAMES[offset]
-            w.line(f"mx_{row} = m_{row}")
+            w.line(f"mx_{row} = {'NEG_INF' if scale else f'm_{row}'}")
             for n in range(n_tiles):
                 for e in halves:
                     w.line(f"mx_{row} = max(mx_{row}, s_{n}_{e})")
-            w.line(f"m_new_{row} = quad_max(mx_{row})")
+            if scale:
+                w.line(f"m_new_{row} = max(m_{row}, quad_max(mx_{row}) * {scale})")
+            else:
+                w.line(f"m_new_{row} = quad_max(mx_{row})")
             w.line(f"m_safe_{row} = ACC(0.0) if m_new_{row} == NEG_INF else m_new_{row}")
-            w.line(f"alpha_{row} = ACC(math.exp(m_{row} - m_safe_{row}))")
+            # ex2.approx as P's: exact 1 where the max stays, 0 from no key yet (m = -inf)
+            w.line(f"alpha_{row} = exp2_approx((m_{row} - m_safe_{row}) * LOG2E)")
             w.line(f"m_{row} = m_new_{row}")
             w.line(f"l_{row} = l_{row} * alpha_{row}")
             for en in range(p.value_dim // c.cols):
@@ -95,7 +105,7 @@ class FragmentRows:
             w.line(f"m_log2_{row} = m_safe_{row} * LOG2E")
             for n in range(n_tiles):
                 for e in halves:
-                    w.line(f"s_{n}_{e} = exp2_approx(s_{n}_{e} * LOG2E - m_log2_{row})")
+                    w.line(f"s_{n}_{e} = exp2_approx(s_{n}_{e} * {'scale_log2' if scale else 'LOG2E'} - m_log2_{row})")
                     w.line(f"l_{row} += s_{n}_{e}")
 
     def finish(self) -> None:
@@ -108,15 +118,18 @@ class FragmentRows:
         partial, finishes = self.stores_partial()
         for offset, halves in c.by_row():
             row = ROW_NAMES[offset]
-            w.line(f"if i0 + r{row} < n_rows and {partial}:  # this split's partial state")
-            with w.indent():
-                w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
-                w.line("if tq == 0:")
+            if self.key_splits:
+                w.line(f"if i0 + r{row} < n_rows and {partial}:  # this split's partial state")
                 with w.indent():
-                    w.line(f"part_m[sp, flat] = m_{row}")
-                    w.line(f"part_l[sp, flat] = l_{row}")
-                self.partial_outputs(halves)
-            w.line(f"elif i0 + r{row} < n_rows{'' if finishes == 'True' else ' and ' + finishes}:")
+                    w.line(f"flat = (task // n_qb) * n_rows + i0 + r{row}")
+                    w.line("if tq == 0:")
+                    with w.indent():
+                        w.line(f"part_m[sp, flat] = m_{row}")
+                        w.line(f"part_l[sp, flat] = l_{row}")
+                    self.partial_outputs(halves)
+                w.line(f"elif i0 + r{row} < n_rows{'' if finishes == 'True' else ' and ' + finishes}:")
+            else:
+                w.line(f"if i0 + r{row} < n_rows:")
             with w.indent():
 
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:

@@ -282,12 +282,20 @@ class AttentionKernelWriter(CudaKernelSource):
             hoisted[compute.mask] = self.hoist(compute.mask, 2)
         return hoisted
 
+    @property
+    def key_splits(self) -> bool:
+        """Whether the kernel can split its keys (``KernelChoice.key_splits``): else it has neither
+        split ranges, nor partial states, nor the merge."""
+        return self.choice is None or self.choice.key_splits
+
     def split_range(self) -> None:
         """``[kb_lo, kb_hi)``: the IR's key blocks, this key split's contiguous part of them."""
         w = self.w
         lo, hi = (self.ref(v) for v in self.t.loop.operands[:2])
         w.line(f"kb_lo = {lo}")
         w.line(f"kb_hi = {hi}")
+        if not self.key_splits:
+            return
         if self.split_blocks is not None:  # batch-invariant: the part at fixed key positions
             write_part_range(w, "kb_lo", "kb_hi", "sp", self.split_blocks)
             return
@@ -336,6 +344,8 @@ class AttentionKernelWriter(CudaKernelSource):
         split's rows (one thread per row and feature, ``rows`` rows a block) and zeroes the count for
         the next launch.  No second kernel is launched."""
         t, w = self.t, self.w
+        if not self.key_splits:
+            return
         prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         own = self.split_blocks is not None  # a unit's own parts only: counted and merged
         parts = "own_parts" if own else "n_split"
