@@ -136,19 +136,24 @@ def loops(function: Function) -> list[Loop]:
 
 
 def main_loop(function: Function) -> Loop | None:
-    """The innermost loop with the most ``HMMA`` in its body (of the loops that hold no other loop
-    with ``HMMA``: a kernel whose run of full tiles has a loop of its own, inside the loop over every
-    tile, reports that run's loop), the shortest of those with as many; None when no loop holds any."""
+    """The loop whose iterations run the most ``HMMA``: those of its body outside any loop nested in
+    it (a kernel whose run of full tiles has a loop of its own, beside the general body in the loop
+    over every tile, has two loops of as many: the run's); of equals, the shortest; None when no
+    loop holds any."""
     candidates = [loop for loop in loops(function) if loop.hmma]
-    innermost = [
-        loop
-        for loop in candidates
-        if not any(other is not loop and loop.start <= other.start and other.end <= loop.end for other in candidates)
-    ]
-    if not innermost:
+    if not candidates:
         return None
-    most = max(loop.hmma for loop in innermost)
-    return min((loop for loop in innermost if loop.hmma == most), key=lambda loop: loop.instructions)
+
+    def own(loop: Loop) -> int:
+        nested = set()
+        for other in candidates:
+            if other is not loop and loop.start <= other.start and other.end <= loop.end:
+                nested.update(range(other.start, other.end + 1))
+        body = function.instructions
+        return sum(1 for k in range(loop.start, loop.end + 1) if k not in nested and body[k].mnemonic == "HMMA")
+
+    most = max(own(loop) for loop in candidates)
+    return min((loop for loop in candidates if own(loop) == most), key=lambda loop: loop.instructions)
 
 
 def body(function: Function, loop: Loop) -> list[Instruction]:
