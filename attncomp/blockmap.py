@@ -18,8 +18,6 @@ from attncomp.ir.binding import bind_arguments
 from attncomp.ir.core import Func
 from attncomp.ir.interpreter import Interpreter
 
-SKIPPED, MASKED, FULL = 0, 1, 2
-
 
 class BlockRecorder:
     """Receives tile positions from the interpreter's tile ops."""

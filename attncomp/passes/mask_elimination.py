@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 
 from attncomp.ir.core import Block, Func, Module, Op, Value
 from attncomp.ir.graph import remove_dead_ops
+from attncomp.ir.ops.tile import FULL, MASKED, SKIPPED
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder, clone_block
 from attncomp.passes.intervals import Bounds, IntervalEmitter
 from attncomp.passes.patterns import constant_value, producer
 from attncomp.passes.rewrite import replace_uses
-
-SKIPPED, MASKED, FULL = 0, 1, 2
 
 
 @dataclass

@@ -31,6 +31,9 @@ from attncomp.ir.types import TensorType, is_int
 INDEX = TensorType((), "i64")
 #: ``ac.tile_grid``'s ``precision``: how its float32 tile products may be computed (absent: "exact")
 PRECISIONS = ("exact", "tf32", "ieee")
+#: the classes of a key tile, ``ac.switch {tile_class}``'s regions in order (mask-elimination's):
+#: no key visible, some (the mask applies), all
+SKIPPED, MASKED, FULL = 0, 1, 2
 
 
 def _yield_types(block) -> list[TensorType]:

@@ -1,11 +1,11 @@
-"""``passes/signs.py``: which scalar values are never negative, and the tensor-core forward's main loop
+"""``ir/signs.py``: which scalar values are never negative, and the tensor-core forward's main loop
 folding a score scale into its softmax only where the scale is one of them."""
 
 import pytest
 
 import attncomp as ac
 from attncomp.backends.tiles import read_tiled_attention
-from attncomp.passes.signs import nonnegative
+from attncomp.ir.signs import nonnegative
 
 
 @ac.spec
