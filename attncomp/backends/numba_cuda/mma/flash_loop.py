@@ -74,9 +74,11 @@ class FlashKeyLoop:
         if [op.name for op in region.ops] != ["ac.mul", "ac.yield"]:
             return None
         mul, done = region.ops
-        if done.operands[0] is not mul.results[0] or s not in mul.operands:
-            return None
-        (c,) = [x for x in mul.operands if x is not s] or [s]
+        factors = [x for x in mul.operands if x is not s]
+        if done.operands[0] is not mul.results[0] or len(factors) != 1:
+            return None  # not s * c (s * s has no factor)
+        (c,) = factors
+        # made outside the region (the same for every element), a scalar, never negative
         outside = c.owner is not None and c.owner not in region.ops and c not in region.args
         return c if outside and c.type.rank == 0 and nonnegative(c) else None
 
