@@ -88,9 +88,6 @@ def build(case: Case, pipeline: str | None = None) -> list[Built]:
 def one_split(group: Any, d: int) -> Any:
     """The forward kernel of a launch whose thread blocks fill the GPU: no key splits, no merge
     (``KernelChoice.key_splits``), as ``impl.kernels`` lists the other."""
-    from attncomp.backends.numba_cuda.program import KernelInfo, bounds
+    from attncomp.backends.numba_cuda.program import group_kernel
 
-    kernel = group.kernel(d, d, splits=False)
-    source, choice = group.source(d, d, splits=False), group.choice_for(d, d, splits=False)
-    name = f"{group.name}[D={d},E={d},one split]"
-    return KernelInfo(name, kernel.py_func, group.signature(), source, bounds(kernel), choice)
+    return group_kernel(group, f"{group.name}[D={d},E={d},one split]", d, d, splits=False)

@@ -237,13 +237,11 @@ class CudaFunction(Program):
             found.append(info)
         for kernels in [*self.attention, *self.backward]:
             dims = self._head_dims(kernels, head_dim, value_dim)
-            name = f"{kernels.name}[D={dims[0]},E={dims[1]}]"
-            source, dispatcher, choice = kernels.source(*dims), kernels.kernel(*dims), kernels.choice_for(*dims)
-            info = KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher), choice)
+            info = group_kernel(kernels, f"{kernels.name}[D={dims[0]},E={dims[1]}]", *dims)
             found.append(info)
             for suffix, kernel, signature, extra in kernels.extra_kernels(*dims):
                 name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"
-                found.append(KernelInfo(name, kernel.py_func, signature, source, bounds(kernel), extra))
+                found.append(KernelInfo(name, kernel.py_func, signature, info.source, bounds(kernel), extra))
         return found
 
     def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
@@ -252,9 +250,7 @@ class CudaFunction(Program):
         found = []
         for kernels in self.attention:
             name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}]"
-            dispatcher = kernels.kernel(head_dim, value_dim, rows)
-            source, choice = kernels.source(head_dim, value_dim, rows), kernels.choice_for(head_dim, value_dim, rows)
-            found.append(KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher), choice))
+            found.append(group_kernel(kernels, name, head_dim, value_dim, rows))
         return found
 
     def ptx_for(
@@ -288,3 +284,12 @@ class CudaFunction(Program):
 def bounds(dispatcher: Any) -> Any:
     """The launch bounds a kernel's ``cuda.jit`` was given (None: none, or under the simulator)."""
     return getattr(dispatcher, "targetoptions", {}).get("launch_bounds")
+
+
+def group_kernel(kernels: Any, name: str, *args: Any, **options: Any) -> KernelInfo:
+    """The kernel of an attention or backward group (``AttentionKernels``, ``BackwardKernels``) for
+    ``args`` (head dims, then rows and the like) and ``options`` (``splits=False``: the one-split
+    forward), named ``name``."""
+    dispatcher = kernels.kernel(*args, **options)
+    source, choice = kernels.source(*args, **options), kernels.choice_for(*args, **options)
+    return KernelInfo(name, dispatcher.py_func, kernels.signature(), source, bounds(dispatcher), choice)
