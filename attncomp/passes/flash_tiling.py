@@ -167,7 +167,7 @@ class FlashTiling(Pass):
     block_k: int = 64
     #: query rows of a forward tile whose query, key and value are all 16-bit (f16 or bf16); 0: ``block_q``.
     #: The cuda backend's default takes 128 (``passes.default_pipeline("cuda")``): a thread block of
-    #: eight warps then shares each key and value chunk, as FlashAttention-2's does, where float32
+    #: four warps of 32 rows then shares each key and value chunk, as FlashAttention-2's does, where float32
     #: operands (their 3xTF32 kernel's shared memory) keep 64
     block_q_16bit: int = 0
     #: how float32 tile products may be computed (``ac.tile_grid``'s ``precision``): "exact"

@@ -17,7 +17,8 @@ from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
 from tests.cuda_sim.test_sim_tensor_cores import attention_cases
 
-#: two warps of query rows; key tiles of 32, one chunk each
+#: one warp of 32 query rows (two 16-row tiles, the query read from its shared tile); key tiles of 32,
+#: one chunk each
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=32},mask-elimination,canonicalize,cse,dce"
 #: key tiles of 128: two chunks of 64 a tile
 LONG_TILES = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=128},mask-elimination,canonicalize,cse,dce"
@@ -148,11 +149,41 @@ def test_strided_keys_and_values_run_the_staged_kernel(banks):
 
 
 def test_128_query_rows_a_block(banks):
-    """flash-tiling{block_q=128}: eight warps of 16 rows share each key and value tile."""
+    """flash-tiling{block_q=128}: four warps of two 16-row tiles share each key and value tile (the
+    query's copies and ldmatrix reads without bank conflicts too).  At D = 128 the kernel of a launch
+    with key splits has eight warps of one: two tiles' query and the merge's flag word are past
+    the shared-memory budget (``forward_plan.FLASH_M_TILES``)."""
     pipeline = PIPELINE.replace("block_q=32,block_k=32", "block_q=128,block_k=64")
     kernels, got, want = run("lse.causal_with_lse", "f16", pipeline, {"T": 130, "S": 40})
-    assert kernels.mma_plan(64, 64).warps == 8
+    plan = kernels.mma_plan(64, 64)
+    assert (plan.warps, plan.m_tiles, plan.warp_rows) == (4, 2, 32)
+    assert "q_sh = cuda.shared.array(" in kernels.source(64, 64)
     assert worst_error(got, want) < TOLERANCE["f16"]
+    no_conflicts(banks)
+    one_split, splits = kernels.mma_plan(128, 128, splits=False), kernels.mma_plan(128, 128)
+    assert (one_split.warps, one_split.m_tiles) == (4, 2) and one_split.shared_bytes == 48 * 1024
+    assert (splits.warps, splits.m_tiles, splits.q_words) == (8, 1, 0)
+    assert "q_sh" not in kernels.source(128, 128)
+
+
+@pytest.mark.parametrize("name,split", [("softcap.causal_softcap", 1), ("lse.causal_with_lse", 2)])
+def test_two_tiles_a_warp_at_d128(name, split, banks):
+    """D = 128, two 16-row tiles a warp, keys 32 at a time: by the kernel without key splits and by
+    two splits' blocks and their merge."""
+    kernels, got, want = run(name, "bf16", sizes={"D": 128, "E": 128}, split=split)
+    plan = kernels.mma_plan(128, 128, splits=split > 1)
+    assert (plan.m_tiles, plan.chunk) == (2, 32) and kernels.last_choice.async_copies
+    assert kernels.last_split == split
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+    no_conflicts(banks)
+
+
+def test_scores_that_read_positions_have_one_tile_a_warp(banks):
+    """ALiBi's scores read each element's key and query position: one 16-row tile a warp."""
+    kernels, got, want = run("alibi.causal_alibi", "bf16", sizes={"D": 128, "E": 128})
+    assert kernels.positional and kernels.mma_plan(128, 128).m_tiles == 1
+    assert "q_sh" not in kernels.source(128, 128)
+    assert worst_error(got, want) < TOLERANCE["bf16"]
     no_conflicts(banks)
 
 

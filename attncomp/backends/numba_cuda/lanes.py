@@ -21,6 +21,16 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def quotient(x: str, n: int) -> str:
+    """A kernel's ``x // n`` for a non-negative ``x``: a shift where ``n`` is a power of two."""
+    return f"({x} >> {n.bit_length() - 1})" if n & (n - 1) == 0 else f"({x} // {n})"
+
+
+def remainder(x: str, n: int) -> str:
+    """A kernel's ``x % n`` for a non-negative ``x``: a mask where ``n`` is a power of two."""
+    return f"({x} & {n - 1})" if n & (n - 1) == 0 else f"({x} % {n})"
+
+
 def choose_lanes(head_dim: int, value_dim: int, max_slice: int, items: int, lanes: int | None, what: str) -> int:
     """Threads per item: the fewest that keep each register slice within ``max_slice`` and give a
     block of ``items`` items at least a warp; ``lanes`` (tests: every layout at small sizes) overrides.

@@ -11,6 +11,12 @@ phase reads, and the eight chunks a quarter-warp of copies writes, fall in disti
 fragments come from ``ldmatrix.x4`` (keys) and ``ldmatrix.x4.trans`` (values), four registers an
 instruction, from addresses a lane computes once (``shared_arrays``) plus constants.
 
+A warp computes two 16-row tiles of queries (``MmaPlan.m_tiles``, ``forward_plan.FLASH_M_TILES``;
+one where the scores read positions or the tiles would not fit): the block's query rows arrive by
+the same copies into a swizzled ``q_sh`` before the first chunk, each tile's A fragments are read
+from it by ``ldmatrix.x4`` for each pair of k steps, and every key and value fragment feeds both
+tiles' products.  All the row and key positions the loop carries are 32-bit.
+
 The key loop (which chunks, in which order, with which copies in flight) is ``mma/flash_loop.py``'s.
 
 A thread's copies of a whole chunk go from one offset into its (batch, head) slice and one shared
@@ -22,11 +28,12 @@ conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
 
 from __future__ import annotations
 
+from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 from attncomp.backends.numba_cuda.mma.flash_loop import FlashKeyLoop
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS
-from attncomp.backends.numba_cuda.mma.fragment_rows import ROW, ROW_NAMES
+from attncomp.backends.numba_cuda.mma.fragment_rows import ROW_NAMES, row_letter, tile_name
 from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op
 
@@ -38,16 +45,6 @@ SWIZZLE = LDMATRIX_X4.rows
 SWIZZLED = SWIZZLE - 1
 
 
-def quotient(x: str, n: int) -> str:
-    """``x // n`` for a non-negative ``x``: a shift where ``n`` is a power of two."""
-    return f"({x} >> {n.bit_length() - 1})" if n & (n - 1) == 0 else f"({x} // {n})"
-
-
-def remainder(x: str, n: int) -> str:
-    """``x % n`` for a non-negative ``x``: a mask where ``n`` is a power of two."""
-    return f"({x} & {n - 1})" if n & (n - 1) == 0 else f"({x} % {n})"
-
-
 def swizzled(row: str, chunk: str) -> str:
     """The byte offset of 16-byte chunk ``chunk`` of row ``row`` within that row (expressions)."""
     return f"((({chunk}) ^ (({row}) & {SWIZZLED})) * {CHUNK_BYTES})"
@@ -56,23 +53,32 @@ def swizzled(row: str, chunk: str) -> str:
 class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
     """Writes the asynchronous-copy tensor-core kernel of one tiled attention (see the module)."""
 
+    POSITIONS = "np.int32"  # a sequence is shorter than 2^31
+
     def shared_arrays(self) -> None:
         """The key and value tiles, and each lane's ldmatrix addresses into them."""
         p, w, atom = self.mp, self.w, self.atom
         # 16-byte aligned (``warp.COPY_ALIGNMENT``): a copy's destination and an ldmatrix row are
         w.line(f"k_sh = cuda.shared.array({p.k_words}, np.uint32, alignment=COPY_ALIGNMENT)")
         w.line(f"v_sh = cuda.shared.array({p.v_words}, np.uint32, alignment=COPY_ALIGNMENT)")
+        if p.q_words:
+            w.line(f"q_sh = cuda.shared.array({p.q_words}, np.uint32, alignment=COPY_ALIGNMENT)")
         k_row, v_row = self.row_bytes(p.head_dim), self.row_bytes(p.value_dim)
         w.line(f"lm_j = {quotient('lane', LDMATRIX_X4.rows)}  # the matrix whose row this lane addresses")
         w.line(f"lm_r = {remainder('lane', LDMATRIX_X4.rows)}")
+        # values: matrix j is keys 8 (j % 2) .. of chunk j // 2 (b0, b1 of two n tiles)
+        pair_rows, half = f"{remainder('lm_j', 2)} * {atom.k // 2} + lm_r", quotient("lm_j", 2)
+        for base in range(0, SWIZZLE, 2):
+            w.line(f"v_lane_{base} = ({pair_rows}) * {v_row} + {swizzled('lm_r', f'{base} + {half}')}")
         # keys: matrix j is chunk j of a key's row (b0, b1 of two k steps); two patterns by chunk bit 2
         for base in range(0, SWIZZLE, 4):
             w.line(f"k_lane_{base} = lm_r * {k_row} + {swizzled('lm_r', f'{base} + lm_j')}")
-        # values: matrix j is keys 8 (j % 2) .. of chunk j // 2 (b0, b1 of two n tiles)
-        for base in range(0, SWIZZLE, 2):
-            at = f"({remainder('lm_j', 2)} * {atom.k // 2} + lm_r) * {v_row}"
-            half = quotient("lm_j", 2)
-            w.line(f"v_lane_{base} = {at} + {swizzled('lm_r', f'{base} + {half}')}")
+        if p.q_words:
+            # the query: matrix j is rows 8 (j % 2) .. of chunk j // 2 of a k step (a0 .. a3), from this warp's rows
+            assert atom.a.offsets == tuple((j % 2 * 8, j // 2 * COPY_ELEMENTS) for j in range(4))
+            at = f"((tid >> 5) * {p.warp_rows} + {pair_rows}) * {self.row_bytes(p.head_dim)}"
+            for base in range(0, SWIZZLE, 2):
+                w.line(f"q_lane_{base} = {at} + {swizzled('lm_r', f'{base} + {half}')}")
         self.copy_lanes()
 
     @staticmethod
@@ -119,26 +125,73 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
             for at, row in rows:
                 dst = self.copy_destination(name, dim, at, row)
                 w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {CHUNK_BYTES})")
-        w.line("else:")
+        w.line("else:  # the keys' end: rows past it zero, their source the last key (32-bit offsets)")
         with w.indent():
+            w.line(f"past = np.int32(n_keys - {jc})")
             for at, row in rows:
-                w.line(f"jj = {jc} + {row}")
-                src = f"min(jj, n_keys - 1) * {dim} + {name}_col * {COPY_ELEMENTS}"
+                w.line(f"jj = np.int32({row})")
+                src = f"src_at + (min(jj, past - 1) - {name}_row) * {dim}"
                 dst = self.copy_destination(name, dim, at, row)
-                w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, {CHUNK_BYTES} if jj < n_keys else 0)")
+                w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, {CHUNK_BYTES} if jj < past else 0)")
         w.line("cp_async_commit()")
+
+    def batch_decode(self, rank: int) -> list[str]:
+        """As the scalar kernel's, in 32-bit unsigned divisions (a grid's blocks and a batch's axes are
+        fewer than 2^32): a few instructions each, not a 64-bit division's routine."""
+        w = self.w
+        w.line("task32 = np.uint32(task)")
+        w.line("n_qb32 = np.uint32(n_qb)")
+        w.line("qb = n_qb - 1 - task32 % n_qb32")
+        names = [f"bi_{k}" for k in range(rank)]
+        flat = "task32 // n_qb32"
+        for k in reversed(range(rank)):
+            w.line(f"rest_{k} = {flat}")
+            w.line(f"axis_{k} = np.uint32(out_0.shape[{k}])")
+            w.line(f"{names[k]} = rest_{k} % axis_{k}")
+            flat = f"rest_{k} // axis_{k}"
+        return names
 
     def load_query(self) -> None:
         """This lane's A fragments of its warp's 16 query rows, a 32-bit load a register (the query's
-        rows are dense too; rows past the end read the last)."""
+        rows are dense too; rows past the end read the last); several tiles a warp: the block's query
+        rows copied into ``q_sh`` (:meth:`query_copies`)."""
         p, w, atom = self.mp, self.w, self.atom
         w.line(f"q_rows = {self.slice_of(self.t.q_load)}")
+        if p.q_words:
+            self.query_copies()
+            return
         row0 = self.ref(self.t.q_load.operands[-1])
         for name in ROW_NAMES.values():  # from this lane's first column: constant offsets
             w.line(f"q_lane_{name} = q_rows[min({row0} + r{name}, n_rows - 1), {atom.a.col_term}:]")
         for kc in range(p.head_dim // atom.k):
             for reg, (row, col) in enumerate(atom.a.offsets):
                 w.line(f"q_{kc}_{reg} = load_pair16(q_lane_{ROW_NAMES[row]}, {kc * atom.k + col})")
+
+    def query_copies(self) -> None:
+        """The block's query rows into the swizzled ``q_sh`` (rows past the end zero), one group, landed
+        by the first chunk's wait; the A fragments are read from it at each product (``score_products``)."""
+        p, w = self.mp, self.w
+        per_row = p.head_dim // COPY_ELEMENTS
+        step = p.threads // per_row
+        w.line(f"q_col = {remainder('tid', per_row)}")
+        w.line(f"q_row = {quotient('tid', per_row)}")
+        w.line(f"q_dst = q_row * {self.row_bytes(p.head_dim)} + {swizzled('q_row', 'q_col')}")
+        # 32 bits, as the keys' copies: the last row's offset once, each row's clamped to it
+        w.line("q_last = np.int32(n_rows - 1 - i0)")
+        w.line(f"q_at = np.int32(i0 * {p.head_dim} + q_col * {COPY_ELEMENTS})")
+        for n in range(p.rows // step):
+            row = f"q_row + {n * step}" if n else "q_row"
+            w.line(f"qi = np.int32({row})")
+            src = f"q_at + min(qi, q_last) * {p.head_dim}"
+            dst = self.copy_destination("q", p.head_dim, n * step, row)
+            w.line(f"cp_async16(q_sh, {dst}, q_rows, {src}, {CHUNK_BYTES} if qi <= q_last else 0)")
+        w.line("cp_async_commit()")
+
+    def query_address(self, tile: int, kc: int) -> str:
+        """This lane's ldmatrix address of tile ``tile``'s A fragment of k step ``kc`` in ``q_sh``."""
+        chunk = kc * self.atom.k // COPY_ELEMENTS
+        at = tile * self.atom.m * self.row_bytes(self.mp.head_dim) + (chunk & ~SWIZZLED) * CHUNK_BYTES
+        return f"q_lane_{chunk & SWIZZLED} + {at}"
 
     def copy_destination(self, name: str, dim: int, at: int, row: str) -> str:
         """Where a thread's copy of row ``row`` (``at`` rows past its first) goes: its first copy's
@@ -167,60 +220,79 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
                 for half in c.columns():
                     inside[n, half] = self.fresh("k")
                     w.line(f"{inside[n, half]} = jc + {n * c.cols + half} + {c.col_term} < n_keys")
-            for n, e in elements:
+            for t, n, e in elements:
                 visible = inside[n, c.offsets[e][1]]
                 if mask is not None:
-                    at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+                    at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
                     visible = f"{visible} and {self.apply(mask, hoisted[mask], at)}"
                 w.line(f"if not ({visible}):")
                 with w.indent():
-                    w.line(f"s_{n}_{e} = NEG_INF")
+                    w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
 
     # fragments from shared memory ---------------------------------------------------
     def score_products(self) -> None:
-        """``s_{n}_{e}`` from ldmatrix.x4 of the key tile: four chunks of 8 keys' rows, the B
-        fragments of two k steps."""
+        """``s_{n}_{e}`` (each tile's) from ldmatrix.x4 of the key tile: four chunks of 8 keys' rows, the
+        B fragments of two k steps, each feeding every tile's products.  The query's A fragments are
+        kept in registers, or (several tiles a warp) read from ``q_sh`` for each pair of k steps."""
         p, w, atom = self.mp, self.w, self.atom
         k_row = self.row_bytes(p.head_dim)
-        for n in range(p.chunk // atom.n):
-            for kc in range(0, p.head_dim // atom.k, 2):
-                chunk = kc * atom.k // COPY_ELEMENTS
-                at = n * atom.n * k_row + (chunk & ~SWIZZLED) * CHUNK_BYTES
-                w.line(f"kf0, kf1, kf2, kf3 = ldmatrix_x4(k_sh, k_lane_{chunk & SWIZZLED & ~3} + {at})")
-                s = ", ".join(f"s_{n}_{e}" for e in range(atom.c.registers))
+        pairs, keys = range(0, p.head_dim // atom.k, 2), range(p.chunk // atom.n)
+        order = [(kc, n) for kc in pairs for n in keys] if p.q_words else [(kc, n) for n in keys for kc in pairs]
+        for kc, n in order:
+            if p.q_words and n == 0:  # the pair's A fragments of every tile
+                for tile in range(p.m_tiles):
+                    for step in (kc, kc + 1):
+                        regs = ", ".join(self.query_fragment(tile, step))
+                        w.line(f"{regs} = ldmatrix_x4(q_sh, {self.query_address(tile, step)})")
+            chunk = kc * atom.k // COPY_ELEMENTS
+            at = n * atom.n * k_row + (chunk & ~SWIZZLED) * CHUNK_BYTES
+            w.line(f"kf0, kf1, kf2, kf3 = ldmatrix_x4(k_sh, k_lane_{chunk & SWIZZLED & ~3} + {at})")
+            for tile in range(p.m_tiles):
+                s = ", ".join(f"{tile_name('s', tile)}_{n}_{e}" for e in range(atom.c.registers))
                 for step, b in ((kc, "kf0, kf1"), (kc + 1, "kf2, kf3")):
                     acc = s if step else "ZERO, ZERO, ZERO, ZERO"
-                    a = ", ".join(f"q_{step}_{r}" for r in range(atom.a.registers))
-                    w.line(f"{s} = {self.operands.mma}({a}, {b}, {acc})")
+                    w.line(f"{s} = {self.operands.mma}({', '.join(self.query_fragment(tile, step))}, {b}, {acc})")
+
+    def query_fragment(self, tile: int, kc: int) -> list[str]:
+        """The registers of tile ``tile``'s A fragment of k step ``kc``: kept (one tile a warp), or the
+        pair of k steps just read from ``q_sh``."""
+        regs = range(self.atom.a.registers)
+        if self.mp.q_words:
+            return [f"{tile_name('qf', tile)}_{kc % 2}_{r}" for r in regs]
+        return [f"q_{kc}_{r}" for r in regs]
 
     def value_products(self) -> None:
-        """``o_{en}_{e} += P V`` with the B fragments from ldmatrix.x4.trans of the value tile: keys
-        16 kk .. of two 8-feature chunks."""
+        """``o_{en}_{e} += P V`` (each tile's) with the B fragments from ldmatrix.x4.trans of the value
+        tile: keys 16 kk .. of two 8-feature chunks, each feeding every tile's products."""
         p, w, atom = self.mp, self.w, self.atom
         v_row = self.row_bytes(p.value_dim)
-        for kk in range(p.chunk // atom.k):
-            for reg, halves in enumerate(atom.feed()):
-                pair = ", ".join(f"s_{atom.tiles * kk + tile}_{e}" for tile, e in halves)
-                w.line(f"p_{kk}_{reg} = {self.operands.pack}({pair})")
+        for tile in range(p.m_tiles):
+            sn, pn = tile_name("s", tile), tile_name("p", tile)
+            for kk in range(p.chunk // atom.k):
+                for reg, halves in enumerate(atom.feed()):
+                    pair = ", ".join(f"{sn}_{atom.tiles * kk + t}_{e}" for t, e in halves)
+                    w.line(f"{pn}_{kk}_{reg} = {self.operands.pack}({pair})")
         for en in range(0, p.value_dim // atom.n, 2):
             for kk in range(p.chunk // atom.k):
                 at = kk * atom.k * v_row + (en & ~SWIZZLED) * CHUNK_BYTES
                 w.line(f"vf0, vf1, vf2, vf3 = ldmatrix_x4_trans(v_sh, v_lane_{en & SWIZZLED} + {at})")
-                a = ", ".join(f"p_{kk}_{r}" for r in range(atom.a.registers))
-                for tile, b in ((en, "vf0, vf1"), (en + 1, "vf2, vf3")):
-                    o = ", ".join(f"o_{tile}_{e}" for e in range(atom.c.registers))
-                    w.line(f"{o} = {self.operands.mma}({a}, {b}, {o})")
+                for tile in range(p.m_tiles):
+                    pn, on = tile_name("p", tile), tile_name("o", tile)
+                    a = ", ".join(f"{pn}_{kk}_{r}" for r in range(atom.a.registers))
+                    for n, b in ((en, "vf0, vf1"), (en + 1, "vf2, vf3")):
+                        o = ", ".join(f"{on}_{n}_{e}" for e in range(atom.c.registers))
+                        w.line(f"{o} = {self.operands.mma}({a}, {b}, {o})")
 
     # the finish ---------------------------------------------------------------------
-    def partial_outputs(self, halves: tuple[int, ...]) -> None:
+    def partial_outputs(self, halves: tuple[int, ...], tile: int = 0) -> None:
         """As the staged kernel, from a slice at this lane's first column: constant offsets."""
-        c = self.atom.c
+        c, on = self.atom.c, tile_name("o", tile)
         self.w.line(f"part_lane = part_o[sp, flat, {c.col_term}:]")
         for en in range(self.mp.value_dim // c.cols):
             for e in halves:
-                self.w.line(f"part_lane[{en * c.cols + c.offsets[e][1]}] = o_{en}_{e}")
+                self.w.line(f"part_lane[{en * c.cols + c.offsets[e][1]}] = {on}_{en}_{e}")
 
-    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...]) -> None:
+    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...], tile: int = 0) -> None:
         """A 16-bit row's outputs times ``1 / l``, two neighbouring columns rounded together and
         stored as one 32-bit word, from a slice at this lane's first column (a float32 output: as the
         staged kernel)."""
@@ -228,14 +300,18 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
         # bf16 outputs are written as their patterns (``out_bits``: the IR here is widened to float32)
         out = "bf16" if self.out_bits else self.t.grid.results[0].type.dtype
         if out not in ("f16", "bf16"):
-            super().row_outputs(denominator, at, halves)
+            super().row_outputs(denominator, at, halves, tile)
             return
         low, high = (c.offsets[e][1] for e in halves)
         assert high == low + 1  # a lane's two columns of a row are neighbours
         w.line(f"inverse = ACC(1.0) / {denominator}")
-        w.line(f"out_lane = out_0[{at}, {c.col_term}:]")
+        *batch, row = at.split(", ")
+        # unsigned: no negative-index fix-ups (64-bit, per index) on the way to the row's address
+        index = ", ".join(f"U({x})" for x in (*batch, row))
+        w.line(f"out_lane = out_0[{index}, U({c.col_term}):]")
+        on = tile_name("o", tile)
         for en in range(self.mp.value_dim // c.cols):
-            pair = ", ".join(f"o_{en}_{e} * inverse" for e in halves)
+            pair = ", ".join(f"{on}_{en}_{e} * inverse" for e in halves)
             w.line(f"store_pair16(out_lane, {en * c.cols + low}, pack_{out}x2({pair}))")
 
 

@@ -30,6 +30,7 @@ without the split range, the partial states and the merge (``KernelChoice.key_sp
 
 from __future__ import annotations
 
+from attncomp.backends.numba_cuda.lanes import quotient
 from attncomp.ir.core import Op, Value
 from attncomp.ir.ops.tile import FULL
 from attncomp.ir.signs import nonnegative
@@ -46,24 +47,24 @@ class FlashKeyLoop:
         self.names[loop_arg] = var
         for op in t.classify_ops:
             self.scalar().op(op)
-        self.w.line(f"{cls} = {self.scalar().ref(t.tile_class)}")
+        self.w.line(f"{cls} = np.int32({self.scalar().ref(t.tile_class)})")
         self.names[loop_arg] = "kb"
 
     def next_computed(self, var: str, cls: str) -> None:
-        """Advance ``var`` (a key block) to the first computed tile at or after it (``kb_hi`` if
+        """Advance ``var`` (a key block) to the first computed tile at or after it (``kb_top`` if
         none), its class into ``cls``; without a classification, every tile is computed."""
         t, w = self.t, self.w
         if t.tile_class is None:
-            w.line(f"{cls} = {t.default_class}")
+            w.line(f"{cls} = np.int32({t.default_class})")
             return
-        w.line(f"{cls} = 0")
-        w.line(f"while {var} < kb_hi:")
+        w.line(f"{cls} = np.int32(0)")
+        w.line(f"while {var} < kb_top:")
         with w.indent():
             self.classify(var, cls)
             w.line(f"if {cls} != 0:")
             with w.indent():
                 w.line("break")
-            w.line(f"{var} += 1")
+            w.line(f"{var} = np.int32({var} + 1)")
 
     @property
     def scale(self) -> Value | None:
@@ -96,13 +97,14 @@ class FlashKeyLoop:
         if self.full_runs and self.scale is not None:
             w.line(f"scale_log2 = ACC({self.ref(self.scale)}) * LOG2E  # the scores' scale, folded")
         w.line("# the first chunk to compute, its keys in flight")
-        w.line("kb = kb_lo")
+        w.line("kb = np.int32(kb_lo)")
+        w.line("kb_top = np.int32(kb_hi)")
         self.next_computed("kb", "cls")
-        w.line("c0 = 0")
-        w.line("if kb < kb_hi:")
+        w.line("c0 = np.int32(0)")
+        w.line("if kb < kb_top:")
         with w.indent():
             self.copies("k", p.head_dim, f"kb * {p.block_k}")
-        w.line("while kb < kb_hi:")
+        w.line("while kb < kb_top:")
         with w.indent():
             self.names[t.loop.regions[0].args[0]] = "kb"
             if self.full_runs:
@@ -120,42 +122,42 @@ class FlashKeyLoop:
         then the chunk after it (``akb``, ``ac0``, ``acls``) is the loop's."""
         p, w, t = self.mp, self.w, self.t
         compute = t.masked
-        w.line("rk = kb + 1  # the run: full tiles from kb")
+        w.line("rk = np.int32(kb + 1)  # the run: full tiles from kb")
         if t.tile_class is not None:
-            w.line("while rk < kb_hi:")
+            w.line("while rk < kb_top:")
             with w.indent():
                 self.classify("rk", "rcls")
                 w.line(f"if rcls != {FULL}:")
                 with w.indent():
                     w.line("break")
-                w.line("rk += 1")
+                w.line("rk = np.int32(rk + 1)")
         else:
-            w.line("rk = kb_hi")
-        w.line(f"run_end = min(rk * {p.block_k}, n_keys // {p.chunk} * {p.chunk})  # whole chunks only")
+            w.line("rk = kb_top")
+        w.line(f"run_end = np.int32(min(rk * {p.block_k}, n_keys // {p.chunk} * {p.chunk}))  # whole chunks only")
         w.line("# the chunk after the run: the rest of its last tile (keys past the end), else the next computed tile")
         w.line(f"if run_end < rk * {p.block_k}:")
         with w.indent():
-            w.line(f"akb = run_end // {p.block_k}")
-            w.line(f"ac0 = run_end - akb * {p.block_k}")
-            w.line(f"acls = {FULL}")
+            w.line(f"akb = np.int32({quotient('run_end', p.block_k)})")
+            w.line(f"ac0 = np.int32(run_end - akb * {p.block_k})")
+            w.line(f"acls = np.int32({FULL})")
         w.line("else:")
         with w.indent():
             w.line("akb = rk")
-            w.line("ac0 = 0")
+            w.line("ac0 = np.int32(0)")
             self.next_computed("akb", "acls")
         w.line("while True:  # the main loop")
         with w.indent():
             for op in compute.scalar_ops:
                 self.scalar().op(op)
             j0 = self.ref(compute.k_load.operands[-1])
-            w.line(f"jc = {j0} + c0")
+            w.line(f"jc = np.int32({j0} + c0)")
             self.chunk_start("jc", full=True)
             self.scores(compute, None, hoisted, full=True)
-            w.line(f"c0 += {p.chunk}")
+            w.line(f"c0 = np.int32(c0 + {p.chunk})")
             w.line(f"if c0 == {p.block_k}:")
             with w.indent():
-                w.line("kb += 1")
-                w.line("c0 = 0")
+                w.line("kb = np.int32(kb + 1)")
+                w.line("c0 = np.int32(0)")
             w.line(f"more = jc + {p.chunk} < run_end")
             w.line("cp_async_wait(0)")
             w.line("cuda.syncthreads()  # V seen by every warp; every warp done with K")
@@ -167,7 +169,7 @@ class FlashKeyLoop:
             with w.indent():
                 w.line("break")
         w.line("# K of the chunk after the run (every warp is past the barrier after its last use of K)")
-        w.line("if akb < kb_hi:")
+        w.line("if akb < kb_top:")
         with w.indent():
             self.copies("k", p.head_dim, f"akb * {p.block_k} + ac0")
         w.line("kb = akb")
@@ -196,22 +198,22 @@ class FlashKeyLoop:
         compute = t.masked
         for op in compute.scalar_ops:
             self.scalar().op(op)
-        w.line(f"jc = {self.ref(compute.k_load.operands[-1])} + c0")
+        w.line(f"jc = np.int32({self.ref(compute.k_load.operands[-1])} + c0)")
         self.chunk_start("jc")
         masked = None if compute.mask is None else "cls == 1"
         if t.tile_class is None:
             masked = "True" if t.default_class == 1 and compute.mask is not None else None
         self.scores(compute, masked, hoisted)
         w.line("# the next chunk: of this tile, else the next computed tile")
-        w.line(f"nkb = kb if c0 + {p.chunk} < {p.block_k} and jc + {p.chunk} < n_keys else kb + 1")
-        w.line(f"nc0 = c0 + {p.chunk} if nkb == kb else 0")
+        w.line(f"nkb = kb if c0 + {p.chunk} < {p.block_k} and jc + {p.chunk} < n_keys else np.int32(kb + 1)")
+        w.line(f"nc0 = np.int32(c0 + {p.chunk}) if nkb == kb else np.int32(0)")
         w.line("ncls = cls")
         w.line("if nkb != kb:")
         with w.indent():
             self.next_computed("nkb", "ncls")
         w.line("cp_async_wait(0)")
         w.line("cuda.syncthreads()  # V seen by every warp; every warp done with K")
-        w.line("if nkb < kb_hi:")
+        w.line("if nkb < kb_top:")
         with w.indent():
             self.copies("k", p.head_dim, f"nkb * {p.block_k} + nc0")
         self.chunk_end()

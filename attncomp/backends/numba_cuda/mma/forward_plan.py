@@ -2,13 +2,13 @@
 
 A thread block computes ``rows`` query rows of one IR query tile (``block_q``, or fewer for
 a call whose rows all fit in one thread block, as in ``simt/forward_plan.py``) with one warp per 16 rows:
-the ``m16`` of ``mma.sync.m16n8k16``.  Key tiles are the IR's (``block_k``), so tile classes
-and loop bounds are the IR's; a tile is computed ``chunk`` keys at a time, fewer for larger
-head dims (``CHUNKS``), so that the scores, the query and the output fragments fit in a
-thread's 255 registers.  Shared memory holds one chunk of keys and of values as 32-bit words
-of two 16-bit elements: keys row by row (``k_sh[key, d // 2]``), values transposed
-(``v_sh[e, key // 2]``), each row padded by four words so that the eight rows a fragment load
-touches fall in different banks.
+the ``m16`` of ``mma.sync.m16n8k16`` (the asynchronous-copy kernel's warps: ``m_tiles`` such tiles
+each).  Key tiles are the IR's (``block_k``), so tile classes and loop bounds are the IR's; a
+tile is computed ``chunk`` keys at a time, fewer for larger head dims (``CHUNKS``), so that the
+scores, the query and the output fragments fit in a thread's 255 registers.  Shared memory holds
+one chunk of keys and of values as 32-bit words of two 16-bit elements: keys row by row
+(``k_sh[key, d // 2]``), values transposed (``v_sh[e, key // 2]``), each row padded by four words
+so that the eight rows a fragment load touches fall in different banks.
 
 A spec gets these kernels where its products can run on tensor cores: query, key and value
 of one 16-bit type (f16 or bf16), ``D`` a multiple of 16 (the ``k`` of a product), ``E`` a
@@ -55,6 +55,23 @@ class MmaPlan(WarpPlan):
 
     rows: int  # query rows per thread block
     chunk: int  # keys computed at a time (divides block_k)
+    m_tiles: int = 1  # 16-row tiles a warp computes (the asynchronous-copy kernel's: ``FLASH_M_TILES``)
+
+    @property
+    def warps(self) -> int:
+        return self.rows // (self.atom.m * self.m_tiles)
+
+    @property
+    def warp_rows(self) -> int:
+        """Query rows a warp computes."""
+        return self.atom.m * self.m_tiles
+
+    @property
+    def q_words(self) -> int:
+        """Words of the shared query tile: the asynchronous-copy kernel of several tiles a warp reads its
+        A fragments from it at each product (the output's and the scores' registers leave no room to
+        keep them), after the same copies as keys and values."""
+        return self.rows * self.head_dim // 2 if self.async_copies and self.m_tiles > 1 else 0
 
     @property
     def tf32(self) -> bool:
@@ -108,7 +125,8 @@ class MmaPlan(WarpPlan):
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * ((self.k_words + self.v_words) * (2 if self.split else 1) + self.query_rest_words)
+        tiles = (self.k_words + self.v_words) * (2 if self.split else 1) + self.query_rest_words + self.q_words
+        return 4 * (tiles + (1 if self.choice.key_splits else 0))  # the split merge's flag word
 
 
 #: keys per chunk of the asynchronous-copy kernels by the largest head dim, as ``CHUNKS``: at D = 128
@@ -117,6 +135,15 @@ class MmaPlan(WarpPlan):
 #: a row of 192 features is 24 copies, which no block's threads divide (``plan_flash``); the staged
 #: kernel serves those head dims.
 FLASH_CHUNKS = ((64, 64), (128, 32))
+#: 16-row tiles a warp of the asynchronous-copy kernel computes, by the largest head dim they serve,
+#: as FlashAttention-2 (4 warps of 32 rows a block of 128): each B fragment an ldmatrix reads feeds
+#: two products, and the copies, the chunk's control and the finish are shared by twice the products.
+#: The query's A fragments are read from its shared tile at each product (kept, with the outputs' and
+#: the scores', they would spill).  Blocks whose rows are not a whole number of warps' (a short
+#: call's), or whose tiles would not fit in shared memory (128 rows at D = 128 with a split merge's
+#: flag word), have one tile a warp; so have kernels whose scores read positions (ALiBi: the slope
+#: times the distance per element, at two tiles 16 to 524 bytes of spills on sm_80 and sm_90).
+FLASH_M_TILES = ((64, 2), (128, 2))
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
 #: keys per 16-byte copy row's chunk: 8 16-bit elements
@@ -133,24 +160,40 @@ def chunk_of(chunks: tuple[tuple[int, int], ...], block_k: int, widest: int, lea
 
 
 def plan_flash(
-    block_q: int, block_k: int, head_dim: int, value_dim: int, choice: KernelChoice, rows: int, splits: bool = True
+    block_q: int,
+    block_k: int,
+    head_dim: int,
+    value_dim: int,
+    choice: KernelChoice,
+    rows: int,
+    splits: bool = True,
+    positional: bool = False,
 ) -> MmaPlan | None:
     """The plan of the asynchronous-copy kernel (``mma/flash_kernel.py``), or None where it does not
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
-    same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``)."""
+    same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``);
+    ``positional``: its scores read the query or key position (one tile a warp, ``FLASH_M_TILES``)."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
     chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
     if rows % WARP_ROWS or chunk is None:
         return None
     flash = replace(choice, async_copies=True, key_splits=splits)
-    plan = MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk)
+    m_tiles = 1 if positional else next(m for most, m in FLASH_M_TILES if max(head_dim, value_dim) <= most)
+    if m_tiles > 1 and rows % (WARP_ROWS * m_tiles) == 0:
+        plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, m_tiles))
+        if plan is not None:
+            return plan
+    return flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk))
+
+
+def flash_copies(plan: MmaPlan) -> MmaPlan | None:
+    """``plan`` where its threads can share the copies evenly, and it fits."""
+    chunk, rows, head_dim, value_dim = plan.chunk, plan.rows, plan.head_dim, plan.value_dim
     # a thread's copies are one column of whole rows: the threads a multiple of a row's copies, and
-    # every thread making as many
-    uneven = any(
-        plan.threads % (dim // COPY_ELEMENTS) or chunk * dim // COPY_ELEMENTS % plan.threads
-        for dim in (head_dim, value_dim)
-    )
+    # every thread making as many (of the query's rows too, where it is copied)
+    copied = [(chunk, head_dim), (chunk, value_dim)] + ([(rows, head_dim)] if plan.q_words else [])
+    uneven = any(plan.threads % (dim // COPY_ELEMENTS) or n * dim // COPY_ELEMENTS % plan.threads for n, dim in copied)
     if uneven or plan.threads > MAX_THREADS or not plan.fits:
         return None
     return plan

@@ -1,12 +1,14 @@
 """The rows of a tensor-core forward's accumulator fragments: scores, mask, online softmax, outputs.
 
-A lane of ``mma/forward_kernel.py``'s kernels holds two query rows of its warp's 16 (``ra``, ``rb``) and
-of each 8 keys (or output columns) two columns, in the places of the atom's accumulator fragment
-(``atoms.ACCUMULATOR``, the same for every atom).  What it computes per element of those fragments
-is written here once for the staged kernel, its asynchronous-copy variant (``mma/flash_kernel.py``)
-and every operand type: the score region and the mask region at the element's row and column, keys
-past the end hidden, the online softmax per row (the quad's max by shuffles, one rescale), and each
-row's outputs, log-sum-exp or a key split's partial state.
+A lane of ``mma/forward_kernel.py``'s kernels holds two query rows of each of its warp's 16-row tiles
+(``ra``, ``rb`` of the first; ``rc``, ``rd`` of a second, ``MmaPlan.m_tiles``) and of each 8 keys (or
+output columns) two columns, in the places of the atom's accumulator fragment (``atoms.ACCUMULATOR``,
+the same for every atom).  A tile's fragments are named by :func:`tile_name`: ``s_{n}_{e}``,
+``o_{en}_{e}`` for the first, ``s1_{n}_{e}``, ``o1_{en}_{e}`` for the second.  What it computes per
+element of those fragments is written here once for the staged kernel, its asynchronous-copy variant
+(``mma/flash_kernel.py``) and every operand type: the score region and the mask region at the
+element's row and column, keys past the end hidden, the online softmax per row (the quad's max by
+shuffles, one rescale), and each row's outputs, log-sum-exp or a key split's partial state.
 """
 
 from __future__ import annotations
@@ -16,15 +18,35 @@ from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR
 from attncomp.backends.tiles import TileCompute, element_expr
 from attncomp.ir.core import Op, Value
 
-#: the two rows of a lane (``ra = warp * 16 + g``, ``rb = ra + 8``): their letter by offset in a fragment
+#: the two rows of a lane in one tile (``ra = warp * 16 + g``, ``rb = ra + 8``): their letter by offset in a fragment
 ROW_NAMES = dict(zip((row for row, _ in ACCUMULATOR.by_row()), "ab"))
 #: the row of a lane (``ra`` or ``rb``) by accumulator register
 ROW = tuple(f"r{ROW_NAMES[row]}" for row, _ in ACCUMULATOR.offsets)
+#: the letters of a lane's rows, two a tile
+LETTERS = "abcdefgh"
+
+
+def tile_name(prefix: str, tile: int) -> str:
+    """The name prefix of a fragment of a warp's 16-row tile ``tile``: ``s`` for the first, ``s1`` ..."""
+    return f"{prefix}{tile}" if tile else prefix
+
+
+def row_letter(tile: int, register: int) -> str:
+    """The letter of the row of accumulator register ``register`` of tile ``tile``."""
+    return LETTERS[len(ROW_NAMES) * tile + ACCUMULATOR.row_index(register)]
 
 
 class FragmentRows:
     """The per-element and per-row code of a tensor-core forward writer (``MmaKernelWriter``, whose
     plan ``mp``, atom and source lines it uses)."""
+
+    def lane_rows(self) -> list[tuple[int, int, tuple[int, ...], str]]:
+        """(tile, row offset in the tile, its accumulator registers, letter) of each row a lane holds."""
+        return [
+            (tile, offset, halves, row_letter(tile, halves[0]))
+            for tile in range(self.mp.m_tiles)
+            for offset, halves in self.atom.c.by_row()
+        ]
 
     def scored(
         self, compute: TileCompute, hoisted: dict[Op, list[Op]], cast: str = "", raw: bool = False
@@ -39,7 +61,7 @@ class FragmentRows:
             expr = element_expr(value, self.names, row, col)
             return f"{cast}({expr})" if cast else expr
 
-        rows = {f"r{r}": self.fresh("i") for r in ROW_NAMES.values()}
+        rows = {f"r{letter}": self.fresh("i") for *_, letter in self.lane_rows()}
         for r, name in rows.items():
             w.line(f"{name} = {position(compute.score.operands[-3], r, '0')}")
         cols = {}
@@ -48,11 +70,12 @@ class FragmentRows:
                 cols[n, half] = self.fresh("j")
                 col = f"(c0 + {n * c.cols + half} + {c.col_term})"
                 w.line(f"{cols[n, half]} = {position(compute.score.operands[-2], '0', col)}")
-        elements = [(n, e) for n in range(p.chunk // c.cols) for e in range(c.registers)]
-        for n, e in elements if not raw else ():
-            at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
-            x = self.apply(compute.score, hoisted[compute.score], [*at, f"s_{n}_{e}"])
-            w.line(f"s_{n}_{e} = ACC({x})")
+        elements = [(t, n, e) for t in range(p.m_tiles) for n in range(p.chunk // c.cols) for e in range(c.registers)]
+        for t, n, e in elements if not raw else ():
+            at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
+            s = f"{tile_name('s', t)}_{n}_{e}"
+            x = self.apply(compute.score, hoisted[compute.score], [*at, s])
+            w.line(f"{s} = ACC({x})")
         return rows, cols, elements
 
     def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
@@ -63,18 +86,18 @@ class FragmentRows:
         if masked is not None and compute.mask is not None:
             w.line(f"if {masked}:")
             with w.indent():
-                for n, e in elements:
-                    at = [rows[ROW[e]], cols[n, c.offsets[e][1]]]
+                for t, n, e in elements:
+                    at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
                     visible = self.apply(compute.mask, hoisted[compute.mask], at)
                     w.line(f"if not {visible}:")
                     with w.indent():
-                        w.line(f"s_{n}_{e} = NEG_INF")
+                        w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
         w.line(f"if jc + {p.chunk} > n_keys:  # the last chunk: keys past the end")
         with w.indent():
-            for n, e in elements:
+            for t, n, e in elements:
                 w.line(f"if jc + {n * c.cols + c.offsets[e][1]} + {c.col_term} >= n_keys:")
                 with w.indent():
-                    w.line(f"s_{n}_{e} = NEG_INF")
+                    w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
 
     def softmax_update(self, scale: str | None = None) -> None:
         """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m).
@@ -83,12 +106,12 @@ class FragmentRows:
         (``scale_log2``: ``scale * log2 e``)."""
         p, w, c = self.mp, self.w, self.atom.c
         n_tiles = p.chunk // c.cols
-        for offset, halves in c.by_row():
-            row = ROW_NAMES[offset]
+        for t, _, halves, row in self.lane_rows():
+            sn, on = tile_name("s", t), tile_name("o", t)
             w.line(f"mx_{row} = {'NEG_INF' if scale else f'm_{row}'}")
             for n in range(n_tiles):
                 for e in halves:
-                    w.line(f"mx_{row} = max(mx_{row}, s_{n}_{e})")
+                    w.line(f"mx_{row} = max(mx_{row}, {sn}_{n}_{e})")
             if scale:
                 w.line(f"m_new_{row} = max(m_{row}, quad_max(mx_{row}) * {scale})")
             else:
@@ -100,24 +123,24 @@ class FragmentRows:
             w.line(f"l_{row} = l_{row} * alpha_{row}")
             for en in range(p.value_dim // c.cols):
                 for e in halves:
-                    w.line(f"o_{en}_{e} = o_{en}_{e} * alpha_{row}")
+                    w.line(f"{on}_{en}_{e} = {on}_{en}_{e} * alpha_{row}")
             # exp(s - m) = 2^(s log2 e - m log2 e): one multiply-add and ex2 per element
             w.line(f"m_log2_{row} = m_safe_{row} * LOG2E")
             for n in range(n_tiles):
                 for e in halves:
-                    w.line(f"s_{n}_{e} = exp2_approx(s_{n}_{e} * {'scale_log2' if scale else 'LOG2E'} - m_log2_{row})")
-                    w.line(f"l_{row} += s_{n}_{e}")
+                    x = f"{sn}_{n}_{e}"
+                    w.line(f"{x} = exp2_approx({x} * {'scale_log2' if scale else 'LOG2E'} - m_log2_{row})")
+                    w.line(f"l_{row} += {x}")
 
     def finish(self) -> None:
         """Each row's output and log-sum-exp (:meth:`row_outputs`), or this split's partial state
         (:meth:`partial_outputs`)."""
-        t, w, c = self.t, self.w, self.atom.c
-        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
-        for row in ROW_NAMES.values():
+        t_, w = self.t, self.w
+        prefix = "".join(f"{self.names[a]}, " for a in t_.batch_args)
+        for *_, row in self.lane_rows():
             w.line(f"l_{row} = quad_sum(l_{row})")
         partial, finishes = self.stores_partial()
-        for offset, halves in c.by_row():
-            row = ROW_NAMES[offset]
+        for t, _, halves, row in self.lane_rows():
             if self.key_splits:
                 w.line(f"if i0 + r{row} < n_rows and {partial}:  # this split's partial state")
                 with w.indent():
@@ -126,29 +149,29 @@ class FragmentRows:
                     with w.indent():
                         w.line(f"part_m[sp, flat] = m_{row}")
                         w.line(f"part_l[sp, flat] = l_{row}")
-                    self.partial_outputs(halves)
+                    self.partial_outputs(halves, t)
                 w.line(f"elif i0 + r{row} < n_rows{'' if finishes == 'True' else ' and ' + finishes}:")
             else:
                 w.line(f"if i0 + r{row} < n_rows:")
             with w.indent():
 
-                def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves) -> None:
-                    self.row_outputs(denominator, f"{prefix}i0 + r{row}", halves)
+                def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves, t: int = t) -> None:
+                    self.row_outputs(denominator, f"{prefix}i0 + r{row}", halves, t)
 
-                lse = f"out_1[{prefix}i0 + r{row}]" if t.with_lse else None
+                lse = f"out_1[{prefix}i0 + r{row}]" if t_.with_lse else None
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
 
-    def partial_outputs(self, halves: tuple[int, ...]) -> None:
-        """A row's accumulators (registers ``halves`` of each fragment) into ``part_o[sp, flat]``."""
-        c = self.atom.c
+    def partial_outputs(self, halves: tuple[int, ...], tile: int = 0) -> None:
+        """A row's accumulators (registers ``halves`` of each fragment of ``tile``) into ``part_o[sp, flat]``."""
+        c, on = self.atom.c, tile_name("o", tile)
         for en in range(self.mp.value_dim // c.cols):
             for e in halves:
-                self.w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = o_{en}_{e}")
+                self.w.line(f"part_o[sp, flat, {en * c.cols + c.offsets[e][1]} + {c.col_term}] = {on}_{en}_{e}")
 
-    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...]) -> None:
-        """A row's outputs (index prefix ``at``): its accumulators over ``denominator``."""
-        c = self.atom.c
+    def row_outputs(self, denominator: str, at: str, halves: tuple[int, ...], tile: int = 0) -> None:
+        """A row's outputs (index prefix ``at``): its accumulators (of ``tile``) over ``denominator``."""
+        c, on = self.atom.c, tile_name("o", tile)
         for en in range(self.mp.value_dim // c.cols):
             for e in halves:
                 index = f"{at}, {en * c.cols + c.offsets[e][1]} + {c.col_term}"
-                self.w.line(f"out_0[{index}] = {self.narrow(f'o_{en}_{e} / {denominator}')}")
+                self.w.line(f"out_0[{index}] = {self.narrow(f'{on}_{en}_{e} / {denominator}')}")

@@ -17,12 +17,11 @@ features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs
             online softmax over the chunk: one rescale, acc += p v      syncthreads
     out = acc / l, lse = m + log(l)    # rows with no visible key: 0 and -inf
 
-Flash-decoding: when a call has too few (batch, query block) units to fill
-the GPU (one new token for a few heads), the launch's second grid axis
-splits each unit's key blocks into ``n_split`` contiguous parts.  Each part
-then stores its unnormalised ``(m, l, acc)`` per row in scratch arrays and
-counts itself done (an atomic per unit, after a ``threadfence``); the
-unit's last part to finish (a ``threadfence`` after its atomic, so that it
+Flash-decoding: when a call has too few (batch, query block) units to fill the GPU (one new
+token for a few heads), the launch's second grid axis splits each unit's key blocks into
+``n_split`` contiguous parts.  Each part then stores its unnormalised ``(m, l, acc)`` per row in
+scratch arrays and counts itself done (an atomic per unit, after a ``threadfence``); the unit's
+last part to finish (a ``threadfence`` after its atomic, so that it
 reads the others' states as they published them) combines the parts of each row by their
 log-sum-exp, ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``,
 and zeroes the count: one launch, no merge kernel.  A batch-invariant grid (``key_split``)
@@ -34,10 +33,9 @@ full region exactly the masked one with the mask replaced by ``true``
 (docs/ir.md, section 6.3), so one copy of the tile code serves both and the
 mask is evaluated only under ``tile_class == 1``.
 
-The query and accumulator slices are named scalars, never an indexed local
-array, so they live in registers and the PTX has no ``.local`` memory; the
-head dims are therefore compile-time constants, and a kernel is generated
-per (D, E).  The score and mask functions are the IR's regions written by
+The query and accumulator slices are named scalars, never an indexed local array, so they live
+in registers and the PTX has no ``.local`` memory; the head dims are therefore compile-time
+constants, and a kernel is generated per (D, E).  The score and mask functions are the IR's regions written by
 :class:`ScalarEmitter`; their ops that do not depend on the query or key
 position (a scale, ``slopes[h]``) are hoisted out of the key loop.  Query
 rows past the end are computed on the last row (their positions are clamped
@@ -258,20 +256,22 @@ class AttentionKernelWriter(CudaKernelSource):
             self.write_merge(p.block_q, p.threads)
         return w.text()
 
+    POSITIONS = ""  #: the type of the rows, keys and first row (``np.int32``: a register each; else 64-bit)
+
     def program_position(self, block_q: int) -> None:
         """This thread block's unit and key split, the call's rows and keys, its batch position and
         first query row ``i0`` (blocks of ``block_q`` rows, the last first)."""
-        t, w = self.t, self.w
+        t, w, cast = self.t, self.w, self.POSITIONS
         nb = len(t.batch_args)
         k_type = t.masked.k_load.operands[0].type
         w.line("task = cuda.blockIdx.x")
         w.line("sp = cuda.blockIdx.y")
-        w.line(f"n_rows = {dim_expr(t.grid.results[0].type.shape[nb])}")
-        w.line(f"n_keys = {dim_expr(k_type.shape[k_type.rank - 2])}")
-        w.line(f"n_qb = (n_rows + {block_q - 1}) // {block_q}")
+        w.line(f"n_rows = {cast}({dim_expr(t.grid.results[0].type.shape[nb])})")
+        w.line(f"n_keys = {cast}({dim_expr(k_type.shape[k_type.rank - 2])})")
+        w.line(f"n_qb = {cast}((n_rows + {block_q - 1}) // {block_q})")
         for arg, name in zip(t.batch_args, self.batch_decode(nb)):
             self.names[arg] = name
-        w.line(f"i0 = qb * {block_q}")
+        w.line(f"i0 = {cast}(qb * {block_q})")
         self.names[t.i0] = "i0"
 
     def hoisted_regions(self) -> dict[Op, list[Op]]:
