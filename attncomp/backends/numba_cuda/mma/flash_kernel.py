@@ -305,9 +305,8 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
         low, high = (c.offsets[e][1] for e in halves)
         assert high == low + 1  # a lane's two columns of a row are neighbours
         w.line(f"inverse = ACC(1.0) / {denominator}")
-        *batch, row = at.split(", ")
         # unsigned: no negative-index fix-ups (64-bit, per index) on the way to the row's address
-        index = ", ".join(f"U({x})" for x in (*batch, row))
+        index = ", ".join(f"U({x})" for x in at.split(", "))
         w.line(f"out_lane = out_0[{index}, U({c.col_term}):]")
         on = tile_name("o", tile)
         for en in range(self.mp.value_dim // c.cols):

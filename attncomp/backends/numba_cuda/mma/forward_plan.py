@@ -135,15 +135,15 @@ class MmaPlan(WarpPlan):
 #: a row of 192 features is 24 copies, which no block's threads divide (``plan_flash``); the staged
 #: kernel serves those head dims.
 FLASH_CHUNKS = ((64, 64), (128, 32))
-#: 16-row tiles a warp of the asynchronous-copy kernel computes, by the largest head dim they serve,
-#: as FlashAttention-2 (4 warps of 32 rows a block of 128): each B fragment an ldmatrix reads feeds
+#: 16-row tiles a warp of the asynchronous-copy kernel computes, at every head dim it serves, as
+#: FlashAttention-2 (4 warps of 32 rows a block of 128): each B fragment an ldmatrix reads feeds
 #: two products, and the copies, the chunk's control and the finish are shared by twice the products.
 #: The query's A fragments are read from its shared tile at each product (kept, with the outputs' and
 #: the scores', they would spill).  Blocks whose rows are not a whole number of warps' (a short
 #: call's), or whose tiles would not fit in shared memory (128 rows at D = 128 with a split merge's
 #: flag word), have one tile a warp; so have kernels whose scores read positions (ALiBi: the slope
 #: times the distance per element, at two tiles 16 to 524 bytes of spills on sm_80 and sm_90).
-FLASH_M_TILES = ((64, 2), (128, 2))
+FLASH_M_TILES = 2
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
 #: keys per 16-byte copy row's chunk: 8 16-bit elements
@@ -179,9 +179,8 @@ def plan_flash(
     if rows % WARP_ROWS or chunk is None:
         return None
     flash = replace(choice, async_copies=True, key_splits=splits)
-    m_tiles = 1 if positional else next(m for most, m in FLASH_M_TILES if max(head_dim, value_dim) <= most)
-    if m_tiles > 1 and rows % (WARP_ROWS * m_tiles) == 0:
-        plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, m_tiles))
+    if not positional and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
+        plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, FLASH_M_TILES))
         if plan is not None:
             return plan
     return flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk))
