@@ -225,11 +225,6 @@ class CompiledFunction:
         ``cache="f8e4m3"`` / ``"f8e5m2"`` (``ac.f8e4m3``, ``ac.f8e5m2``) 8-bit codes and a float32
         scale per (token, head) beside the pages."""
         stored = cache_type(cache)
-        if stored and self.backend == "cuda":
-            raise ValueError(
-                f"cache={stored!r}: 8-bit key/value pages run on the cpu and interp backends; "
-                "the cuda backend's paged decoder does not have them yet"
-            )
         compilation = self.for_dtype(dtype).compilation
         # the same refusals as fn.decoder: keys must be computable for new tokens alone
         decoding_compilation(compilation, backend="interp")

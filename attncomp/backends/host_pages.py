@@ -14,7 +14,10 @@ class HostPages:
         return np.zeros(shape, dtype)
 
     def write(self, array: np.ndarray, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
-        """``array[pages[c], ..., slots[c], :] = rows[c]`` for each new row ``c``."""
+        """``array[pages[c], ..., slots[c], :] = rows[c]`` for each new row ``c`` (rows of one element,
+        ``[count, *heads, 1]``, into a pool of one a row: ``[num_pages, *heads, size]``)."""
+        if array.ndim == rows.ndim:
+            array = array[..., None]
         heads = (slice(None),) * (array.ndim - 3)
         array[(pages, *heads, slots)] = rows
 

@@ -151,7 +151,7 @@ class PagePool:
         pages = np.asarray(s.pages)[positions // size]
         for k, (array, new) in enumerate(zip(self.arrays, rows)):  # new: [count, *heads, d]
             if self.is_scales(k):  # [count, *heads]: written as rows of one element
-                array, new = array[..., None], new[..., None]
+                new = new[..., None]
             self.storage.write(array, pages, positions % size, new)
         s.length += count
 

@@ -424,10 +424,10 @@ def test_paged_attention_kernels(rows):
     _check(impl, 64, kernels)
 
 
-@pytest.mark.parametrize("element", ["float32", "uint16"])
+@pytest.mark.parametrize("element", ["float32", "uint16", "uint8"])
 def test_page_writing_kernels(element):
     """The kernels a device pool is written with: new rows into their slots, a page copied on write;
-    a bf16 pool's (uint16 patterns) move 16-bit words.  No local memory."""
+    a bf16 pool's (uint16 patterns) move 16-bit words, an 8-bit pool's bytes.  No local memory."""
     from attncomp.backends.numba_cuda.host import pages
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
 
@@ -459,6 +459,20 @@ def test_bf16_paged_attention_kernels(rows):
 
     for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).values():
         assert local_memory_lines(ptx) == []
+
+
+@pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])
+def test_8bit_paged_attention_kernels(cache):
+    """A pool of 8-bit pages: the scalar attention kernel reads each row's codes (bytes) through the
+    page table, decodes them and multiplies them by the scale at the same page and slot; no local
+    memory."""
+    fn = ac.compile(load_example("gqa").grouped_query_attention, backend="cuda")
+    impl = fn.paged_decoder(page_size=16, num_pages=8, cache=cache).paged.fn.program
+    (kernel,) = impl.decode_kernels(64, rows=1)
+    assert kernel.choice.cache == cache and not kernel.choice.mma
+    assert f"decode_{cache}(" in kernel.source and "_scale[page, " in kernel.source
+    assert kernel.signature.count("uint8[") == 2  # the key and the value pages
+    _check(impl, 64, [kernel])
 
 
 @pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])

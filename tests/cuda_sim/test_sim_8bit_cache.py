@@ -17,7 +17,6 @@ from attncomp.backends.numba_cuda.host import arrays
 from attncomp.ir.quantized import CACHE_MAX, dequantize
 from attncomp.ir.types import NUMPY_DTYPES
 from tests.e2e.test_8bit_cache import causal_gqa, relative
-from tests.passes import specs
 
 CACHES = ["f8e4m3", "f8e5m2"]
 DECODE = {"f8e4m3": decode_f8e4m3, "f8e5m2": decode_f8e5m2}
@@ -107,14 +106,31 @@ def test_the_device_cache_takes_about_half_the_bytes_of_a_bf16_one(compiled):
     assert 0.5 < held["f8e4m3"] / held[None] < 0.53
 
 
-def test_8bit_pages_on_cuda_are_refused_naming_the_argument_and_the_backend():
-    fn = ac.compile(specs.causal_alibi, backend="cuda")
-    with pytest.raises(
-        ValueError, match=r"^cache=.f8e5m2.: 8-bit key/value pages run on the cpu and interp backends; the cuda"
-    ):
-        fn.paged_decoder(page_size=8, num_pages=4, cache=ac.f8e5m2)
+@pytest.mark.parametrize("cache", CACHES)
+def test_8bit_pages_agree_with_the_interpreter_on_the_dequantised_pool(compiled, cache):
+    """A paged decoder with 8-bit pages on the device: codes as bytes and a float32 scale per
+    (token, head) row, the CPU pool's bit for bit; two ragged sequences and a fork (its shared last
+    page copied when it appends), in pages out of order, each step as the interpreter computes it
+    on the dequantised pool."""
+    from tests.e2e.test_8bit_pages import Served
+
+    got, pools = {}, {}
+    for backend in ("cuda", "cpu"):
+        s = Served(compiled[backend], cache, 2, 16, page_size=4, num_pages=16, seed=5)
+        a, b = s.new(), s.new()
+        s.step({a: 9, b: 3})
+        f = s.fork(a)
+        s.step({a: 1, b: 2, f: 1})
+        s.step({a: 2, b: 1, f: 3})
+        got[backend], pools[backend] = s, s.srv.pool
+    s = got["cuda"]
+    assert isinstance(pools["cuda"].arrays[0], arrays.CacheCodes)
+    for mine, theirs in zip(pools["cuda"].host_arrays(), pools["cpu"].host_arrays()):
+        assert mine.dtype == theirs.dtype
+        np.testing.assert_array_equal(mine.view(np.uint8), theirs.view(np.uint8))
+    for seq, last in ((a, 3), (b, 3), (f, 4)):
+        q, keys, values, out = s.whole(seq, last)
+        want = ac.interpret(causal_gqa, q, keys, values)[:, :, -last:]
+        assert relative(out, want) < 2e-5, f"sequence {seq}"
     with pytest.raises(ValueError, match=r"^cache: an 8-bit cache type is one of f8e4m3, f8e5m2"):
-        fn.paged_decoder(page_size=8, num_pages=4, cache="e4m3")
-    pipeline = "softmax-fusion,chunk-pairs{ragged=true,paged=true,cache=f8e4m3},flash-tiling"
-    with pytest.raises(ac.AttncompError, match=r"8-bit key/value pages \(f8e4m3\) .* the cuda backend"):
-        ac.compile(specs.causal_alibi, backend="cuda", pipeline=pipeline)
+        compiled["cuda"].paged_decoder(page_size=8, num_pages=4, cache="e4m3")

@@ -72,14 +72,6 @@ def build(
     key of the backward kernels.
     """
     _require_numba_cuda()
-    quantized = module.main.attrs.get("cache_type")
-    if quantized and any(op.name == "ac.page_view" for op in module.main.body.walk()):
-        from attncomp.backends.tiles import LoweringError
-
-        raise LoweringError(
-            f"8-bit key/value pages ({quantized}) run on the cpu and interp backends; "
-            "the cuda backend does not lower them yet"
-        )
     from attncomp.backends.cache import load_source
     from attncomp.backends.numba_cuda.attention import AttentionKernels
     from attncomp.backends.numba_cuda.backward import BackwardKernels

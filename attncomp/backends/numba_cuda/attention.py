@@ -26,7 +26,7 @@ from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.key_splits import fixed_split_count, split_blocks
 from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
-from attncomp.backends.numba_cuda.fp8_codes import quantized_append
+from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, quantized_pages
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
@@ -70,6 +70,8 @@ class AttentionKernels:
                 self.captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
             if quantized_append(v) is not None:  # an 8-bit cache's codes, read with their rows' scales
                 self.captured.setdefault(v.owner.operands[1], f"arg_{n}_scale")
+            if quantized_pages(v) is not None:  # 8-bit pages: their rows' scales, the pages' layout
+                self.captured.setdefault(v.owner.operands[2], f"arg_{n}_scale")
         self.dims = size_names(func)
         self.func_name = func.name
         self.name = f"attention_kernel_{index}"
@@ -203,7 +205,7 @@ class AttentionKernels:
             contiguous = contiguous_at_call(value)
             if value in self.bits:  # bf16 patterns (a host array's uint16 view)
                 types.append(array_type("f32", rank, contiguous, patterns=True))
-            elif quantized_append(value) is not None:  # 8-bit codes, as bytes
+            elif codes_of(value) is not None:  # 8-bit codes (a cache's or pages'), as bytes
                 types.append(codes_type(rank, contiguous))
             else:
                 scalar = SCALAR_ARG[value.type.dtype]

@@ -137,10 +137,11 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     tf32, exact (3xTF32) or not by the grid's ``precision`` ("ieee": the scalar kernels).  The
     scalar kernels where the types differ, where ``fixed_lanes`` (a layout of the scalar kernels
     asked for: float32 forwards and every backward), for a ``deterministic`` backward, and where keys
-    and values are read from a decoder's 8-bit cache (``KernelChoice.cache``: the tensor-core kernels
-    do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module
+    and values are read from a decoder's 8-bit cache or 8-bit pages (``KernelChoice.cache``: the
+    tensor-core kernels do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module
     keeps bf16 arguments 16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
     from attncomp.backends.backward_tiles import read_tiled_backward
+    from attncomp.backends.numba_cuda.fp8_codes import codes_of
     from attncomp.backends.tiles import read_tiled_attention
 
     if op.name == "ac.tile_grid":
@@ -174,10 +175,9 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
         accumulation_dtype(op.results[0].type.dtype),
         deterministic,
     )
-    appends = [load.operands[0].owner for load in loads]
-    quantized = [a.operands[0].type.dtype for a in appends if getattr(a, "name", None) == "ac.cache_append"]
+    quantized = [codes_of(load.operands[0]) for load in loads]
     quantized = [dtype for dtype in quantized if dtype in CACHE_DTYPES]
-    if quantized:  # an 8-bit cache: the scalar kernels decode its codes as they stage them
+    if quantized:  # an 8-bit cache or 8-bit pages: the scalar kernels decode the codes as they stage them
         return replace(choice.scalar(), cache=quantized[0])
     if family == BACKWARD and (deterministic or fixed_lanes):
         return choice.scalar()  # the tensor-core backward adds dQ with atomics; lanes are the scalar kernel's

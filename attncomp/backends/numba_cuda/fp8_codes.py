@@ -122,3 +122,18 @@ def quantized_append(value: Value) -> Op | None:
     if getattr(owner, "name", None) == "ac.cache_append" and len(owner.operands) == 3:
         return owner
     return None
+
+
+def quantized_pages(value: Value) -> Op | None:
+    """The ``ac.page_view`` of 8-bit pages (pages, table, scales) that ``value`` is, if any: a tile
+    source read through the table, each row's codes with its scale (``[page, *heads, slot]``)."""
+    owner = value.owner
+    if getattr(owner, "name", None) == "ac.page_view" and len(owner.operands) == 3:
+        return owner
+    return None
+
+
+def codes_of(value: Value) -> str | None:
+    """The 8-bit type of a tile source read as codes (an 8-bit cache or 8-bit pages), else None."""
+    owner = quantized_append(value) or quantized_pages(value)
+    return None if owner is None else owner.operands[0].type.dtype

@@ -146,7 +146,8 @@ class CudaKernelSource(KernelSource):
         ``rows`` rows (coalesced); zero the rows past ``count`` and the columns past ``width``.
 
         Rows read through an ``ac.page_view`` come from the pool: row ``j`` of sequence ``b`` is
-        slot ``j % P`` of page ``table[b, j // P]``."""
+        slot ``j % P`` of page ``table[b, j // P]`` (8-bit pages: its codes decoded, times the scale
+        at the same place of the scales)."""
         w = self.w
         src = self.array_ref(load.operands[0])
         view = self.page_view(load)
@@ -168,7 +169,11 @@ class CudaKernelSource(KernelSource):
             w.line(f"if {cond}:")
             with w.indent():
                 w.line(f"page = {page}")
-                w.line(f"{tile}[cc, dd] = {self.read(load, f'{src}[page, {at}dd]')}")
+                element = self.read(load, f"{src}[page, {at}dd]")
+                if len(view.operands) == 3:  # 8-bit pages: the code decoded, times its row's scale
+                    code = f"{DECODE[view.operands[0].type.dtype]}({src}[page, {at}dd])"
+                    element = f"{code} * {self.array_ref(view.operands[2])}[page, {at.removesuffix(', ')}]"
+                w.line(f"{tile}[cc, dd] = {element}")
             w.line("else:")
             with w.indent():
                 w.line(f"{tile}[cc, dd] = ACC(0.0)")

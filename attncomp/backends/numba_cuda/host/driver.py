@@ -317,7 +317,7 @@ class DriverWriter:
 
     def check_pages(self, op: Op) -> None:
         """Raise unless the page table of an ``ac.page_view`` names pages of the pool for every row."""
-        pages, table = (self.ref(v) for v in op.operands)
+        pages, table = (self.ref(v) for v in op.operands[:2])  # (8-bit pages: their scales after)
         rows = dim_expr(dim(op.attrs["rows"]))
         size = f"{pages}.shape[{op.operands[0].type.rank - 2}]"
         self.w.line(f"rt.check_pages({table}, {pages}.shape[0], {size}, {rows})")

@@ -7,7 +7,9 @@ read the pages in place (``ac.page_view``).  bf16 pages are kept as their
 16-bit patterns (``arrays.Bf16Bits``) when the kernels that read them take
 patterns (``CudaFunction.page_storage`` asks the function reading the pages):
 the kernels below move 16-bit words then, and the attention widens each
-element as it reads it.  Half the bytes of a float32 pool.
+element as it reads it.  Half the bytes of a float32 pool.  8-bit pages (``cache="f8e4m3"``,
+``"f8e5m2"``) are kept as their codes' bytes (``arrays.CacheCodes``), their float32 scales
+(``[num_pages, *heads, page_size]``) beside them; the pool quantises rows before they are written.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import numpy as np
 from numba import cuda
 
 from attncomp.backends.numba_cuda.host import arrays, launches
-from attncomp.ir.types import NUMPY_DTYPES
+from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES
+
+#: the 8-bit types pages may hold (kept as their codes' bytes)
+CODES = {np.dtype(NUMPY_DTYPES[t]) for t in CACHE_DTYPES}
 
 
 @cuda.jit(cache=True)
@@ -54,13 +59,14 @@ SIGNATURES = {
         _write_rows: f"void({element}[:, :, :, ::1], int64[::1], int64[::1], {element}[:, :, ::1])",
         _copy_page: f"void({element}[:, :, :, ::1], int64, int64)",
     }
-    for element in ("float32", "uint16")
+    for element in ("float32", "uint16", "uint8")
 }
 
 
-def _flat(array: Any) -> Any:
-    """The pool as ``[num_pages, heads, size, d]`` (GQA and multi-axis heads flattened), no copy."""
-    shape = tuple(array.shape)
+def _flat(array: Any, one: bool = False) -> Any:
+    """The pool as ``[num_pages, heads, size, d]`` (GQA and multi-axis heads flattened), no copy;
+    ``one``: a pool of one element a row (scales ``[num_pages, *heads, size]``), d = 1."""
+    shape = (*tuple(array.shape), 1) if one else tuple(array.shape)
     heads = int(np.prod(shape[1:-2], dtype=np.int64))
     return array.reshape(shape[0], heads, shape[-2], shape[-1])
 
@@ -77,27 +83,35 @@ class DevicePages:
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         if self.bits and np.dtype(dtype) == np.dtype(NUMPY_DTYPES["bf16"]):
             return arrays.Bf16Bits(arrays.zeros(tuple(shape), np.dtype(np.uint16)))
+        if np.dtype(dtype) in CODES:  # 8-bit pages: their codes as bytes
+            return arrays.CacheCodes(arrays.zeros(tuple(shape), np.dtype(np.uint8)), dtype)
         return arrays.zeros(tuple(shape), arrays.device_dtype(dtype))
 
     def write(self, array: Any, pages: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
         """Rows ``[count, *heads, d]`` (host) into their pages' slots: one copy in, one launch.  A
-        16-bit pool takes the rows' bf16 patterns (rows of another float type rounded to bf16 first)."""
+        16-bit pool takes the rows' bf16 patterns (rows of another float type rounded to bf16 first),
+        an 8-bit one their codes' bytes; scales come as rows of one element (``[count, *heads, 1]``)
+        into a pool of one a row (``[num_pages, *heads, size]``)."""
         count = rows.shape[0]
         if count == 0:
             return
         if isinstance(array, arrays.Bf16Bits):
             host = np.ascontiguousarray(rows, dtype=NUMPY_DTYPES["bf16"]).view(np.uint16)
+        elif isinstance(array, arrays.CacheCodes):
+            host = np.ascontiguousarray(rows, dtype=array.dtype).view(np.uint8)
         else:
             host = np.ascontiguousarray(rows, dtype=array.dtype)
         flat = host.reshape(count, -1, rows.shape[-1])
+        pool = _flat(arrays.device_view(array), one=len(array.shape) == rows.ndim)
         moved = [arrays.to_device(x) for x in (flat, pages.astype(np.int64), slots.astype(np.int64))]
-        launches.launch_map(_write_rows, int(flat.size), _flat(arrays.device_view(array)), moved[1], moved[2], moved[0])
+        launches.launch_map(_write_rows, int(flat.size), pool, moved[1], moved[2], moved[0])
 
     def copy_page(self, array: Any, dst: int, src: int) -> None:
         pool = _flat(arrays.device_view(array))
         launches.launch_map(_copy_page, int(np.prod(tuple(pool.shape)[1:])), pool, np.int64(dst), np.int64(src))
 
     def host(self, array: Any) -> np.ndarray:
-        """The pages on the host (a 16-bit pool's as ``ml_dtypes.bfloat16``)."""
+        """The pages on the host (a 16-bit pool's as ``ml_dtypes.bfloat16``, an 8-bit one's as its type)."""
         host = arrays.copy_to_host(arrays.device_view(array))
-        return np.asarray(host).view(array.dtype) if isinstance(array, arrays.Bf16Bits) else host
+        patterns = isinstance(array, (arrays.Bf16Bits, arrays.CacheCodes))
+        return np.asarray(host).view(array.dtype) if patterns else host
