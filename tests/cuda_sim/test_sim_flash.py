@@ -166,11 +166,11 @@ def test_128_query_rows_a_block(banks):
     assert "q_sh" not in kernels.source(128, 128)
 
 
-@pytest.mark.parametrize("name,split", [("softcap.causal_softcap", 1), ("lse.causal_with_lse", 2)])
-def test_two_tiles_a_warp_at_d128(name, split, banks):
+@pytest.mark.parametrize("split", [1, 2])
+def test_two_tiles_a_warp_at_d128(split, banks):
     """D = 128, two 16-row tiles a warp, keys 32 at a time: by the kernel without key splits and by
     two splits' blocks and their merge."""
-    kernels, got, want = run(name, "bf16", sizes={"D": 128, "E": 128}, split=split)
+    kernels, got, want = run("lse.causal_with_lse", "bf16", sizes={"D": 128, "E": 128}, split=split)
     plan = kernels.mma_plan(128, 128, splits=split > 1)
     assert (plan.m_tiles, plan.chunk) == (2, 32) and kernels.last_choice.async_copies
     assert kernels.last_split == split
@@ -178,10 +178,13 @@ def test_two_tiles_a_warp_at_d128(name, split, banks):
     no_conflicts(banks)
 
 
-def test_scores_that_read_positions_have_one_tile_a_warp(banks):
-    """ALiBi's scores read each element's key and query position: one 16-row tile a warp."""
-    kernels, got, want = run("alibi.causal_alibi", "bf16", sizes={"D": 128, "E": 128})
-    assert kernels.positional and kernels.mma_plan(128, 128).m_tiles == 1
+@pytest.mark.parametrize("name,work", [("alibi.causal_alibi", "positional"), ("softcap.causal_softcap", "elementwise")])
+def test_scores_with_work_per_element_have_one_tile_a_warp_at_d128(name, work, banks):
+    """ALiBi's scores read each element's key and query position, soft-capping's take a tanh: one
+    16-row tile a warp at D = 128 (two would spill); soft-capping keeps two at D = 64."""
+    kernels, got, want = run(name, "bf16", sizes={"D": 128, "E": 128})
+    assert kernels.score_work == work and kernels.mma_plan(128, 128).m_tiles == 1
+    assert kernels.mma_plan(64, 64).m_tiles == (2 if work == "elementwise" else 1)
     assert "q_sh" not in kernels.source(128, 128)
     assert worst_error(got, want) < TOLERANCE["bf16"]
     no_conflicts(banks)

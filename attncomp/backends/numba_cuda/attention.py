@@ -142,12 +142,15 @@ class AttentionKernels:
         return any(getattr(load.operands[0].owner, "name", None) == "ac.page_view" for load in loads)
 
     @property
-    def positional(self) -> bool:
-        """Whether the score region reads the query or key position (ALiBi, a relative bias): work per
-        element that, at two tiles a warp, spills (``forward_plan.FLASH_M_TILES``)."""
+    def score_work(self) -> str:
+        """What the score region does per element (``forward_plan.FLASH_M_TILES``): "positional" where
+        it reads the query or key position (ALiBi, a relative bias), "elementwise" where it does more
+        than scale the product (soft-capping), else "scale"."""
         region = self.tiled.masked.score.regions[0]
         positions = region.args[:-1]
-        return any(x is p for op in region.ops for x in op.operands for p in positions)
+        if any(x is p for op in region.ops for x in op.operands for p in positions):
+            return "positional"
+        return "scale" if [op.name for op in region.ops] in (["ac.yield"], ["ac.mul", "ac.yield"]) else "elementwise"
 
     def mma_plan(
         self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
@@ -160,7 +163,7 @@ class AttentionKernels:
         rows = t.block_q if rows is None else rows
         if dense and not self.paged:
             splits = splits or split_blocks(self.grid, t.block_k) is not None
-            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows, splits, self.positional)
+            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows, splits, self.score_work)
             if flash is not None:
                 return flash
         return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)

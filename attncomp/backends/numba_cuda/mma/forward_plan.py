@@ -141,9 +141,12 @@ FLASH_CHUNKS = ((64, 64), (128, 32))
 #: The query's A fragments are read from its shared tile at each product (kept, with the outputs' and
 #: the scores', they would spill).  Blocks whose rows are not a whole number of warps' (a short
 #: call's), or whose tiles would not fit in shared memory (128 rows at D = 128 with a split merge's
-#: flag word), have one tile a warp; so have kernels whose scores read positions (ALiBi: the slope
-#: times the distance per element, at two tiles 16 to 524 bytes of spills on sm_80 and sm_90).
+#: flag word), have one tile a warp; so have kernels whose scores do more per element than the head
+#: dims in ``FLASH_M_TILES_DIM`` allow (by ``AttentionKernels.score_work``), past which two tiles spill
+#: on sm_80 or sm_90: scores that read positions (ALiBi: 16 to 524 bytes) at any head dim, other
+#: work per element (soft-capping: 44 bytes at D = 128) past D = 64.
 FLASH_M_TILES = 2
+FLASH_M_TILES_DIM = {"scale": 128, "elementwise": 64, "positional": 0}
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
 #: keys per 16-byte copy row's chunk: 8 16-bit elements
@@ -167,19 +170,20 @@ def plan_flash(
     choice: KernelChoice,
     rows: int,
     splits: bool = True,
-    positional: bool = False,
+    scores: str = "scale",
 ) -> MmaPlan | None:
     """The plan of the asynchronous-copy kernel (``mma/flash_kernel.py``), or None where it does not
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
     same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``);
-    ``positional``: its scores read the query or key position (one tile a warp, ``FLASH_M_TILES``)."""
+    ``scores``: what its score region does per element (``AttentionKernels.score_work``: two tiles a
+    warp or one, ``FLASH_M_TILES``)."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
     chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
     if rows % WARP_ROWS or chunk is None:
         return None
     flash = replace(choice, async_copies=True, key_splits=splits)
-    if not positional and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
+    if max(head_dim, value_dim) <= FLASH_M_TILES_DIM[scores] and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
         plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, FLASH_M_TILES))
         if plan is not None:
             return plan
