@@ -23,6 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="float type (default bf16)")
     parser.add_argument("--head-dim", type=int, nargs="+", help="head dims D = E (default 64)")
     parser.add_argument("--backward", action="store_true", help="the backward's kernels")
+    parser.add_argument(
+        "--group", type=int, default=0, help="a decode step's kernel: one row a head, GROUP heads a key/value head"
+    )
     parser.add_argument("--pipeline", help="the pipeline text (default: the cuda backend's default pipeline)")
     parser.add_argument("--arch", choices=sorted(ARCHS), nargs="+", default=["sm_90"], help="targets")
     parser.add_argument("--json", metavar="FILE", help="also write the reports to FILE as JSON")
@@ -31,10 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cases(args: argparse.Namespace) -> list[Case]:
     """The default kernels, or the ones the options name."""
-    if args.spec is None and args.dtype is None and args.head_dim is None and not args.backward:
+    if args.spec is None and args.dtype is None and args.head_dim is None and not args.backward and not args.group:
         return list(DEFAULT)
-    spec, dtype = args.spec or "causal_any", args.dtype or "bf16"
-    return [Case(spec, dtype, d, args.backward) for d in args.head_dim or [64]]
+    spec, dtype = args.spec or ("gqa_decode_any" if args.group else "causal_any"), args.dtype or "bf16"
+    return [Case(spec, dtype, d, args.backward, args.group) for d in args.head_dim or [64]]
 
 
 def run(chosen: list[Case], archs: list[str], pipeline: str | None = None, log=None) -> list[KernelReport]:

@@ -18,10 +18,14 @@ class Case:
     dtype: str  # "bf16", "f16", "f32"
     head_dim: int  # D = E
     backward: bool = False
+    #: a decode step's kernel: one query row a head, ``group`` query heads a key/value head (their
+    #: rows packed into tensor-core tiles where the grid allows); 0: a call of whole blocks of rows
+    group: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.spec} {self.dtype} D={self.head_dim} {'bwd' if self.backward else 'fwd'}"
+        kind = "bwd" if self.backward else f"decode G={self.group}" if self.group else "fwd"
+        return f"{self.spec} {self.dtype} D={self.head_dim} {kind}"
 
 
 #: what ``python -m benchmarks.kernel_report`` reports without options
@@ -30,6 +34,7 @@ DEFAULT = [
     Case("causal_any", "bf16", 128),
     Case("dense_any", "f16", 128),
     Case("causal_any", "f32", 64),  # 3xTF32, the default precision
+    Case("gqa_decode_any", "bf16", 128, group=4),  # GQA 32/8
     Case("causal_any", "bf16", 64, backward=True),
     Case("causal_any", "bf16", 128, backward=True),
 ]
@@ -72,8 +77,13 @@ def build(case: Case, pipeline: str | None = None) -> list[Built]:
     d = case.head_dim
     plans = [group.mma_plan(d, d) for group in groups]
     products = ",".join(sorted({plan.element for plan in plans if plan is not None})) or "scalar"
-    kernels = [kernel for kernel in impl.kernels(d, d) if kernel.name.startswith(prefix)]
-    if not case.backward:
+    if case.group:
+        kernels = impl.decode_kernels(d, d, rows=1, group=case.group)
+        plans = [group.mma_plan(d, d, 16, packed=True) for group in groups]
+        products = ",".join(sorted({plan.element for plan in plans if plan is not None})) or "scalar"
+    else:
+        kernels = [kernel for kernel in impl.kernels(d, d) if kernel.name.startswith(prefix)]
+    if not case.backward and not case.group:
         kernels += [one_split(group, d) for group in groups if not group.choice_for(d, d, splits=False).key_splits]
     found = []
     for kernel in kernels:

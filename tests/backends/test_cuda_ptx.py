@@ -223,6 +223,22 @@ def test_decode_step_kernels(head_dim, rows):
     assert all(report.registers <= 255 for report in reports.values())
 
 
+@pytest.mark.parametrize("head_dim,rows", [(64, 1), (128, 1), (128, 3)])
+def test_packed_gqa_decode_step_kernels(head_dim, rows):
+    """A bf16 GQA 32/8 decoding step: the four query heads of a key/value head packed into one warp's
+    tile, keys and values by 16-byte asynchronous copies, products on tensor cores; no local memory,
+    no spills on sm_80 and sm_90."""
+    from tests.cuda_sim.helpers import retyped
+
+    impl = _build(retyped(load_example("gqa").grouped_query_attention, "bf16"), DECODER)
+    (kernel,) = impl.decode_kernels(head_dim, rows=rows, group=4)
+    assert kernel.choice.packed_heads and kernel.choice.async_copies and kernel.launch_bounds == 32
+    texts: dict = {}
+    _check(impl, head_dim, [kernel], texts)
+    for ptx in texts.values():
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "cp.async.cg.shared.global" in ptx
+
+
 def test_unfused_and_decoder_kernels_cover_every_graph_op():
     """Unfused graphs and a decoder's graph: together they use every op kind outside attention."""
     cases = [
@@ -440,8 +456,9 @@ def test_page_writing_kernels(element):
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_bf16_paged_attention_kernels(rows):
-    """A bf16 pool's reader: the pages are uint16 patterns, widened (scalar kernels) or packed in pairs
-    (tensor cores, 16 rows) as they are read through the page table."""
+    """A bf16 pool's reader: the pages are uint16 patterns, widened as they are read through the page
+    table (scalar kernels), or (tensor cores, 16 rows) copied a row's 16 bytes at a time from its page
+    by ``cp.async`` (``mma/page_copies.py``)."""
     from tests.passes.specs import generic_alibi
 
     fn = ac.compile(generic_alibi, backend="cuda")
@@ -449,16 +466,33 @@ def test_bf16_paged_attention_kernels(rows):
     (kernel,) = impl.decode_kernels(64, rows=rows)
     # the output (rounded in the kernel), the query, and the key and value pages: C-contiguous, as a step passes them
     assert kernel.signature.count("uint16[:, :, :, ::1]") == 4
-    assert ("pack_bits(" if rows == 16 else "widen_bf16(") in kernel.source
-    if rows == 1:
-        _check(impl, 64, [kernel])
-        return
-    # ptxas reports a few spilled bytes for the ragged tensor-core kernels at D = 64, with a float32
-    # pool as with this one (their position gathers): the PTX alone is held to no local memory here
+    assert ("k_table[pq]" if rows == 16 else "widen_bf16(") in kernel.source
+    _check(impl, 64, [kernel])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_paged_gqa_decode_kernels(head_dim):
+    """A bf16 GQA 32/8 server's step: the group's heads packed into one tile, its pages copied by
+    ``cp.async`` through the table; no local memory, no spills on sm_80 and sm_90."""
+    from tests.cuda_sim.helpers import retyped
+
+    fn = ac.compile(retyped(load_example("gqa").grouped_query_attention, "bf16"), backend="cuda")
+    impl = fn.paged_decoder(page_size=16, num_pages=8, dtype="bf16").paged.fn.program
+    (kernel,) = impl.decode_kernels(head_dim, rows=1, group=4)
+    assert kernel.choice.packed_heads and "cp_async16(k_sh" in kernel.source and "v_table[pq]" in kernel.source
+    # ptxas spills a few bytes of these ragged kernels (32 to 84 bytes at 255 registers: their tile
+    # classification gathers each sequence's start and positions, and each copy row looks its page
+    # up); the non-paged ragged kernel and a decoder's have none.  The PTX is held to no local memory.
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
 
-    for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS).values():
-        assert local_memory_lines(ptx) == []
+    for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS, kernel.launch_bounds).values():
+        assert local_memory_lines(ptx) == [] and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    # the step's attention over its new keys (held contiguously): packed too, and no spills
+    (new,) = fn.paged_decoder(page_size=16, num_pages=8, dtype="bf16").attention.fn.program.decode_kernels(
+        head_dim, rows=1, group=4
+    )
+    assert new.choice.packed_heads and "_table" not in new.source
+    _check(None, head_dim, [new])
 
 
 @pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     # The simulator runs each CUDA thread as a Python thread: switching threads every 0.5 ms
     # instead of every 5 ms takes a seventh off its run time (a tenth of a millisecond, more).
@@ -25,3 +27,13 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     sim_blocks.install()
 elif os.environ.get("ATTNCOMP_TEST_GPU") != "1":
     collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture
+def banks():
+    """The emulation's bank counts since the test began (on a GPU: counts of nothing, never read)."""
+    from attncomp.backends.numba_cuda.mma import warp_sim_copies
+
+    warp_sim_copies.reset_bank_counts()
+    yield warp_sim_copies.bank_counts
+    warp_sim_copies.reset_bank_counts()

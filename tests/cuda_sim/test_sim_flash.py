@@ -11,7 +11,6 @@ import os
 import numpy as np
 import pytest
 
-from attncomp.backends.numba_cuda.mma import warp_sim_copies
 from attncomp.backends.numba_cuda.mma.atoms import CP_ASYNC_16, LDMATRIX_X4, LDMATRIX_X4_TRANS
 from attncomp.testing import TOLERANCE, random_inputs, worst_error
 from tests.cuda_sim.helpers import as_list, build_cuda, host, retyped
@@ -66,14 +65,6 @@ def _strided(x: np.ndarray):
 
 #: bank counts are the emulation's; on a GPU (``ATTNCOMP_TEST_GPU=1``) the kernels' results are checked
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-
-
-@pytest.fixture
-def banks():
-    """The emulation's bank counts since the test began (on a GPU: counts of nothing, never read)."""
-    warp_sim_copies.reset_bank_counts()
-    yield warp_sim_copies.bank_counts
-    warp_sim_copies.reset_bank_counts()
 
 
 def no_conflicts(banks, *atoms) -> None:

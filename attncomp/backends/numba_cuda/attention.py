@@ -32,12 +32,13 @@ from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, ar
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma.forward_plan import MmaPlan, plan_flash, plan_mma
+from attncomp.backends.numba_cuda.mma.forward_plan import WARP_ROWS, MmaPlan, plan_flash, plan_mma
+from attncomp.backends.numba_cuda.mma.packed_heads import packed_head
 from attncomp.backends.numba_cuda.simt.forward_kernel import write_attention_kernel
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan, plan_attention, rows_for
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Op, captured_values
-from attncomp.ir.dims import Dim
+from attncomp.ir.dims import Dim, dim
 from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 #: the most parts one unit's keys are split into
@@ -97,6 +98,9 @@ class AttentionKernels:
             for load in loads
             if load.operands[0] in self.captured
         ]
+        #: the grid's head index where a decode step can pack the rows of the query heads sharing a
+        #: key/value head into one tile (``packed_heads.packed_head``), else None
+        self.packable = packed_head(t)
         #: the key splits of the last launch (1: none)
         self.last_split = 1
         #: the kernel of the last launch (``choice_for`` of its head dims, rows and dense or strided rows)
@@ -136,12 +140,6 @@ class AttentionKernels:
         return plan_attention(t.block_q, t.block_k, head_dim, value_dim, acc_bytes, self.lanes, rows)
 
     @property
-    def paged(self) -> bool:
-        """Keys or values read through a page table (the asynchronous copies read dense rows only)."""
-        loads = (self.tiled.masked.k_load, self.tiled.masked.v_load)
-        return any(getattr(load.operands[0].owner, "name", None) == "ac.page_view" for load in loads)
-
-    @property
     def score_work(self) -> str:
         """What the score region does per element (``forward_plan.FLASH_M_TILES``): "positional" where
         it reads the query or key position (ALiBi, a relative bias), "elementwise" where it does more
@@ -152,45 +150,83 @@ class AttentionKernels:
             return "positional"
         return "scale" if [op.name for op in region.ops] in (["ac.yield"], ["ac.mul", "ac.yield"]) else "elementwise"
 
+    def group_of(self, args: tuple[Any, ...]) -> int:
+        """Query heads per key/value head of a launch (``kv_repeat`` at its sizes, the last of ``args``)."""
+        sizes = args[self.n_outs + len(self.captured) :]
+        return dim(self.grid.attrs["kv_repeat"]).evaluate(dict(zip(self.dims, (int(x) for x in sizes))))
+
     def mma_plan(
-        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None = None,
+        dense: bool = True,
+        splits: bool = True,
+        packed: bool = False,
     ) -> MmaPlan | None:
         """The tensor-core plan of a launch with these head dims and rows per block, if it has one:
         asynchronous copies where the call's query, key and value rows are ``dense`` and the plan fits
         (``plan_flash``; without key splits where ``splits`` is False and the grid's splits are not
-        fixed), else the staged one."""
+        fixed), else the staged one.  ``packed``: rows of grouped heads (:meth:`packed_rows`), on
+        the asynchronous copies only."""
         t = self.tiled
         rows = t.block_q if rows is None else rows
-        if dense and not self.paged:
+        if dense:
             splits = splits or split_blocks(self.grid, t.block_k) is not None
-            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows, splits, self.score_work)
-            if flash is not None:
+            work = self.score_work
+            flash = plan_flash(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows, splits, work, packed)
+            if flash is not None or packed:
                 return flash
-        return plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
+        return None if packed else plan_mma(t.block_q, t.block_k, head_dim, value_dim, self.choice, rows)
+
+    def packed_rows(self, n_rows: int, group: int, head_dim: int, value_dim: int, dense: bool = True) -> int | None:
+        """Rows per block of a launch of ``n_rows`` rows a head that packs its ``group`` query heads
+        sharing a key/value head into tensor-core tiles (``mma/packed_heads.py``), or None where it
+        does not: a decode step (fewer rows than a tile) of a grid whose heads can be packed, the
+        group's rows within a query block, and an asynchronous-copy plan for them."""
+        t = self.tiled
+        if self.packable is None or group <= 1 or n_rows >= WARP_ROWS or n_rows * group > t.block_q:
+            return None
+        rows = max(WARP_ROWS, rows_for(t.block_q, n_rows * group))
+        return rows if self.mma_plan(head_dim, value_dim, rows, dense, packed=True) is not None else None
 
     def choice_for(
-        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None = None,
+        dense: bool = True,
+        splits: bool = True,
+        packed: bool = False,
     ) -> KernelChoice:
         """The kernel a launch with these head dims and rows per block runs: the grid's choice where
         its tensor-core plan fits, else the scalar kernel."""
-        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         return mma.choice if mma is not None else self.choice.scalar()
 
     def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
         """None: one kernel per launch (``BackwardKernels.extra_kernels``)."""
         return []
 
-    def threads(self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True) -> int:
+    def threads(
+        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, packed: bool = False
+    ) -> int:
         """Threads per block of the kernel for these head dims and rows."""
-        mma = self.mma_plan(head_dim, value_dim, rows, dense)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense, packed=packed)
         return mma.threads if mma is not None else self.plan(head_dim, value_dim, rows).threads
 
     def source(
-        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None = None,
+        dense: bool = True,
+        splits: bool = True,
+        packed: bool = False,
     ) -> str:
         """The kernel's source: on tensor cores where the plan allows, else the scalar kernel."""
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
-        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits)
+        mma = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         if mma is not None:
             writer = FlashKernelWriter if mma.async_copies else MmaKernelWriter
             return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
@@ -219,24 +255,31 @@ class AttentionKernels:
         types.append("int32[::1]")  # each unit's count of finished splits (``simt/forward_kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
-    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool) -> Any:
+    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool, packed: bool) -> Any:
         rows = self.tiled.block_q if rows is None else rows
         # dense rows make a kernel of their own only where they get the asynchronous copies, and one
         # split only there too
-        plan = self.mma_plan(head_dim, value_dim, rows, dense, splits)
+        plan = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         flash = plan is not None and plan.async_copies
-        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits)
+        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits, packed)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
 
     def kernel(
-        self, head_dim: int, value_dim: int, rows: int | None = None, dense: bool = True, splits: bool = True
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None = None,
+        dense: bool = True,
+        splits: bool = True,
+        packed: bool = False,
     ) -> Any:
         """The attention kernel for these head dims (and query rows per thread block), for a call
         whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``), with key splits
-        or not (``splits``: one split where False and the flash kernel runs)."""
-        return getattr(self._module(head_dim, value_dim, rows, dense, splits), self.name)
+        or not (``splits``: one split where False and the flash kernel runs), with grouped heads'
+        rows ``packed`` into its tiles or not (:meth:`packed_rows`)."""
+        return getattr(self._module(head_dim, value_dim, rows, dense, splits, packed), self.name)
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
@@ -301,12 +344,18 @@ class AttentionKernels:
         values and sizes; ``blocks`` the (batch, query block) units."""
         if blocks <= 0:
             return
-        rows = rows_for(self.tiled.block_q, n_rows)
         dense = all(arrays.dense_rows(args[n]) for n in self._qkv_args)
-        threads = self.threads(head_dim, value_dim, rows, dense)
+        group = self.group_of(args) if self.packable is not None else 1
+        rows = self.packed_rows(n_rows, group, head_dim, value_dim, dense)
+        packed = rows is not None
+        if packed:  # a block per (batch position, key/value head): its group's rows
+            blocks //= group
+        else:
+            rows = rows_for(self.tiled.block_q, n_rows)
+        threads = self.threads(head_dim, value_dim, rows, dense, packed)
         n_split = self.split_for(blocks, n_keys, threads, value_dim)
         self.last_split = n_split
-        self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1)
+        self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1, packed)
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:
@@ -316,5 +365,5 @@ class AttentionKernels:
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
             done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
-            kernel = self.kernel(head_dim, value_dim, rows, dense, n_split > 1)
+            kernel = self.kernel(head_dim, value_dim, rows, dense, n_split > 1, packed)
             launches.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

@@ -62,6 +62,9 @@ class KernelChoice:
     #: merged by the unit's last block); False: a launch of one split, without that code
     #: (``mma/flash_kernel.py``, chosen per launch where the grid's blocks fill the GPU)
     key_splits: bool = True
+    #: a decode step's query heads that share a key/value head packed into the rows of one tile
+    #: (``mma/packed_heads.py``): a thread block per (batch position, key/value head)
+    packed_heads: bool = False
 
     @property
     def mma(self) -> bool:
@@ -81,7 +84,7 @@ class KernelChoice:
 
     def scalar(self) -> KernelChoice:
         """The same grid on the scalar FMA kernels (where its head dims do not fit the tensor cores)."""
-        return replace(self, atom=None, operands=None, exact=False, async_copies=False)
+        return replace(self, atom=None, operands=None, exact=False, async_copies=False, packed_heads=False)
 
     def dq(self) -> KernelChoice:
         """A deterministic backward's dQ pass."""
@@ -94,6 +97,7 @@ class KernelChoice:
         order = "deterministic" if self.deterministic else "atomic"
         copies = ", async copies" if self.async_copies else ""
         copies += "" if self.key_splits else ", one split"
+        copies += ", heads packed" if self.packed_heads else ""
         cache = f", {self.cache} cache" if self.cache else ""
         return f"{self.family}, {arithmetic}{copies}, storage {storage}{cache}, accumulate {self.accumulate}, {order}"
 

@@ -244,13 +244,21 @@ class CudaFunction(Program):
                 found.append(KernelInfo(name, kernel.py_func, signature, info.source, bounds(kernel), extra))
         return found
 
-    def decode_kernels(self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1) -> list[KernelInfo]:
-        """The attention kernels as a call with ``rows`` query rows (a decoding step) runs them."""
+    def decode_kernels(
+        self, head_dim: int = 64, value_dim: int | None = None, rows: int = 1, group: int = 1
+    ) -> list[KernelInfo]:
+        """The attention kernels as a call with ``rows`` query rows (a decoding step) runs them, with
+        ``group`` query heads a key/value head (GQA: their rows packed into tensor-core tiles where
+        the grid allows, ``AttentionKernels.packed_rows``)."""
         value_dim = head_dim if value_dim is None else value_dim
         found = []
         for kernels in self.attention:
-            name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}]"
-            found.append(group_kernel(kernels, name, head_dim, value_dim, rows))
+            packed = kernels.packed_rows(rows, group, head_dim, value_dim)
+            name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}" + (f",group={group}]" if packed else "]")
+            if packed is None:
+                found.append(group_kernel(kernels, name, head_dim, value_dim, rows))
+            else:
+                found.append(group_kernel(kernels, name, head_dim, value_dim, packed, packed=True))
         return found
 
     def ptx_for(

@@ -11,6 +11,9 @@ phase reads, and the eight chunks a quarter-warp of copies writes, fall in disti
 fragments come from ``ldmatrix.x4`` (keys) and ``ldmatrix.x4.trans`` (values), four registers an
 instruction, from addresses a lane computes once (``shared_arrays``) plus constants.
 
+A paged pool's rows are copied the same way, each copy row from its page (``mma/page_copies.py``);
+a decode step of grouped heads packs the group's rows into one tile (``mma/packed_heads.py``).
+
 A warp computes two 16-row tiles of queries (``MmaPlan.m_tiles``, ``forward_plan.FLASH_M_TILES``;
 one where the scores read positions or the tiles would not fit): the block's query rows arrive by
 the same copies into a swizzled ``q_sh`` before the first chunk, each tile's A fragments are read
@@ -32,25 +35,15 @@ from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 from attncomp.backends.numba_cuda.mma.flash_loop import FlashKeyLoop
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS
+from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS, SWIZZLE, SWIZZLED, swizzled
 from attncomp.backends.numba_cuda.mma.fragment_rows import ROW_NAMES, row_letter, tile_name
+from attncomp.backends.numba_cuda.mma.packed_heads import PackedHeads
+from attncomp.backends.numba_cuda.mma.page_copies import PageCopies
 from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op
 
-#: bytes of one copy and of one ldmatrix row: a 16-byte chunk of eight 16-bit elements
-CHUNK_BYTES = 2 * COPY_ELEMENTS
-#: rows of one swizzle pattern: a chunk's place is ``chunk ^ (row % SWIZZLE)``
-SWIZZLE = LDMATRIX_X4.rows
-#: the chunk index bits the swizzle changes (chunks 0 .. 7 of each 128 bytes)
-SWIZZLED = SWIZZLE - 1
 
-
-def swizzled(row: str, chunk: str) -> str:
-    """The byte offset of 16-byte chunk ``chunk`` of row ``row`` within that row (expressions)."""
-    return f"((({chunk}) ^ (({row}) & {SWIZZLED})) * {CHUNK_BYTES})"
-
-
-class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
+class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     """Writes the asynchronous-copy tensor-core kernel of one tiled attention (see the module)."""
 
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
@@ -93,7 +86,11 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
             w.line(f"{name}_col = {remainder('tid', per_row)}")
             w.line(f"{name}_row = {quotient('tid', per_row)}")
             w.line(f"{name}_dst = {name}_row * {self.row_bytes(dim)} + {swizzled(f'{name}_row', f'{name}_col')}")
-            w.line(f"{name}_rows = {self.slice_of(load)}  # this head's rows, dense")
+            view = self.page_view(load)
+            if view is not None:
+                self.page_lanes(name, load, view)
+            else:
+                w.line(f"{name}_rows = {self.slice_of(load)}  # this head's rows, dense")
 
     def slice_of(self, load: Op) -> str:
         """The (keys, features) array a tile load reads, for this program's batch position."""
@@ -112,6 +109,9 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
             (n * step, f"{name}_row + {n * step}" if n else f"{name}_row")
             for n in range(p.chunk * per_row // p.threads)
         ]
+        if self.page_view(self.t.masked.k_load if name == "k" else self.t.masked.v_load) is not None:
+            self.page_copies(name, dim, jc, rows)
+            return
         # 32 bits (a head's keys times features are fewer than 2^31): 32-bit index arithmetic
         w.line(f"src_at = np.int32(({jc} + {name}_row) * {dim} + {name}_col * {COPY_ELEMENTS})")
         if full:
@@ -151,11 +151,20 @@ class FlashKernelWriter(FlashKeyLoop, MmaKernelWriter):
             flat = f"rest_{k} // axis_{k}"
         return names
 
+    def program_position(self, block_q: int) -> None:
+        if self.packed:  # a (batch position, key/value head) a block, its group's rows packed
+            self.packed_position()
+        else:
+            super().program_position(block_q)
+
     def load_query(self) -> None:
         """This lane's A fragments of its warp's 16 query rows, a 32-bit load a register (the query's
         rows are dense too; rows past the end read the last); several tiles a warp: the block's query
-        rows copied into ``q_sh`` (:meth:`query_copies`)."""
+        rows copied into ``q_sh`` (:meth:`query_copies`); packed heads: ``packed_query``."""
         p, w, atom = self.mp, self.w, self.atom
+        if self.packed:
+            self.packed_query()
+            return
         w.line(f"q_rows = {self.slice_of(self.t.q_load)}")
         if p.q_words:
             self.query_copies()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from attncomp.backends.numba_cuda.block_plan import WarpPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice
 from attncomp.backends.numba_cuda.lanes import MAX_THREADS, WARP
-from attncomp.backends.numba_cuda.mma.atoms import M16N8K16
+from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 
 #: query rows per warp (the m of m16n8k16)
 WARP_ROWS = M16N8K16.m
@@ -151,6 +151,18 @@ FLASH_M_TILES_DIM = {"scale": 128, "elementwise": 64, "positional": 0}
 FLASH_DIM = 64
 #: keys per 16-byte copy row's chunk: 8 16-bit elements
 COPY_ELEMENTS = 8
+#: bytes of one copy and of one ldmatrix row: a 16-byte chunk of eight 16-bit elements
+CHUNK_BYTES = 2 * COPY_ELEMENTS
+#: rows of one swizzle pattern of the asynchronous-copy kernel's tiles: a chunk's place is
+#: ``chunk ^ (row % SWIZZLE)``
+SWIZZLE = LDMATRIX_X4.rows
+#: the chunk index bits the swizzle changes (chunks 0 .. 7 of each 128 bytes)
+SWIZZLED = SWIZZLE - 1
+
+
+def swizzled(row: str, chunk: str) -> str:
+    """The byte offset of 16-byte chunk ``chunk`` of row ``row`` within that row (expressions)."""
+    return f"((({chunk}) ^ (({row}) & {SWIZZLED})) * {CHUNK_BYTES})"
 
 
 def chunk_of(chunks: tuple[tuple[int, int], ...], block_k: int, widest: int, least: int) -> int | None:
@@ -171,19 +183,22 @@ def plan_flash(
     rows: int,
     splits: bool = True,
     scores: str = "scale",
+    packed: bool = False,
 ) -> MmaPlan | None:
     """The plan of the asynchronous-copy kernel (``mma/flash_kernel.py``), or None where it does not
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
     same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``);
     ``scores``: what its score region does per element (``AttentionKernels.score_work``: two tiles a
-    warp or one, ``FLASH_M_TILES``)."""
+    warp or one, ``FLASH_M_TILES``); ``packed``: a decode step's grouped heads packed into the rows
+    (``mma/packed_heads.py``), one tile a warp (its A fragments kept in registers)."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
     chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
     if rows % WARP_ROWS or chunk is None:
         return None
-    flash = replace(choice, async_copies=True, key_splits=splits)
-    if max(head_dim, value_dim) <= FLASH_M_TILES_DIM[scores] and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
+    flash = replace(choice, async_copies=True, key_splits=splits, packed_heads=packed)
+    two_tiles = max(head_dim, value_dim) <= FLASH_M_TILES_DIM[scores] and not packed
+    if two_tiles and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
         plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, FLASH_M_TILES))
         if plan is not None:
             return plan

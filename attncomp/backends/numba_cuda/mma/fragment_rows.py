@@ -63,7 +63,7 @@ class FragmentRows:
 
         rows = {f"r{letter}": self.fresh("i") for *_, letter in self.lane_rows()}
         for r, name in rows.items():
-            w.line(f"{name} = {position(compute.score.operands[-3], r, '0')}")
+            w.line(f"{name} = {position(compute.score.operands[-3], self.position_row(r), '0')}")
         cols = {}
         for n in range(p.chunk // c.cols):
             for half in c.columns():
@@ -132,11 +132,19 @@ class FragmentRows:
                     w.line(f"{x} = exp2_approx({x} * {'scale_log2' if scale else 'LOG2E'} - m_log2_{row})")
                     w.line(f"l_{row} += {x}")
 
+    def position_row(self, row: str) -> str:
+        """The row whose position lane row ``row`` (``ra`` ..) has: itself (``PackedHeads``: its row in its head)."""
+        return row
+
+    def row_index(self, x: str) -> str:
+        """The output's index of lane row ``r{x}``, before the feature."""
+        prefix = "".join(f"{self.names[a]}, " for a in self.t.batch_args)
+        return f"{prefix}i0 + r{x}"
+
     def finish(self) -> None:
         """Each row's output and log-sum-exp (:meth:`row_outputs`), or this split's partial state
         (:meth:`partial_outputs`)."""
         t_, w = self.t, self.w
-        prefix = "".join(f"{self.names[a]}, " for a in t_.batch_args)
         for *_, row in self.lane_rows():
             w.line(f"l_{row} = quad_sum(l_{row})")
         partial, finishes = self.stores_partial()
@@ -156,9 +164,9 @@ class FragmentRows:
             with w.indent():
 
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves, t: int = t) -> None:
-                    self.row_outputs(denominator, f"{prefix}i0 + r{row}", halves, t)
+                    self.row_outputs(denominator, self.row_index(row), halves, t)
 
-                lse = f"out_1[{prefix}i0 + r{row}]" if t_.with_lse else None
+                lse = f"out_1[{self.row_index(row)}]" if t_.with_lse else None
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
 
     def partial_outputs(self, halves: tuple[int, ...], tile: int = 0) -> None:

@@ -20,26 +20,24 @@ features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs
 Flash-decoding: when a call has too few (batch, query block) units to fill the GPU (one new
 token for a few heads), the launch's second grid axis splits each unit's key blocks into
 ``n_split`` contiguous parts.  Each part then stores its unnormalised ``(m, l, acc)`` per row in
-scratch arrays and counts itself done (an atomic per unit, after a ``threadfence``); the unit's
-last part to finish (a ``threadfence`` after its atomic, so that it
-reads the others' states as they published them) combines the parts of each row by their
-log-sum-exp, ``M = max m_s``, ``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``,
-and zeroes the count: one launch, no merge kernel.  A batch-invariant grid (``key_split``)
-splits at fixed key positions instead (``backends/key_splits.py``): ``n_split`` parts of
-every unit, of which a unit runs, counts and merges only those its own keys reach.
+scratch arrays and counts itself done (an atomic per unit, after a ``threadfence``); the unit's last
+part to finish (fenced after its atomic, so that it reads the others' states as they published them)
+combines the parts of each row by their log-sum-exp, ``M = max m_s``,
+``out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s``, and zeroes the count: one launch, no merge
+kernel.  A batch-invariant grid (``key_split``) splits at fixed key positions instead
+(``backends/key_splits.py``): ``n_split`` parts of every unit, of which a unit runs, counts and
+merges only those its own keys reach.
 
-Class 2 runs class 1's code without the mask: mask-elimination makes the
-full region exactly the masked one with the mask replaced by ``true``
-(docs/ir.md, section 6.3), so one copy of the tile code serves both and the
-mask is evaluated only under ``tile_class == 1``.
+Class 2 runs class 1's code without the mask: mask-elimination makes the full region exactly the
+masked one with the mask replaced by ``true`` (docs/ir.md, section 6.3), so one copy of the tile
+code serves both and the mask is evaluated only under ``tile_class == 1``.
 
 The query and accumulator slices are named scalars, never an indexed local array, so they live
 in registers and the PTX has no ``.local`` memory; the head dims are therefore compile-time
-constants, and a kernel is generated per (D, E).  The score and mask functions are the IR's regions written by
-:class:`ScalarEmitter`; their ops that do not depend on the query or key
-position (a scale, ``slopes[h]``) are hoisted out of the key loop.  Query
-rows past the end are computed on the last row (their positions are clamped
-in the IR too) and not stored.
+constants, and a kernel is generated per (D, E).  The score and mask functions are the IR's regions
+written by :class:`ScalarEmitter`; their ops that do not depend on the query or key position (a
+scale, ``slopes[h]``) are hoisted out of the key loop.  Query rows past the end are computed on the
+last row (their positions are clamped in the IR too) and not stored.
 """
 
 from __future__ import annotations
@@ -261,8 +259,7 @@ class AttentionKernelWriter(CudaKernelSource):
     def program_position(self, block_q: int) -> None:
         """This thread block's unit and key split, the call's rows and keys, its batch position and
         first query row ``i0`` (blocks of ``block_q`` rows, the last first)."""
-        t, w, cast = self.t, self.w, self.POSITIONS
-        nb = len(t.batch_args)
+        t, w, cast, nb = self.t, self.w, self.POSITIONS, len(self.t.batch_args)
         k_type = t.masked.k_load.operands[0].type
         w.line("task = cuda.blockIdx.x")
         w.line("sp = cuda.blockIdx.y")
@@ -337,6 +334,10 @@ class AttentionKernelWriter(CudaKernelSource):
             lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
             write_finish(w, "m", "l", outputs, lse, lse_when="g == 0")  # one lane per row stores it
 
+    def merge_index(self, row: str) -> str:
+        """The output's index of merged row ``row`` (a variable), before the feature."""
+        return "".join(f"{self.names[a]}, " for a in self.t.batch_args) + f"i0 + {row}"
+
     def write_merge(self, rows: int, threads: int) -> None:
         """Flash-decoding's merge, at the end of the attention kernel: each split block publishes its
         partial state (``threadfence``) and counts itself in ``done[task]``; the unit's last block to
@@ -346,7 +347,6 @@ class AttentionKernelWriter(CudaKernelSource):
         t, w = self.t, self.w
         if not self.key_splits:
             return
-        prefix = "".join(f"{self.names[a]}, " for a in t.batch_args)
         own = self.split_blocks is not None  # a unit's own parts only: counted and merged
         parts = "own_parts" if own else "n_split"
         w.line("last = cuda.shared.array(1, np.int32)")
@@ -374,8 +374,8 @@ class AttentionKernelWriter(CudaKernelSource):
                         m="part_m[{s}, flat]",
                         l="part_l[{s}, flat]",
                         o="part_o[{s}, flat, {e}]",
-                        out=f"out_0[{prefix}i0 + row, {{e}}]",
-                        lse=f"out_1[{prefix}i0 + row]" if t.with_lse else None,
+                        out=f"out_0[{self.merge_index('row')}, {{e}}]",
+                        lse=f"out_1[{self.merge_index('row')}]" if t.with_lse else None,
                         weight="ACC(math.exp({m} - top_safe))",
                         lse_when="e == 0",  # one thread per row stores it
                         narrow=self.narrow("{}"),
