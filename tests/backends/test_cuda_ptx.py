@@ -152,6 +152,24 @@ def test_tensor_core_attention_kernels(dtype, head_dim):
         assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
 
 
+@pytest.mark.parametrize(
+    "example,name", [("document_mask", "causal_document_mask"), ("sliding_window", "causal_sliding_window")]
+)
+def test_masks_with_more_work_have_one_tile_a_warp_at_d128(example, name):
+    """A mask that gathers (documents) or computes four ops (a causal sliding window): at D = 128 the
+    bf16 forward keeps one 16-row tile a warp (``forward_plan.MASK_OPS``: two would spill), and its
+    one-split kernel has no spills on sm_80 and sm_90."""
+    from attncomp.backends.numba_cuda.program import group_kernel
+    from attncomp.passes import default_pipeline
+    from tests.cuda_sim.helpers import retyped
+
+    impl = _build(retyped(getattr(load_example(example), name), "bf16"), default_pipeline("cuda"))
+    kernels = impl.attention[0]
+    assert kernels.score_work == "elementwise" and kernels.mma_plan(128, 128, splits=False).m_tiles == 1
+    assert kernels.mma_plan(64, 64, splits=False).m_tiles == 2
+    _check(None, 128, [group_kernel(kernels, "one split", 128, 128, splits=False)])
+
+
 def test_mla_prefill_head_dims_run_on_tensor_cores_without_spills():
     """MLA's prefill (query/key 192, value 128, examples/mla.py) in bf16: the staged tensor-core kernel,
     16 keys a chunk, no local memory and no spills on sm_80 and sm_90."""

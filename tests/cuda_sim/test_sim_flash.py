@@ -169,10 +169,18 @@ def test_two_tiles_a_warp_at_d128(split, banks):
     no_conflicts(banks)
 
 
-@pytest.mark.parametrize("name,work", [("alibi.causal_alibi", "positional"), ("softcap.causal_softcap", "elementwise")])
+@pytest.mark.parametrize(
+    "name,work",
+    [
+        ("alibi.causal_alibi", "positional"),
+        ("softcap.causal_softcap", "elementwise"),
+        ("document_mask.causal_document_mask", "elementwise"),
+    ],
+)
 def test_scores_with_work_per_element_have_one_tile_a_warp_at_d128(name, work, banks):
-    """ALiBi's scores read each element's key and query position, soft-capping's take a tanh: one
-    16-row tile a warp at D = 128 (two would spill); soft-capping keeps two at D = 64."""
+    """ALiBi's scores read each element's key and query position, soft-capping's take a tanh, a
+    document mask gathers two ids (``forward_plan.MASK_OPS``): one 16-row tile a warp at D = 128 (two
+    would spill); the last two keep two at D = 64."""
     kernels, got, want = run(name, "bf16", sizes={"D": 128, "E": 128})
     assert kernels.score_work == work and kernels.mma_plan(128, 128).m_tiles == 1
     assert kernels.mma_plan(64, 64).m_tiles == (2 if work == "elementwise" else 1)

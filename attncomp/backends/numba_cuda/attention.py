@@ -32,7 +32,7 @@ from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, ar
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma.forward_plan import WARP_ROWS, MmaPlan, plan_flash, plan_mma
+from attncomp.backends.numba_cuda.mma.forward_plan import MASK_OPS, WARP_ROWS, MmaPlan, plan_flash, plan_mma
 from attncomp.backends.numba_cuda.mma.packed_heads import packed_head
 from attncomp.backends.numba_cuda.simt.forward_kernel import write_attention_kernel
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan, plan_attention, rows_for
@@ -141,13 +141,18 @@ class AttentionKernels:
 
     @property
     def score_work(self) -> str:
-        """What the score region does per element (``forward_plan.FLASH_M_TILES``): "positional" where
-        it reads the query or key position (ALiBi, a relative bias), "elementwise" where it does more
-        than scale the product (soft-capping), else "scale"."""
+        """What the score and mask regions do per element (``forward_plan.FLASH_M_TILES``): "positional"
+        where the score reads the query or key position (ALiBi, a relative bias), "elementwise" where it
+        does more than scale the product (soft-capping) or the mask more than ``MASK_OPS`` compares and
+        arithmetic, or gathers (``forward_plan.MASK_OPS``: a sliding window, documents), else "scale"."""
         region = self.tiled.masked.score.regions[0]
         positions = region.args[:-1]
         if any(x is p for op in region.ops for x in op.operands for p in positions):
             return "positional"
+        mask = self.tiled.masked.mask
+        ops = [op.name for op in mask.regions[0].ops if op.name != "ac.yield"] if mask is not None else []
+        if len(ops) > MASK_OPS or "ac.gather" in ops:
+            return "elementwise"
         return "scale" if [op.name for op in region.ops] in (["ac.yield"], ["ac.mul", "ac.yield"]) else "elementwise"
 
     def group_of(self, args: tuple[Any, ...]) -> int:

@@ -147,6 +147,11 @@ FLASH_CHUNKS = ((64, 64), (128, 32))
 #: work per element (soft-capping: 44 bytes at D = 128) past D = 64.
 FLASH_M_TILES = 2
 FLASH_M_TILES_DIM = {"scale": 128, "elementwise": 64, "positional": 0}
+#: ops of a mask region (besides its yield) that still fit two tiles a warp at D = 128, gathers
+#: none: past them the general body spills on sm_80 or sm_90 (a causal sliding window's four: 4 bytes;
+#: sinks with a window: 4; documents, two gathers: 20; key padding's gather alone: 16), at them
+#: nothing does (causal: one; a two-sided window: three), so such masks count as "elementwise" work
+MASK_OPS = 3
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
 #: keys per 16-byte copy row's chunk: 8 16-bit elements
