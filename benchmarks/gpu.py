@@ -184,6 +184,40 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
     )
 
 
+def bf16_decode_row(torch, quick: bool, repeats: int) -> str:
+    """A bf16 decoding step's attention, GQA 32/8, D = 128, one query row a head over the cached keys,
+    through ``fn.to_torch()``: the tensor-core kernel with each group's four heads packed into one
+    tile (``mma/packed_heads.py``), against SDPA on the same tensors, alternated (median of the
+    per-pair ratios)."""
+    from benchmarks.tensor_cores import paired_ms
+
+    cache = 1024 if quick else 4096
+    generator = torch.Generator(device="cuda").manual_seed(2)
+
+    def tensor(h: int, n: int):
+        return torch.randn((1, h, n, 128), device="cuda", generator=generator).bfloat16()
+
+    q, k, v = tensor(32, 1), tensor(8, cache), tensor(8, cache)
+    op = ac.compile(specs.gqa_decode_any, backend="cuda").to_torch()
+
+    def ours():
+        return op(q, k, v)
+
+    def theirs():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    want = theirs().float()
+    error = float((ours().float() - want).abs().max() / want.abs().max())
+    if error > 2e-2:
+        raise AssertionError(f"bf16 decode step: attncomp differs from torch by {error:.2e}")
+    mine, peer, ratio = paired_ms(torch, ours, theirs, repeats)
+    gbps = 2 * k.numel() * k.element_size() / (mine * 1e-3) / 1e9
+    return (
+        f"bf16 decode step (torch op), GQA 32/8 D=128, {cache} cached, heads packed: {mine:.3f} ms, "
+        f"{gbps:.0f} GB/s of keys and values; SDPA {peer:.3f} ms, ratio {ratio:.2f}"
+    )
+
+
 def training_rows(torch, quick: bool, repeats: int) -> list[str]:
     """Forward+backward through ``fn.to_torch()`` against SDPA's.
 
@@ -264,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     if args.only in (None, "decoder"):
         print(decoder_step_row(torch, args.quick, args.repeats))
+        print(bf16_decode_row(torch, args.quick, args.repeats))
     if args.only in (None, "training"):
         from benchmarks.tensor_core_training import training_rows as tensor_core_training_rows
 

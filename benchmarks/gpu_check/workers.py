@@ -78,9 +78,10 @@ def worker_compile(args: argparse.Namespace) -> None:
         modules[table].warm_row(torch, row)
         print(f"compiled: {row.name}")
     elif table == "decoder":
-        from benchmarks.gpu import decoder_step_row
+        from benchmarks.gpu import bf16_decode_row, decoder_step_row
 
         print(decoder_step_row(torch, True, 1))  # the quick size's kernels are the full size's
+        print(bf16_decode_row(torch, True, 1))
     elif table == "serving":
         from benchmarks import serving
 
@@ -124,11 +125,17 @@ def worker_timings(args: argparse.Namespace) -> None:
             record.update({f: getattr(timing, f) for f in fields})
             emit(result, record)
     elif table == "decoder":
-        from benchmarks.gpu import decoder_step_row
+        from benchmarks.gpu import bf16_decode_row, decoder_step_row
 
-        line = decoder_step_row(torch, args.quick, args.repeats)
-        print(line, flush=True)
-        emit(result, {"kind": "line", "text": line})
+        for name, row in (("decoder step", decoder_step_row), ("bf16 decode step", bf16_decode_row)):
+            try:
+                line = row(torch, args.quick, args.repeats)
+            except Exception as error:  # a wrong result or a failed launch: reported, the next row runs
+                print(f"{name}: {type(error).__name__}: {error}", flush=True)
+                emit(result, {"kind": "error", "name": name, "error": f"{type(error).__name__}: {error}"})
+                continue
+            print(line, flush=True)
+            emit(result, {"kind": "line", "text": line})
     elif table == "serving":
         from benchmarks import serving
 
