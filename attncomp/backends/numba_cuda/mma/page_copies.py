@@ -11,7 +11,7 @@ are 32-bit unsigned arithmetic.
 
 from __future__ import annotations
 
-from attncomp.backends.numba_cuda.mma.forward_plan import COPY_ELEMENTS, swizzled
+from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS, swizzled
 from attncomp.ir.core import Op
 
 
@@ -52,7 +52,8 @@ class PageCopies:
     def page_copies(self, name: str, dim: int, jc: str, rows: list[tuple[int, str]]) -> None:
         """The copies of a chunk's rows ``jc + row`` (``rows``: (rows past the thread's first, the
         row)), each from its page; rows past the last key zero-filled from the last key's.  A loop, not
-        unrolled: each copy's page lookup would otherwise hold its registers across the others."""
+        unrolled, so that one copy's lookup is not kept live beside the others' (fewer spilled bytes
+        in the ragged paged kernels, which are at 255 registers)."""
         w = self.w
         step = rows[1][0] if len(rows) > 1 else 0
         w.line(f"for cn in range({len(rows)}):")
@@ -66,5 +67,5 @@ class PageCopies:
                 f" + np.int64((jp - pq * {name}_size) * {dim} + {name}_col * {COPY_ELEMENTS})"
             )
             dst = f"jr * {2 * dim} + {swizzled('jr', f'{name}_col')}"
-            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, 16 if jj < n_keys else 0)")
+            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, {CHUNK_BYTES} if jj < n_keys else 0)")
         w.line("cp_async_commit()")
