@@ -488,7 +488,7 @@ def test_bf16_paged_attention_kernels(rows):
     _check(impl, 64, [kernel])
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [128])  # GQA 32/8's; D = 64 runs in the simulator's server test
 def test_bf16_paged_gqa_decode_kernels(head_dim):
     """A bf16 GQA 32/8 server's step: the group's heads packed into one tile, its pages copied by
     ``cp.async`` through the table; no local memory, no spills on sm_80 and sm_90."""
