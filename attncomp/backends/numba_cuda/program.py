@@ -253,12 +253,10 @@ class CudaFunction(Program):
         value_dim = head_dim if value_dim is None else value_dim
         found = []
         for kernels in self.attention:
-            packed = kernels.packed_rows(rows, group, head_dim, value_dim)
+            packed = kernels.packed_rows(rows, group, head_dim, value_dim)  # rows a block, where packed
             name = f"{kernels.name}[D={head_dim},E={value_dim},rows={rows}" + (f",group={group}]" if packed else "]")
-            if packed is None:
-                found.append(group_kernel(kernels, name, head_dim, value_dim, rows))
-            else:
-                found.append(group_kernel(kernels, name, head_dim, value_dim, packed, packed=True))
+            block = rows if packed is None else packed
+            found.append(group_kernel(kernels, name, head_dim, value_dim, block, packed=packed is not None))
         return found
 
     def ptx_for(

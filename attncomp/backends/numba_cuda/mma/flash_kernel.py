@@ -81,7 +81,8 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     def copy_lanes(self) -> None:
         """Where each thread's copies start: its chunk of a row, its first row, and their place."""
         p, w = self.mp, self.w
-        for name, load, dim in (("k", self.t.masked.k_load, p.head_dim), ("v", self.t.masked.v_load, p.value_dim)):
+        for name, dim in (("k", p.head_dim), ("v", p.value_dim)):
+            load = self.tile_load(name)
             per_row = dim // COPY_ELEMENTS
             w.line(f"{name}_col = {remainder('tid', per_row)}")
             w.line(f"{name}_row = {quotient('tid', per_row)}")
@@ -91,6 +92,10 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
                 self.page_lanes(name, load, view)
             else:
                 w.line(f"{name}_rows = {self.slice_of(load)}  # this head's rows, dense")
+
+    def tile_load(self, name: str) -> Op:
+        """The key ("k") or value ("v") tile load."""
+        return self.t.masked.k_load if name == "k" else self.t.masked.v_load
 
     def slice_of(self, load: Op) -> str:
         """The (keys, features) array a tile load reads, for this program's batch position."""
@@ -109,7 +114,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             (n * step, f"{name}_row + {n * step}" if n else f"{name}_row")
             for n in range(p.chunk * per_row // p.threads)
         ]
-        if self.page_view(self.t.masked.k_load if name == "k" else self.t.masked.v_load) is not None:
+        if self.page_view(self.tile_load(name)) is not None:
             self.page_copies(name, dim, jc, rows)
             return
         # 32 bits (a head's keys times features are fewer than 2^31): 32-bit index arithmetic
