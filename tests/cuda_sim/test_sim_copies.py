@@ -95,15 +95,25 @@ def attention_products(q, k_words, p, v_words, s_out, o_out):
     kb = ldmatrix_x4(ks, ((j // 2) * 8 + r) * 32 + (j % 2) * 16)
     # V: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
     vb = ldmatrix_x4_trans(vs, ((j % 2) * 8 + r) * 32 + (j // 2) * 16)
+    tile_products(q, kb, s_out, g, t2)
+    tile_products(p, vb, o_out, g, t2)
+
+
+@cuda.jit(device=True)
+def pair(a, row, col):
+    """Two bf16 of one row as one A-fragment register (low half first), as a GPU compiles it."""
+    return np.uint32(a[row, col]) | (np.uint32(a[row, col + 1]) << np.uint32(16))
+
+
+@cuda.jit(device=True)
+def tile_products(a, b, out, g, t2):
+    """``a (16 x 16) @ b`` for b's two 8-column n tiles, written into ``out`` by the C layout."""
+    a0, a1, a2, a3 = pair(a, g, t2), pair(a, g + 8, t2), pair(a, g, t2 + 8), pair(a, g + 8, t2 + 8)
     zero = np.float32(0.0)
-    for a, b, out in ((q, kb, s_out), (p, vb, o_out)):
-        regs = []
-        for row, col in ((g, t2), (g + 8, t2), (g, t2 + 8), (g + 8, t2 + 8)):
-            regs.append(np.uint32(a[row, col]) | (np.uint32(a[row, col + 1]) << np.uint32(16)))
-        for tile in range(2):
-            d = mma_bf16(regs[0], regs[1], regs[2], regs[3], b[2 * tile], b[2 * tile + 1], zero, zero, zero, zero)
-            for i, (row, col) in enumerate(((g, t2), (g, t2 + 1), (g + 8, t2), (g + 8, t2 + 1))):
-                out[row, 8 * tile + col] = d[i]
+    d = mma_bf16(a0, a1, a2, a3, b[0], b[1], zero, zero, zero, zero)
+    out[g, t2], out[g, t2 + 1], out[g + 8, t2], out[g + 8, t2 + 1] = d[0], d[1], d[2], d[3]
+    d = mma_bf16(a0, a1, a2, a3, b[2], b[3], zero, zero, zero, zero)
+    out[g, 8 + t2], out[g, 9 + t2], out[g + 8, 8 + t2], out[g + 8, 9 + t2] = d[0], d[1], d[2], d[3]
 
 
 def test_ldmatrix_gives_b_fragments_of_mma():

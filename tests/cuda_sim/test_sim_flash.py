@@ -169,6 +169,25 @@ def test_two_tiles_a_warp_at_d128(split, banks):
     no_conflicts(banks)
 
 
+def test_a_launch_has_the_block_its_kernel_is_written_for(monkeypatch):
+    """128-row blocks at D = 128: the kernel without key splits has 4 warps of two tiles, the one with
+    splits 8 warps of one (the split merge's flag word leaves no room for the shared query tile). A
+    launch of one split has the first's block: a GPU refuses 8 warps of its 255 registers."""
+    from attncomp.backends.numba_cuda.host import launches
+
+    launched, launch = [], launches.launch
+    monkeypatch.setattr(
+        launches, "launch", lambda k, grid, block, *a: (launched.append((k, block)), launch(k, grid, block, *a))
+    )
+    pipeline = PIPELINE.replace("block_q=32,block_k=32", "block_q=128,block_k=64")
+    sizes = {"D": 128, "E": 128, "H": 1, "T": 130, "S": 130}
+    kernels, got, want = run("lse.causal_with_lse", "bf16", pipeline, sizes=sizes, split=1)
+    one_split = kernels.mma_plan(128, 128, splits=False)
+    assert kernels.last_split == 1 and (one_split.warps, kernels.mma_plan(128, 128).warps) == (4, 8)
+    assert [block for k, block in launched if k is kernels.kernel(128, 128, 128, True, False)] == [one_split.threads]
+    assert worst_error(got, want) < TOLERANCE["bf16"]
+
+
 @pytest.mark.parametrize(
     "name,work",
     [

@@ -31,6 +31,7 @@ SIZES = {
     "HD": 96,
     "KVD": 96,
     "R": 40,
+    "L": 576,  # MLA's latent width: 512 and 64 rotary dimensions
 }
 
 

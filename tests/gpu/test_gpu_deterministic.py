@@ -44,6 +44,7 @@ def _gradients(fn, inputs: list[torch.Tensor], d_out: torch.Tensor) -> list[torc
     return [x.grad for x in leaves]
 
 
+@pytest.mark.timeout(300)  # two backward groups compiled cold: over 120 s with 16 processes compiling (H100)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_backward_runs_give_the_same_bits(name, dtype):

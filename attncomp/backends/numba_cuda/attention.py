@@ -30,6 +30,7 @@ from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, q
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
+from attncomp.backends.numba_cuda.kernel_source import threads_constant
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_plan import MASK_OPS, WARP_ROWS, MmaPlan, plan_flash, plan_mma
@@ -357,10 +358,13 @@ class AttentionKernels:
             blocks //= group
         else:
             rows = rows_for(self.tiled.block_q, n_rows)
-        threads = self.threads(head_dim, value_dim, rows, dense, packed)
-        n_split = self.split_for(blocks, n_keys, threads, value_dim)
+        # the split count from the block of the kernel with key splits; the launch's block is the one
+        # the kernel it launches is written for (one split's plan may have fewer warps: two tiles each)
+        n_split = self.split_for(blocks, n_keys, self.threads(head_dim, value_dim, rows, dense, packed), value_dim)
         self.last_split = n_split
         self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1, packed)
+        module = self._module(head_dim, value_dim, rows, dense, n_split > 1, packed)
+        kernel, threads = getattr(module, self.name), getattr(module, threads_constant(self.name))
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:
@@ -370,5 +374,4 @@ class AttentionKernels:
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
             parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
             done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
-            kernel = self.kernel(head_dim, value_dim, rows, dense, n_split > 1, packed)
             launches.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)

@@ -37,6 +37,11 @@ def split_invariant(block: Block, known: Callable[[Value], bool]) -> tuple[list[
     return hoisted, rest
 
 
+def threads_constant(kernel: str) -> str:
+    """The name of the constant holding the threads per block a generated kernel is written for."""
+    return f"{kernel.upper()}_THREADS"
+
+
 class CudaKernelSource(KernelSource):
     """What the CUDA kernel writers (forward and backward) share: scalar references with the
     device math functions, and a region's scalar code split into what is hoisted out of the
@@ -60,7 +65,12 @@ class CudaKernelSource(KernelSource):
         self.w.line()
 
     def def_line(self, threads: int) -> None:
-        """The kernel's ``cuda.jit`` (launched with ``threads`` per block) and its ``def`` line."""
+        """The kernel's block size as a module constant (``threads_constant``: a launch reads the block
+        of the kernel it launches there), its ``cuda.jit`` (launched with ``threads`` per block) and
+        its ``def`` line."""
+        self.w.line(f"{threads_constant(self.name)} = {threads}")
+        self.w.line()
+        self.w.line()
         self.w.line(jit_decorator(threads))
         self.w.line(f"def {self.name}({', '.join(self.params())}):")
 
