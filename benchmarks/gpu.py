@@ -138,8 +138,9 @@ def run_case(torch, case: Case, repeats: int) -> tuple[float, float, float]:
     return median_ms(torch, ours, repeats), median_ms(torch, theirs, repeats), error
 
 
-def decoder_step_row(torch, quick: bool, repeats: int) -> str:
-    """One decoder step over a GQA cache on the device (flash-decoding splits its keys)."""
+def decoder_step_case(torch, quick: bool):
+    """(step, decoder, q) of the decoder row: a GQA 32/8 D = 128 float32 decoder on the device, its
+    cache prefilled with all but the last token; ``step()`` appends the last and attends over all."""
     cache = 1024 if quick else 4096
     generator = torch.Generator(device="cuda").manual_seed(1)
 
@@ -154,6 +155,13 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
         dec.length = cache - 1  # the same step again: append the last token, attend over all
         return dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
 
+    return step, dec, q
+
+
+def decoder_step_row(torch, quick: bool, repeats: int) -> str:
+    """One decoder step over a GQA cache on the device (flash-decoding splits its keys)."""
+    step, dec, q = decoder_step_case(torch, quick)
+    cache = dec.max_len
     got = torch.as_tensor(step(), device="cuda")
     kc, vc = (torch.as_tensor(a, device="cuda") for a in dec.cache.values())  # all `cache` entries, after the step
     last = q[:, :, -1:]
@@ -184,13 +192,9 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
     )
 
 
-def bf16_decode_row(torch, quick: bool, repeats: int) -> str:
-    """A bf16 decoding step's attention, GQA 32/8, D = 128, one query row a head over the cached keys,
-    through ``fn.to_torch()``: the tensor-core kernel with each group's four heads packed into one
-    tile (``mma/packed_heads.py``), against SDPA on the same tensors, alternated (median of the
-    per-pair ratios)."""
-    from benchmarks.tensor_cores import paired_ms
-
+def bf16_decode_case(torch, quick: bool):
+    """(op, q, k, v) of the bf16 decode row: ``fn.to_torch()`` of a GQA 32/8 D = 128 attention, one
+    query row a head over 1,024 or 4,096 keys, bf16 CUDA tensors."""
     cache = 1024 if quick else 4096
     generator = torch.Generator(device="cuda").manual_seed(2)
 
@@ -198,7 +202,18 @@ def bf16_decode_row(torch, quick: bool, repeats: int) -> str:
         return torch.randn((1, h, n, 128), device="cuda", generator=generator).bfloat16()
 
     q, k, v = tensor(32, 1), tensor(8, cache), tensor(8, cache)
-    op = ac.compile(specs.gqa_decode_any, backend="cuda").to_torch()
+    return ac.compile(specs.gqa_decode_any, backend="cuda").to_torch(), q, k, v
+
+
+def bf16_decode_row(torch, quick: bool, repeats: int) -> str:
+    """A bf16 decoding step's attention, GQA 32/8, D = 128, one query row a head over the cached keys,
+    through ``fn.to_torch()``: the tensor-core kernel with each group's four heads packed into one
+    tile (``mma/packed_heads.py``), against SDPA on the same tensors, alternated (median of the
+    per-pair ratios)."""
+    from benchmarks.tensor_cores import paired_ms
+
+    op, q, k, v = bf16_decode_case(torch, quick)
+    cache = k.shape[2]
 
     def ours():
         return op(q, k, v)

@@ -136,6 +136,12 @@ def worker_timings(args: argparse.Namespace) -> None:
                 continue
             print(line, flush=True)
             emit(result, {"kind": "line", "text": line})
+        from benchmarks.host_profile import decode_profile_lines
+
+        try:  # where the steps' time goes on the host (logged, not in the summary)
+            print("\n".join(decode_profile_lines(torch, args.quick)), flush=True)
+        except Exception as error:
+            print(f"host profile: {type(error).__name__}: {error}", flush=True)
     elif table == "serving":
         from benchmarks import serving
 
