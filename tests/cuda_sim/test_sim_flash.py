@@ -97,9 +97,12 @@ def test_example_with_async_copies(name, dtype, banks):
     no_conflicts(banks)
 
 
-def test_two_chunks_a_tile_and_one_warp(banks):
-    """Key tiles of 128 computed 64 keys at a time, 16 query rows a block (one warp)."""
-    kernels, got, want = run("lse.causal_with_lse", "bf16", LONG_TILES, {"T": 20, "S": 150})
+@pytest.mark.parametrize("n_keys", [150, 100])
+def test_two_chunks_a_tile_and_one_warp(n_keys, banks):
+    """Key tiles of 128 computed 64 keys at a time, 16 query rows a block (one warp); the keys end in
+    the first chunk of the second tile (150) or in the second chunk of the first (100: its copies
+    read no key past the last, the simulator's copies checking their source's bounds)."""
+    kernels, got, want = run("lse.causal_with_lse", "bf16", LONG_TILES, {"T": 20, "S": n_keys})
     assert kernels.mma_plan(64, 64, rows=16).chunk == 64
     assert worst_error(got, want) < TOLERANCE["bf16"]
     no_conflicts(banks)

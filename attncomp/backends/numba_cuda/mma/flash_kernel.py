@@ -132,7 +132,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
                 w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {CHUNK_BYTES})")
         w.line("else:  # the keys' end: rows past it zero, their source the last key (32-bit offsets)")
         with w.indent():
-            w.line(f"past = np.int32(n_keys - {jc})")
+            w.line(f"past = np.int32(n_keys - ({jc}))")
             for at, row in rows:
                 w.line(f"jj = np.int32({row})")
                 src = f"src_at + (min(jj, past - 1) - {name}_row) * {dim}"
