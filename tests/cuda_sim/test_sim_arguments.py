@@ -47,6 +47,38 @@ def test_device_arguments_are_checked_without_copies():
         impl.call(fn.func, [cuda.to_device(q.astype(np.float64)), k, v], fn.constraints)
 
 
+def test_device_arguments_seen_before_bind_by_their_key_alone():
+    """A call whose device arguments have the kinds, element types and shapes of an earlier call's
+    takes the sizes that call bound (no stand-ins, no checks: they read nothing else); new shapes, and
+    wrong ones, go through the checks again."""
+    from numba import cuda
+
+    rng = np.random.default_rng(1)
+    fn, impl = build_cuda(pass_specs.causal)
+    seen = impl._bound
+    first = [cuda.to_device(x) for x in _causal_inputs(rng)]
+    want = host(impl.call(fn.func, first, fn.constraints))
+    (keys,) = seen.values()
+    assert len(keys) == 1
+    again = [cuda.to_device(x) for x in _causal_inputs(rng)]
+    got = host(impl.call(fn.func, again, fn.constraints))
+    assert (
+        len(keys) == 1
+        and worst_error([got], [ac.interpret(pass_specs.causal, *map(host, again))]) < 5 * TOLERANCE["f32"]
+    )
+    assert not np.array_equal(got, want)
+    impl.call(fn.func, [cuda.to_device(x) for x in _causal_inputs(rng, t=9, s=7)], fn.constraints)
+    assert len(keys) == 2
+    q, k, v = _causal_inputs(rng)
+    with pytest.raises(ac.ShapeError, match="dimension D is 4"):
+        impl.call(
+            fn.func,
+            [cuda.to_device(q), cuda.to_device(np.ascontiguousarray(k[..., :4])), cuda.to_device(v)],
+            fn.constraints,
+        )
+    assert len(keys) == 2
+
+
 def test_float16_storage_with_float32_accumulation():
     @ac.spec
     def half(q: ac.f16["T", "D"], k: ac.f16["S", "D"], v: ac.f16["S", "E"]):

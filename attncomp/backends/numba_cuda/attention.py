@@ -107,6 +107,7 @@ class AttentionKernels:
         #: the kernel of the last launch (``choice_for`` of its head dims, rows and dense or strided rows)
         self.last_choice: KernelChoice | None = None
         self._kernels: dict[tuple, Any] = {}
+        self._plans: dict[tuple, MmaPlan | None] = {}  # mma_plan's answers: a launch asks several times
         self._buffers: dict[tuple[int, Any, int], Any] = {}
         self._streams: list[int] = []  # the streams that have buffers, the most recently used last
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
@@ -175,6 +176,14 @@ class AttentionKernels:
         (``plan_flash``; without key splits where ``splits`` is False and the grid's splits are not
         fixed), else the staged one.  ``packed``: rows of grouped heads (:meth:`packed_rows`), on
         the asynchronous copies only."""
+        key = (head_dim, value_dim, rows, dense, splits, packed)
+        if key not in self._plans:
+            self._plans[key] = self._mma_plan(*key)
+        return self._plans[key]
+
+    def _mma_plan(
+        self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool, packed: bool
+    ) -> MmaPlan | None:
         t = self.tiled
         rows = t.block_q if rows is None else rows
         if dense:

@@ -63,6 +63,8 @@ class CudaFunction(Program):
         self.func: Func | None = None
         #: per result: whether the spec declares it bf16 (rounded to it on the way back to the host)
         self.bf16_results: list[bool] = []
+        #: per function called: the sizes bound for each key of device arguments (``bind_device_arguments``)
+        self._bound: dict[int, dict[tuple, dict[str, int]]] = {}
 
     def run_bound(self, arrays: Sequence[Any], env: dict[str, int]) -> list[Any]:
         return list(self.module.run(*arrays, env, self.attention, self.backward))
@@ -82,7 +84,9 @@ class CudaFunction(Program):
         from attncomp.backends.numba_cuda.host import arrays
         from attncomp.backends.numba_cuda.host.arguments import bind_device_arguments
 
-        bound, env = bind_device_arguments(self.func or func, args, constraints, sizes)
+        bound_func = self.func or func
+        seen = self._bound.setdefault(id(bound_func), {})  # a function's constraints are its own
+        bound, env = bind_device_arguments(bound_func, args, constraints, sizes, seen)
         # bf16 patterns go on as given: stored() checks that the kernels read that argument so
         given = [x if isinstance(x, arrays.Bf16Bits) else a for x, a in zip(args, bound)]
         bound = [self.stored(k, a, func.args[k].name or f"arg{k}") for k, a in enumerate(given)]

@@ -103,10 +103,15 @@ class CacheCodes(DevicePatterns):
 def is_device(x: Any) -> bool:
     """Whether ``x`` is device memory: anything with ``__cuda_array_interface__`` (Numba, CuPy,
     torch CUDA tensors), a simulator device array, or :class:`Bf16Bits` of one."""
+    if type(x) is np.ndarray:
+        return False
     if isinstance(x, DevicePatterns):
         return True
     fake = _simulated_array_type()
-    return hasattr(x, "__cuda_array_interface__") or (fake is not None and isinstance(x, fake))
+    if isinstance(x, fake or cuda.cudadrv.devicearray.DeviceNDArray):
+        return True
+    # a torch CUDA tensor says so without building its array interface (a dict, each time it is asked)
+    return getattr(x, "is_cuda", False) is True or hasattr(x, "__cuda_array_interface__")
 
 
 def device_view(x: Any) -> Any:
