@@ -4,10 +4,11 @@ other page layouts; the key splits at fixed positions, whatever the launch's siz
 
 from __future__ import annotations
 
+import ml_dtypes
 import pytest
 
 import attncomp as ac
-from tests.cuda_sim.helpers import host
+from tests.cuda_sim.helpers import host, retyped
 from tests.e2e.batch_invariance import causal_gqa, decoder_steps, differing, paged_steps, plain_calls, ragged_gqa
 
 #: key blocks of 8, so that parts of the fixed key split (8 blocks: 64 keys) come at small sizes
@@ -40,4 +41,16 @@ def test_decoder_steps():
 
 def test_paged_decoder_steps():
     seen = paged_steps(compiled(causal_gqa, n_rep=4), host, KEYS, page_size=4, steps=3)
+    assert differing(seen) == []
+
+
+def test_bf16_paged_steps_on_tensor_cores():
+    """bf16 at D = 64, four query heads a key/value head (a constant ``n_rep``): prefills on the
+    asynchronous-copy kernel, single-token steps on it with each group's heads packed into one tile."""
+    pipeline = PIPELINE.replace("block_q=8,block_k=8", "block_q=16,block_k=32")
+    fn = ac.compile(retyped(causal_gqa, "bf16"), backend="cuda", pipeline=pipeline, batch_invariant=True, n_rep=4)
+    dims, bf16 = (64, 64, 64), ml_dtypes.bfloat16
+    seen = paged_steps(fn, host, 70, page_size=16, dims=dims, steps=1, dtype=bf16)
+    kernels = fn.paged_decoder(page_size=16, num_pages=8).paged.fn.program.attention[0]  # the servers' own
+    assert kernels.last_choice.packed_heads and kernels.last_choice.async_copies
     assert differing(seen) == []

@@ -55,9 +55,9 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def tokens(rng: np.random.Generator, n: int, heads=(2, 1, 1), dims=(8, 8, 8)) -> list[np.ndarray]:
-    """One sequence's q, k, v for ``n`` tokens (batch size 1)."""
-    return [rng.standard_normal((1, h, n, d)).astype(np.float32) for h, d in zip(heads, dims)]
+def tokens(rng: np.random.Generator, n: int, heads=(2, 1, 1), dims=(8, 8, 8), dtype=np.float32) -> list[np.ndarray]:
+    """One sequence's q, k, v for ``n`` tokens (batch size 1), of ``dtype``."""
+    return [rng.standard_normal((1, h, n, d)).astype(dtype) for h, d in zip(heads, dims)]
 
 
 def plain_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list[np.ndarray]]:
@@ -109,6 +109,7 @@ def paged_steps(
     dims=(8, 8, 32),
     steps: int = 8,
     cache: str | None = None,
+    dtype=np.float32,
 ) -> dict[int, list[np.ndarray]]:
     """``fn.paged_decoder`` steps of ``causal_gqa`` (``heads`` and ``dims`` of q, k, v: four query
     heads a key/value head, 32 value features by default, as its CPU loops take four rows at a time):
@@ -118,11 +119,12 @@ def paged_steps(
     short), in a pool whose pages were handed out first to a sequence freed after, so that the
     sequence's pages lie elsewhere, among the others'.  In the batch of 17 a fork of the sequence
     decodes beside it (their shared prompt would be read once, in cascade, by default).  Its outputs
-    of each step, by batch size (0: alone).  ``cache``: pools of 8-bit pages of that type."""
+    of each step, by batch size (0: alone).  ``cache``: pools of 8-bit pages of that type; ``dtype``:
+    the tokens' element type."""
     rng = np.random.default_rng(seed)
 
     def tokens_of(n):
-        return tokens(rng, n, heads, dims)
+        return tokens(rng, n, heads, dims, dtype)
 
     mine = [tokens_of(prompt)] + [tokens_of(1) for _ in range(steps)]
     pages = 4 * 17 * (-(-(2 * prompt + 8 + steps) // page_size))

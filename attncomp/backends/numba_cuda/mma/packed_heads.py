@@ -46,8 +46,13 @@ def packed_head(t: TiledAttention) -> Value | None:
 
 
 def _is_repeat(value: Value, repeat: object) -> bool:
+    """Whether ``value`` is the grid's ``kv_repeat``: a size (``H // KV``) or a constant (a spec's
+    ``n_rep = 4``)."""
     owner = value.owner
-    return isinstance(owner, Op) and owner.name == "ac.dim" and dim(owner.attrs["value"]) == dim(repeat)
+    if not isinstance(owner, Op) or owner.name not in ("ac.dim", "ac.constant"):
+        return False
+    size = owner.attrs["value"]
+    return (owner.name == "ac.dim" or isinstance(size, int)) and dim(size) == dim(repeat)
 
 
 def _region_reads(op: Op, head: Value) -> bool:
