@@ -294,7 +294,14 @@ class AttentionKernels:
         whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``), with key splits
         or not (``splits``: one split where False and the flash kernel runs), with grouped heads'
         rows ``packed`` into its tiles or not (:meth:`packed_rows`)."""
-        return getattr(self._module(head_dim, value_dim, rows, dense, splits, packed), self.name)
+        return self.launchable(head_dim, value_dim, rows, dense, splits, packed)[0]
+
+    def launchable(
+        self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool, packed: bool
+    ) -> tuple[Any, int]:
+        """:meth:`kernel` and the threads a block its module says it is written for (``threads_constant``)."""
+        module = self._module(head_dim, value_dim, rows, dense, splits, packed)
+        return getattr(module, self.name), getattr(module, threads_constant(self.name))
 
     @property
     def specialised(self) -> list[tuple[int, int]]:
@@ -372,8 +379,7 @@ class AttentionKernels:
         n_split = self.split_for(blocks, n_keys, self.threads(head_dim, value_dim, rows, dense, packed), value_dim)
         self.last_split = n_split
         self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1, packed)
-        module = self._module(head_dim, value_dim, rows, dense, n_split > 1, packed)
-        kernel, threads = getattr(module, self.name), getattr(module, threads_constant(self.name))
+        kernel, threads = self.launchable(head_dim, value_dim, rows, dense, n_split > 1, packed)
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:
