@@ -146,7 +146,7 @@ class Decoder:
         outputs, new_kv = results[: self._n_outputs], results[self._n_outputs :]
         if on_device:  # the kernels appended to the device cache in place
             outputs = program.outputs_for(outputs, inputs)
-        else:  # the compiled backends append in place too; the interpreter returns the new entries
+        elif not program.appends_in_place:  # the interpreter returns the new entries
             index = [slice(None)] * (self._axis + 1)
             index[self._axis] = slice(self.length, self.length + new)
             stored = [quantize(x, self._quantized) for x in new_kv] if self._quantized else [(x,) for x in new_kv]

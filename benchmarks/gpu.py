@@ -138,9 +138,10 @@ def run_case(torch, case: Case, repeats: int) -> tuple[float, float, float]:
     return median_ms(torch, ours, repeats), median_ms(torch, theirs, repeats), error
 
 
-def decoder_step_case(torch, quick: bool):
+def decoder_step_case(torch, quick: bool, cache_type: str | None = None):
     """(step, decoder, q) of the decoder row: a GQA 32/8 D = 128 float32 decoder on the device, its
-    cache prefilled with all but the last token; ``step()`` appends the last and attends over all."""
+    cache prefilled with all but the last token; ``step()`` appends the last and attends over all.
+    ``cache_type``: the decoder's ``cache=`` (an 8-bit cache), else float32."""
     cache = 1024 if quick else 4096
     generator = torch.Generator(device="cuda").manual_seed(1)
 
@@ -148,7 +149,7 @@ def decoder_step_case(torch, quick: bool):
         return torch.randn((1, h, cache, 128), device="cuda", dtype=torch.float32, generator=generator)
 
     q, k, v = tensor(32), tensor(8), tensor(8)
-    dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=cache)
+    dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=cache, cache=cache_type)
     dec(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1])  # prefill all but the last token
 
     def step():
@@ -189,6 +190,33 @@ def decoder_step_row(torch, quick: bool, repeats: int) -> str:
         f"{gbps:.0f} GB/s = "
         f"{gbps / copy_gbps:.0%} of a device copy ({copy_gbps:.0f} GB/s); torch {their_ms:.3f} ms, "
         f"ratio {ours / their_ms:.2f}"
+    )
+
+
+def fp8_decoder_step_row(torch, quick: bool, repeats: int) -> str:
+    """The decoder row's step over an f8e4m3 cache against the same step over a float32 cache, and
+    its result against SDPA's on the dequantised cache (float32's tolerance)."""
+    from attncomp.backends.numba_cuda.host.arrays import device_view
+    from attncomp.ir.quantized import dequantize
+
+    step, dec, q = decoder_step_case(torch, quick, "f8e4m3")
+    plain, base, _ = decoder_step_case(torch, quick)
+    got = torch.as_tensor(step(), device="cuda")
+    held = {name: x.copy_to_host() for name, x in dec.cache.items()}
+    kc, vc = (torch.as_tensor(dequantize(held[f"{x}_cache"], held[f"{x}_scale"]), device="cuda") for x in ("k", "v"))
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, :, -1:], kc, vc, enable_gqa=True)
+    error = float((got - want).abs().max() / want.abs().max())
+    if error > 1e-3:
+        raise AssertionError(
+            f"f8e4m3 decoder step: attncomp differs from torch on the dequantised cache by {error:.2e}"
+        )
+    ours, float32_ms = median_ms(torch, step, repeats), median_ms(torch, plain, repeats)
+    memory = sum(device_view(x).nbytes for x in dec.cache.values()) / sum(
+        device_view(x).nbytes for x in base.cache.values()
+    )
+    return (
+        f"f8e4m3 decoder step, GQA 32/8 D=128, {dec.max_len} cached: {ours:.3f} ms; float32 cache {float32_ms:.3f} ms, "
+        f"ratio {ours / float32_ms:.2f}; cache bytes {memory:.3f} of float32's (scales included)"
     )
 
 

@@ -50,6 +50,9 @@ class Program:
     reference: bool = False
     #: whether a decoder's cache and a pool's pages live in device memory
     cache_on_device: bool = False
+    #: whether a run writes a decoder's new keys and values into its cache arguments itself (an
+    #: 8-bit cache's codes and scales included); else the decoder stores the returned entries
+    appends_in_place: bool = False
     #: whether ``run_bound`` takes host arrays as a caller built them to the signature and gives
     #: results of the declared types (then callers that build their arguments may skip the checks)
     runs_host_arrays: bool = False

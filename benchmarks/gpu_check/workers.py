@@ -44,10 +44,11 @@ def simulated_decoder() -> None:
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, 16, 16)).astype(np.float32) for _ in range(2))
-    dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=16)
-    dec(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1])
-    dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
-    print("compiled: a decoder step [dry run: GQA 4/2 D=16, 16 cached]")
+    for cache in (None, "f8e4m3"):
+        dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=16, cache=cache)
+        dec(q[:, :, :-1], k[:, :, :-1], v[:, :, :-1])
+        dec(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:])
+    print("compiled: decoder steps over a float32 and an f8e4m3 cache [dry run: GQA 4/2 D=16, 16 cached]")
 
 
 def worker_compile(args: argparse.Namespace) -> None:
@@ -78,10 +79,11 @@ def worker_compile(args: argparse.Namespace) -> None:
         modules[table].warm_row(torch, row)
         print(f"compiled: {row.name}")
     elif table == "decoder":
-        from benchmarks.gpu import bf16_decode_row, decoder_step_row
+        from benchmarks.gpu import bf16_decode_row, decoder_step_row, fp8_decoder_step_row
 
         print(decoder_step_row(torch, True, 1))  # the quick size's kernels are the full size's
         print(bf16_decode_row(torch, True, 1))
+        print(fp8_decoder_step_row(torch, True, 1))
     elif table == "serving":
         from benchmarks import serving
 
@@ -127,9 +129,14 @@ def worker_timings(args: argparse.Namespace) -> None:
             record.update({f: getattr(timing, f) for f in fields})
             emit(result, record)
     elif table == "decoder":
-        from benchmarks.gpu import bf16_decode_row, decoder_step_row
+        from benchmarks.gpu import bf16_decode_row, decoder_step_row, fp8_decoder_step_row
 
-        for name, row in (("decoder step", decoder_step_row), ("bf16 decode step", bf16_decode_row)):
+        rows = (
+            ("decoder step", decoder_step_row),
+            ("bf16 decode step", bf16_decode_row),
+            ("f8e4m3 decoder step", fp8_decoder_step_row),
+        )
+        for name, row in rows:
             try:
                 line = row(torch, args.quick, args.repeats)
             except Exception as error:  # a wrong result or a failed launch: reported, the next row runs

@@ -84,7 +84,7 @@ def test_grouped_values_equal_float64_sums(values, n_heads, nq, n_keys, n_e, ina
     start = rng.standard_normal((n_heads, 4, n_e)).astype(np.float32)
     acc = start.copy()
     active = np.array([g not in inactive for g in range(n_heads)], np.int64)
-    group_values(sg, vs, acc, active, np.empty(n_heads * nq, np.int64), n_heads, nq, n_keys, 0, at)
+    group_values(sg, vs, acc, active, np.empty(n_heads * nq, np.int64), n_heads, nq, n_keys, 0, at, False)
     want = start.astype(np.float64)
     weights = sg[:, :nq, at : at + n_keys].astype(np.float64)
     product = np.einsum("grk,ke->gre", weights, cache[1, 5:].astype(np.float64))

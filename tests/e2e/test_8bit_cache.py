@@ -118,11 +118,14 @@ def test_the_error_against_the_unquantised_result_is_bounded_by_the_type(compile
     print(f"{cache}: largest error {relative(got, exact):.2e} of the largest output")
 
 
-def test_bf16_inputs_with_an_8bit_cache_on_the_cpu(compiled):
+@pytest.mark.parametrize(("cache", "d"), [("f8e4m3", 32), ("f8e4m3", 128), ("f8e5m2", 96)])
+def test_bf16_inputs_with_an_8bit_cache_on_the_cpu(compiled, cache, d):
+    """bf16 steps: on a CPU with AVX-512 BF16 and VBMI the codes meet the queries and the weights
+    (rounded to bf16) on bf16 dot products (``code_loops``), in chunks of 64 codes and 32."""
     rng = np.random.default_rng(3)
-    q = rng.standard_normal((1, 8, 70, 32)).astype(ml_dtypes.bfloat16)
-    k, v = (rng.standard_normal((1, 2, 70, 32)).astype(ml_dtypes.bfloat16) for _ in range(2))
-    got, dec = decode(compiled["cpu"], "f8e4m3", q, k, v, [64, 65, 66, 70], dtype="bf16")
+    q = rng.standard_normal((1, 8, 70, d)).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal((1, 2, 70, d)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    got, dec = decode(compiled["cpu"], cache, q, k, v, [64, 65, 66, 70], dtype="bf16")
     assert dec(q[:, :, :1], k[:, :, :1], v[:, :, :1]).dtype == ml_dtypes.bfloat16
     k_read, v_read = (x.astype(ml_dtypes.bfloat16) for x in dequantized(dec))
     want = ac.interpret(causal_gqa, q, k_read[:, :, :70], v_read[:, :, :70]).astype(np.float64)

@@ -130,8 +130,10 @@ def test_the_error_against_the_unquantised_result_is_bounded_by_the_type(compile
         print(f"{cache}, sequence {seq}: largest error {relative(got, exact):.2e} of the largest output")
 
 
-def test_bf16_inputs_with_8bit_pages_on_the_cpu(compiled):
-    s = Served(compiled["cpu"], "f8e4m3", 4, 32, dtype="bf16", seed=3)
+@pytest.mark.parametrize(("cache", "d"), [("f8e4m3", 32), ("f8e5m2", 128)])
+def test_bf16_inputs_with_8bit_pages_on_the_cpu(compiled, cache, d):
+    """A page's run of rows at a time; on a CPU with AVX-512 BF16 and VBMI on bf16 dot products."""
+    s = Served(compiled["cpu"], cache, 4, d, dtype="bf16", seed=3)
     a, b = s.new(), s.new()
     s.step({a: 20, b: 3})
     ys = s.step({a: 1, b: 6})

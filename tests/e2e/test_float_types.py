@@ -161,7 +161,8 @@ def test_a_bf16_decoder_holds_half_the_bytes(generic_cpu, generic_interp):
         caches[dtype] = sum(c.nbytes for c in dec.cache.values())
         if dtype == "bf16":  # the kernel streams the cache's bf16 bits, prefetching the next tile's
             assert "group_scores(qt, qt_bits, qt_is_bf16, ks_bits, sg, sg_spare, G, nq, nk, nk, 0)" in dec.fn.source
-            assert "group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)" in dec.fn.source
+            values = "group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0, True)"
+            assert values in dec.fn.source  # True: the output is bf16
             assert "'bf16')" in dec.fn.source
         got = np.concatenate(outs, axis=2)
         assert got.dtype == NUMPY[dtype]

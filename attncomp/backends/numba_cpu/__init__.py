@@ -128,6 +128,7 @@ class CpuFunction(Program):
 
     backend = "cpu"
     runs_host_arrays = True
+    appends_in_place = True  # ``runtime.cache_append``, ``cache_append_quantized``
 
     def __init__(self, source: str):
         self.source = source

@@ -535,8 +535,9 @@ class KernelWriter(KernelSource):
                 w.line("if not (stores_part or finishes):  # a part outside the unit's keys")
                 with w.indent():
                     w.line("continue")
-            # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits
-            bits = "query_bits(qt, qt_bits, G, nq)" if t.masked.k_load.operands[0] in self.bits else "False"
+            # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits or codes
+            keys = t.masked.k_load.operands[0]
+            bits = "query_bits(qt, qt_bits, G, nq)" if keys in self.bits or keys in self.codes else "False"
             w.line(f"qt_is_bf16 = nq <= FEW_ROWS and {bits}")
             if self.split_blocks is None:
                 w.line("if n_split > 1:")
@@ -568,12 +569,14 @@ class KernelWriter(KernelSource):
                         w.line("continue")
                     self.loop_body()
                 w.line("if nq <= FEW_ROWS and scored:")
+                # a bf16 output: 8-bit values may meet weights rounded to bf16 (``tile_math.group_values``)
+                bf16_out = self.t.grid.results[0].type.dtype == "bf16"
                 with w.indent():
                     if self.paged(v_load):
                         factor = self.code_scale(v_load) if v_load.operands[0] in self.codes else None
 
                         def values(rows: str, scales: str | None) -> list[str]:
-                            lines = [f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0)"]
+                            lines = [f"group_values(sg, {rows}, acc, active, row_ids, G, nq, run, 0, c0, {bf16_out})"]
                             if scales is not None:  # weights times each value row's scale, first
                                 lines.insert(0, f"scale_keys(sg, {scales}, {factor}, G, nq, run, c0)")
                             return lines
@@ -582,7 +585,8 @@ class KernelWriter(KernelSource):
                     else:  # the rows nk_group on prefetched: the next tile's
                         if v_load.operands[0] in self.codes:  # weights times each value row's scale
                             w.line(f"scale_keys(sg, vs_scale_group, {self.code_scale(v_load)}, G, nq, nk_group, 0)")
-                        w.line("group_values(sg, vs_group, acc, active, row_ids, G, nq, nk_group, nk_group, 0)")
+                        tile = "nk_group, nk_group, 0"  # keys, prefetched rows ahead, first weight
+                        w.line(f"group_values(sg, vs_group, acc, active, row_ids, G, nq, {tile}, {bf16_out})")
             w.line("if finishes:" if self.split_blocks is not None else "if n_split == 1:")
             with w.indent():
                 w.line("for g in range(G):")

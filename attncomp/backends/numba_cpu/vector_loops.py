@@ -107,11 +107,11 @@ def _pick(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> 
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
 
 
-def _sums(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]:
-    """The lane sums of 16 float32 vectors of 16 lanes, in their order, by a transposing tree: each
-    level adds pairs of vectors into one holding half as many partial sums of each (16 -> 8 -> 4
-    -> 2 -> 1 lanes a vector): 30 shuffles and 15 adds in all."""
-    per = 16  # partial sums of each original vector in a lane group
+def _sums(builder: ir.IRBuilder, vectors: list[ir.Value], per: int = 16) -> list[ir.Value]:
+    """The 16 sums of float32 vectors of 16 lanes, each vector holding ``16 // per`` sums of ``per``
+    lanes (lanes ``0 .. per - 1`` the first), in their order, by a transposing tree: each level adds
+    pairs of vectors into one holding half as many partial sums of each (16 -> 8 -> 4 -> 2 -> 1
+    lanes a sum): for 16 vectors of one sum, 30 shuffles and 15 adds in all."""
     while len(vectors) > 1:
         half = per // 2
         groups = 16 // per  # original vectors a vector holds
