@@ -79,8 +79,9 @@ def test_scores_are_float32_sums_of_exact_products(cache, n_d):
 
 
 @njit
-def _axpy(w, acc, vs, nk):
-    bf16_code_axpy4(w[0], w[1], w[2], w[3], acc[0], acc[1], acc[2], acc[3], vs, nk, 0)
+def _axpy(sg, acc, vs, nk):
+    """Rows 0 .. 3 of two heads of two query rows, the weights from column 1 on."""
+    bf16_code_axpy4(sg, acc, 0, 1, 2, 3, 2, 1, vs, nk, 0)
 
 
 @needs_tables
@@ -93,7 +94,8 @@ def test_values_take_pairs_of_rows_with_weights_rounded_to_bf16(cache, n_keys, n
     vs = (rng.standard_normal((n_keys + 1, n_e)) * 40).astype(FLOAT8[CODES[cache][1]]).view(CODES[cache][0])
     start = rng.standard_normal((4, n_e)).astype(np.float32)
     acc = start.copy()
-    _axpy(w, acc, vs, n_keys)
+    weights = np.concatenate([np.full((4, 1), np.nan, np.float32), w], axis=1)  # column 0 is not read
+    _axpy(weights.reshape(2, 2, n_keys + 2), acc.reshape(2, 2, n_e), vs, n_keys)
     paired = n_keys - n_keys % 2
     weights = w[:, :paired].astype(ml_dtypes.bfloat16).astype(np.float64)
     want = start + weights @ values_of(vs[:paired], cache)

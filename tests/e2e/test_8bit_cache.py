@@ -96,6 +96,37 @@ def test_quantising_rounds_to_nearest_per_token_and_head_and_saturates(cache):
 
 
 @pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])
+def test_the_cpu_append_quantises_as_numpy_does(cache):
+    """``runtime.cache_append_quantized``, compiled (``numba_cpu/quantize.py``), writes the codes and
+    scales of ``quantize`` bit for bit: magnitudes from 1e-8 to 1e8, subnormal codes, every tie
+    between two codes (rounded to even), rows of zeros, with a NaN and with an infinity."""
+    from attncomp.backends.numba_cpu.runtime import cache_append_quantized
+
+    rng = np.random.default_rng(5)
+    rows = (rng.standard_normal((96, 16)) * 10.0 ** rng.uniform(-8, 8, (96, 1))).astype(np.float32)
+    rows[:, 1:4] *= np.float32(1e-4)  # small beside the row's largest: subnormal codes
+    values = np.arange(256, dtype=np.uint8).view(NUMPY_DTYPES[cache]).astype(np.float64)
+    finite = np.unique(np.abs(values[np.isfinite(values)]))
+    ties = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)  # exact in float32
+    top = np.float32(CACHE_MAX[cache])
+    tied = np.zeros((-(-len(ties) // 15), 16), np.float32)
+    tied[:, 0] = top  # each row's scale is 1: its entries are the codes' own values
+    tied[:, 1:].flat[: len(ties)] = ties * np.where(np.arange(len(ties)) % 2, 1, -1)
+    rows = np.concatenate([rows, tied, tied[: len(tied) % 2]])  # an even count: two heads
+    rows[0] = 0.0
+    rows[1, 5] = np.nan
+    rows[2, 7] = np.inf
+    new = rows.reshape(1, 2, -1, 16)
+    stored = np.zeros((1, 2, new.shape[2] + 5, 16), NUMPY_DTYPES[cache])
+    scales = np.full(stored.shape[:-1], -1.0, np.float32)
+    cache_append_quantized(stored, scales, new, 2, 3)
+    codes, want_scales = quantize(new, cache)
+    assert np.array_equal(stored[:, :, 3:-2].view(np.uint8), codes.view(np.uint8))
+    assert np.array_equal(scales[:, :, 3:-2], want_scales, equal_nan=True)
+    assert np.all(scales[:, :, :3] == -1) and np.all(scales[:, :, -2:] == -1)  # nothing else written
+
+
+@pytest.mark.parametrize("cache", ["f8e4m3", "f8e5m2"])
 def test_the_error_against_the_unquantised_result_is_bounded_by_the_type(compiled, cache):
     """Per query row: values dequantised within ``u`` of their size, scores moved by at most
     ``u |q| |k_j| / sqrt(D)``, so the output moves by at most ``max|v| (u + 2 max_j |ds_j|)``

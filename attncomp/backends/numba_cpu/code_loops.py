@@ -31,24 +31,26 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from attncomp.backends.numba_cpu.vector_loops import (
+    BF16X32,
     CODES,
+    F32X16,
     HAS_BF16_DOT,
     KEYS,
-    _at,
-    _BF16x32,
-    _const,
-    _F32x16,
-    _load,
-    _pick,
-    _prefetch,
-    _sums,
-    _target_features,
-    _view,
+    array_view,
+    check_group_rows,
     code_scale,
+    group_rows,
+    i64,
+    lane_sums,
+    load_vector,
+    offset_pointer,
+    pick_lanes,
+    prefetch_line,
+    target_features,
 )
 
 #: whether the kernels are compiled for a CPU with AVX-512 BF16 and VBMI (byte tables)
-HAS_CODE_TABLES = HAS_BF16_DOT and "+avx512vbmi" in _target_features().split(",")
+HAS_CODE_TABLES = HAS_BF16_DOT and "+avx512vbmi" in target_features().split(",")
 
 #: each 8-bit code type's values as stored (``vector_loops.CODES``)
 FLOAT8 = {types.uint8: ml_dtypes.float8_e4m3fn, types.int8: ml_dtypes.float8_e5m2}
@@ -91,12 +93,12 @@ def decode_bf16(builder: ir.IRBuilder, codes: ir.Value, dtype, halves: bool = Fa
     words = []
     for group in groups:  # little-endian: each element's low byte first
         lanes = [lane for i in group for lane in (i, 64 + i)]
-        words.append(builder.bitcast(_pick(builder, low, high, lanes), _BF16x32))
+        words.append(builder.bitcast(pick_lanes(builder, low, high, lanes), BF16X32))
     return words[0], words[1]
 
 
 def _dot(builder: ir.IRBuilder) -> ir.Function:
-    fnty = ir.FunctionType(_F32x16, [_F32x16, _BF16x32, _BF16x32])
+    fnty = ir.FunctionType(F32X16, [F32X16, BF16X32, BF16X32])
     return cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.dpbf16ps.512")
 
 
@@ -122,79 +124,77 @@ def bf16_code_dots4(typingctx, qb, r, ks, c, ahead):
     dtype = ks.dtype
 
     def codegen(context, builder, signature, args):
-        q_base, q_shape, q_strides = _view(context, builder, signature.args[0], args[0])
-        k_base, k_shape, k_strides = _view(context, builder, signature.args[2], args[2])
+        q_base, q_shape, q_strides = array_view(context, builder, signature.args[0], args[0])
+        k_base, k_shape, k_strides = array_view(context, builder, signature.args[2], args[2])
         r_i, c_i, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
-        queries = [builder.mul(builder.add(r_i, _const(k)), q_strides[0]) for k in range(4)]
-        keys = [builder.mul(builder.add(c_i, _const(j)), k_strides[0]) for j in range(KEYS)]
+        queries = [builder.mul(builder.add(r_i, i64(k)), q_strides[0]) for k in range(4)]
+        keys = [builder.mul(builder.add(c_i, i64(j)), k_strides[0]) for j in range(KEYS)]
         later = builder.mul(ahead_i, k_strides[0])
         dot = _dot(builder)
         pairs = KEYS // 2
-        sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * pairs)]
+        sums = [cgutils.alloca_once(builder, F32X16) for _ in range(4 * pairs)]
         for s in sums:
-            builder.store(ir.Constant(_F32x16, [0.0] * 16), s)
+            builder.store(ir.Constant(F32X16, [0.0] * 16), s)
         i16x16 = ir.VectorType(ir.IntType(16), 16)
-        with cgutils.for_range(builder, builder.udiv(k_shape[1], _const(32))) as loop:
-            offset = builder.mul(loop.index, _const(32))  # codes into a key row
+        with cgutils.for_range(builder, builder.udiv(k_shape[1], i64(32))) as loop:
+            offset = builder.mul(loop.index, i64(32))  # codes into a key row
             k_words = []
             for p in range(pairs):
                 first, second = (
-                    _load(builder, _at(builder, k_base, keys[2 * p + i], offset), _I8x32, 1) for i in (0, 1)
+                    load_vector(builder, offset_pointer(builder, k_base, keys[2 * p + i], offset), _I8x32, 1)
+                    for i in (0, 1)
                 )
-                both = _pick(builder, first, second, list(range(64)))
+                both = pick_lanes(builder, first, second, list(range(64)))
                 low, high = decode_bf16(builder, both, dtype, halves=True)
                 k_words.append((low, high))
             for key in keys:
-                _prefetch(builder, _at(builder, k_base, key, later, offset))
+                prefetch_line(builder, offset_pointer(builder, k_base, key, later, offset))
             for k, query in enumerate(queries):
-                at = _at(builder, q_base, query, builder.mul(offset, _const(2)))
+                at = offset_pointer(builder, q_base, query, builder.mul(offset, i64(2)))
                 halves = []
                 for i in (0, 1):  # the query's elements 0 .. 15 and 16 .. 31 of the chunk, each twice
-                    part = _load(builder, _at(builder, at, _const(32 * i)), i16x16, 2)
-                    halves.append(builder.bitcast(_pick(builder, part, part, list(range(16)) * 2), _BF16x32))
+                    part = load_vector(builder, offset_pointer(builder, at, i64(32 * i)), i16x16, 2)
+                    halves.append(builder.bitcast(pick_lanes(builder, part, part, list(range(16)) * 2), BF16X32))
                 for p, words in enumerate(k_words):
                     s = sums[pairs * k + p]
                     total = builder.load(s)
                     for half, word in zip(halves, words):
                         total = builder.call(dot, [total, half, word])
                     builder.store(total, s)
-        return context.make_tuple(builder, result, _sums(builder, [builder.load(s) for s in sums], per=8))
+        return context.make_tuple(builder, result, lane_sums(builder, [builder.load(s) for s in sums], per=8))
 
     return result(qb, r, ks, c, ahead), codegen
 
 
 @intrinsic
-def bf16_code_axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
-    """``a_r[e] += sum(w_r[c] * vs[c, e] for c < nk - nk % 2)`` for the four float32 rows ``a_r``
-    and their weights ``w_r``, over 8-bit codes ``vs`` (their values over ``code_scale``), a pair
-    of value rows at a time on ``vdpbf16ps``: each pair of weights rounded to bf16 (to nearest
-    even).  Rows a multiple of 32 long, contiguous; ``HAS_CODE_TABLES`` must hold.  An odd last
-    row is left to the caller.  It prefetches value rows ``ahead`` on."""
-    for array in (w0, w1, w2, w3, a0, a1, a2, a3):
-        if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float32):
-            raise TypingError(f"bf16_code_axpy4: weights and rows must be 1-d float32 arrays, got {array}")
+def bf16_code_axpy4(typingctx, sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead):
+    """``vector_loops.axpy4`` over 8-bit codes ``vs`` (their values over ``code_scale``), for keys
+    ``c < nk - nk % 2``, a pair of value rows at a time on ``vdpbf16ps``: each pair of weights
+    rounded to bf16 (to nearest even), the weights of a row contiguous.  Rows a multiple of 32
+    long, contiguous; ``HAS_CODE_TABLES`` must hold.  An odd last row is left to the caller.  It
+    prefetches value rows ``ahead`` on."""
+    check_group_rows("bf16_code_axpy4", sg, acc, (i0, i1, i2, i3, nq, at))
     _check("bf16_code_axpy4: vs", vs, tuple(CODES), "8-bit codes (uint8 or int8)")
     dtype = vs.dtype
 
     def codegen(context, builder, signature, args):
-        weights = [_view(context, builder, t, v) for t, v in zip(signature.args[:4], args[:4])]
-        rows = [_view(context, builder, t, v)[0] for t, v in zip(signature.args[4:8], args[4:8])]
-        v_base, v_shape, v_strides = _view(context, builder, signature.args[8], args[8])
+        weights, rows, n_e = group_rows(context, builder, signature, args)
+        v_base, _, v_strides = array_view(context, builder, signature.args[8], args[8])
         n_keys, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (9, 10))
         later = builder.mul(ahead_i, v_strides[0])
         dot = _dot(builder)
         to_bf16 = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_BF16x32, [_F32x16] * 2), "llvm.x86.avx512bf16.cvtne2ps2bf16.512"
+            builder.module, ir.FunctionType(BF16X32, [F32X16] * 2), "llvm.x86.avx512bf16.cvtne2ps2bf16.512"
         )
         f32x2 = ir.VectorType(ir.FloatType(), 2)
 
         def chunk(offset: ir.Value, width: int) -> None:
             """Columns ``offset .. offset + width`` (32 or 64) of the four rows, over every pair."""
             parts = width // 16  # float32 vectors a row
-            sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * parts)]
+            sums = [cgutils.alloca_once(builder, F32X16) for _ in range(4 * parts)]
             places = [
                 builder.bitcast(
-                    _at(builder, base, builder.mul(offset, _const(4)), _const(64 * p)), _F32x16.as_pointer()
+                    offset_pointer(builder, base, builder.mul(offset, i64(4)), i64(64 * p)), F32X16.as_pointer()
                 )
                 for base in rows
                 for p in range(parts)
@@ -202,20 +202,23 @@ def bf16_code_axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
             for place, s in zip(places, sums):
                 builder.store(builder.load(place, align=4), s)
             code_vector = ir.VectorType(ir.IntType(8), width)
-            with cgutils.for_range(builder, builder.udiv(n_keys, _const(2))) as pair:
-                first = builder.mul(builder.mul(pair.index, _const(2)), v_strides[0])
+            with cgutils.for_range(builder, builder.udiv(n_keys, i64(2))) as pair:
+                first = builder.mul(builder.mul(pair.index, i64(2)), v_strides[0])
                 second = builder.add(first, v_strides[0])
-                codes = [_load(builder, _at(builder, v_base, row, offset), code_vector, 1) for row in (first, second)]
+                codes = [
+                    load_vector(builder, offset_pointer(builder, v_base, row, offset), code_vector, 1)
+                    for row in (first, second)
+                ]
                 for row in (first, second):
-                    _prefetch(builder, _at(builder, v_base, row, later, offset))
+                    prefetch_line(builder, offset_pointer(builder, v_base, row, later, offset))
                 values = []  # the pair's elements side by side: (vs[c, e], vs[c + 1, e]) for each column e
                 for at in range(0, width, 32):
                     lanes = [lane for e in range(at, at + 32) for lane in (e, width + e)]
-                    values.extend(decode_bf16(builder, _pick(builder, codes[0], codes[1], lanes), dtype))
-                for k, (w_base, _, w_strides) in enumerate(weights):
-                    w_at = _at(builder, w_base, builder.mul(builder.mul(pair.index, _const(2)), w_strides[0]))
+                    values.extend(decode_bf16(builder, pick_lanes(builder, codes[0], codes[1], lanes), dtype))
+                for k, (w_base, w_stride) in enumerate(weights):
+                    w_at = offset_pointer(builder, w_base, builder.mul(builder.mul(pair.index, i64(2)), w_stride))
                     pair_w = builder.load(builder.bitcast(w_at, f32x2.as_pointer()), align=4)
-                    spread = _pick(builder, pair_w, pair_w, [0, 1] * 8)
+                    spread = pick_lanes(builder, pair_w, pair_w, [0, 1] * 8)
                     w_bf16 = builder.call(to_bf16, [spread, spread])
                     for p in range(parts):
                         s = sums[parts * k + p]
@@ -223,11 +226,10 @@ def bf16_code_axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
             for place, s in zip(places, sums):
                 builder.store(builder.load(s), place, align=4)
 
-        n_e = v_shape[1]
-        with cgutils.for_range(builder, builder.udiv(n_e, _const(64))) as loop:
-            chunk(builder.mul(loop.index, _const(64)), 64)
-        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_e, _const(64)), _const(0))):
-            chunk(builder.sub(n_e, _const(32)), 32)
+        with cgutils.for_range(builder, builder.udiv(n_e, i64(64))) as loop:
+            chunk(builder.mul(loop.index, i64(64)), 64)
+        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_e, i64(64)), i64(0))):
+            chunk(builder.sub(n_e, i64(32)), 32)
         return context.get_dummy_value()
 
-    return types.none(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead), codegen
+    return types.none(sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead), codegen

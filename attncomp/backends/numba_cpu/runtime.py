@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 from numba.core.typing.templates import Signature
 
+from attncomp.backends.fp8_bits import FORMATS
+from attncomp.backends.numba_cpu.quantize import append_rows
 from attncomp.backends.scalars import array_dtype, kernel_scalar  # noqa: F401 (drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
-from attncomp.ir.quantized import quantize
+from attncomp.ir.quantized import CACHE_MAX, quantize
 from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES, dtype_of_numpy
 
 __all__ = ["check_index_range", "check_pages"]
@@ -95,8 +98,19 @@ def cache_append(cache: np.ndarray, new: np.ndarray, axis: int, length: int) -> 
 
 def cache_append_quantized(cache: np.ndarray, scales: np.ndarray, new: np.ndarray, axis: int, length: int) -> None:
     """Quantise ``new`` into an 8-bit ``cache`` and its ``scales`` after the ``length`` cached entries
-    (in place, ``ir.quantized``); the kernels read the codes and scales where they are."""
-    codes, new_scales = quantize(new, dtype_of_numpy(cache.dtype))
+    (in place, ``ir.quantized``); the kernels read the codes and scales where they are.  Rows along
+    the second-to-last axis of a C-contiguous cache (a decoder's) in compiled code
+    (``quantize.append_rows``), else with NumPy."""
+    dtype = dtype_of_numpy(cache.dtype)
+    rank = cache.ndim
+    if axis % rank == rank - 2 and cache.flags.c_contiguous and scales.flags.c_contiguous:
+        prefix = math.prod(cache.shape[:-2])
+        rows = np.ascontiguousarray(new, dtype=np.float32).reshape(prefix, new.shape[-2], new.shape[-1])
+        codes = cache.view(np.uint8).reshape(prefix, cache.shape[-2], cache.shape[-1])
+        top = np.float32(CACHE_MAX[dtype])
+        append_rows(codes, scales.reshape(prefix, scales.shape[-1]), rows, length, top, *FORMATS[dtype])
+        return
+    codes, new_scales = quantize(new, dtype)
     index = [slice(None)] * cache.ndim
     index[axis] = slice(length, length + new.shape[axis])
     cache[tuple(index)] = codes

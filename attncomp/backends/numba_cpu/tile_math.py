@@ -245,30 +245,37 @@ def _bf16_group_scores(qb, ks, sg, spare, n_heads, nq, nk, ahead, at):
         if ks.strides[1] != ks.itemsize or qb.shape[1] != n_d or qb.shape[0] < -(-n_rows // 4) * 4:
             return False
         full = nk - nk % KEYS  # keys in whole calls of dots4
+        # the rows' scores written by index, not through views (each view costs reference counts);
+        # rows past the group's, to a multiple of four, to ``spare`` (as row n_rows of a flat sg)
         for k in range(0, n_rows, 4):
-            s0 = row(sg, k, nq)[at:]
-            s1 = spare
-            if k + 1 < n_rows:
-                s1 = row(sg, k + 1, nq)[at:]
-            s2 = spare
-            if k + 2 < n_rows:
-                s2 = row(sg, k + 2, nq)[at:]
-            s3 = spare
-            if k + 3 < n_rows:
-                s3 = row(sg, k + 3, nq)[at:]
+            g0, r0 = k // nq, k % nq
+            g1, r1 = (k + 1) // nq, (k + 1) % nq
+            g2, r2 = (k + 2) // nq, (k + 2) % nq
+            g3, r3 = (k + 3) // nq, (k + 3) % nq
+            whole = k + 4 <= n_rows
             for c in range(0, full, KEYS):
                 t = dots(qb, k, ks, c, ahead)
-                s0[c], s0[c + 1], s0[c + 2], s0[c + 3] = t[0], t[1], t[2], t[3]
-                s1[c], s1[c + 1], s1[c + 2], s1[c + 3] = t[4], t[5], t[6], t[7]
-                s2[c], s2[c + 1], s2[c + 2], s2[c + 3] = t[8], t[9], t[10], t[11]
-                s3[c], s3[c + 1], s3[c + 2], s3[c + 3] = t[12], t[13], t[14], t[15]
+                a = at + c
+                sg[g0, r0, a], sg[g0, r0, a + 1], sg[g0, r0, a + 2], sg[g0, r0, a + 3] = t[0], t[1], t[2], t[3]
+                if whole:
+                    sg[g1, r1, a], sg[g1, r1, a + 1], sg[g1, r1, a + 2], sg[g1, r1, a + 3] = t[4], t[5], t[6], t[7]
+                    sg[g2, r2, a], sg[g2, r2, a + 1], sg[g2, r2, a + 2], sg[g2, r2, a + 3] = t[8], t[9], t[10], t[11]
+                    sg[g3, r3, a], sg[g3, r3, a + 1] = t[12], t[13]
+                    sg[g3, r3, a + 2], sg[g3, r3, a + 3] = t[14], t[15]
+                else:
+                    for i in range(1, 4):
+                        for j in range(KEYS):
+                            value = t[KEYS * i + j]
+                            if k + i < n_rows:
+                                sg[(k + i) // nq, (k + i) % nq, a + j] = value
+                            else:
+                                spare[c + j] = value
         for last in range(full, nk):  # the last keys, fewer than KEYS
             for k in range(n_rows):
-                s = row(sg, k, nq)[at:]
                 total = np.float32(0.0)
                 for d in range(n_d):
                     total += bf16_to_f32(qb[k, d]) * as_float(ks[last, d])
-                s[last] = total
+                sg[k // nq, k % nq, at + last] = total
         return True
 
     return impl
@@ -391,22 +398,19 @@ def _vector_group_values(sg, vs, acc, rows, n_rows, nq, nk, ahead, at, bf16_weig
             return 0
         paired = on_tables and bf16_weights and sg.strides[2] == 4
         k = 0
-        while k + 4 <= n_rows:
+        while k + 4 <= n_rows:  # the rows by number, not through views (a view costs reference counts)
             i0, i1, i2, i3 = rows[k], rows[k + 1], rows[k + 2], rows[k + 3]
-            w0, w1, w2, w3 = row(sg, i0, nq)[at:], row(sg, i1, nq)[at:], row(sg, i2, nq)[at:], row(sg, i3, nq)[at:]
-            a0, a1, a2, a3 = row(acc, i0, nq), row(acc, i1, nq), row(acc, i2, nq), row(acc, i3, nq)
             if paired:  # pairs of value rows on the bf16 dot products; an odd last row here
-                bf16_code_axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead)
+                bf16_code_axpy4(sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead)
                 if nk % 2:
                     last = nk - 1
-                    for e in range(a0.shape[0]):
-                        x = as_float(vs[last, e])
-                        a0[e] += w0[last] * x
-                        a1[e] += w1[last] * x
-                        a2[e] += w2[last] * x
-                        a3[e] += w3[last] * x
+                    for i in (i0, i1, i2, i3):
+                        g, r = i // nq, i % nq
+                        w = sg[g, r, at + last]
+                        for e in range(acc.shape[2]):
+                            acc[g, r, e] += w * as_float(vs[last, e])
             else:
-                axpy4(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead)
+                axpy4(sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead)
             k += 4
         return k
 

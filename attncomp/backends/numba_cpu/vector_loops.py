@@ -39,14 +39,14 @@ WIDTH = 32
 KEYS = 4
 
 
-def _target_features() -> str:
+def target_features() -> str:
     if config.CPU_NAME:
         return config.CPU_FEATURES or ""
     return llvm.get_host_cpu_features().flatten()
 
 
 #: whether the kernels are compiled for a CPU with AVX-512 BF16
-HAS_BF16_DOT = "+avx512bf16" in _target_features().split(",")
+HAS_BF16_DOT = "+avx512bf16" in target_features().split(",")
 
 
 class _BFloat(ir.Type):
@@ -62,9 +62,9 @@ class _BFloat(ir.Type):
         return hash("bfloat")
 
 
-_F32x16 = ir.VectorType(ir.FloatType(), 16)
+F32X16 = ir.VectorType(ir.FloatType(), 16)
 _I32x16 = ir.VectorType(ir.IntType(32), 16)
-_BF16x32 = ir.VectorType(_BFloat(), WIDTH)
+BF16X32 = ir.VectorType(_BFloat(), WIDTH)
 
 
 _I8P = ir.IntType(8).as_pointer()
@@ -72,11 +72,11 @@ _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 
 
-def _const(value: int) -> ir.Constant:
+def i64(value: int) -> ir.Constant:
     return ir.Constant(_I64, value)
 
 
-def _view(context, builder, array_type, array) -> tuple[ir.Value, list[ir.Value], list[ir.Value]]:
+def array_view(context, builder, array_type, array) -> tuple[ir.Value, list[ir.Value], list[ir.Value]]:
     """An array's data as an ``i8*``, its shape and its strides (bytes)."""
     view = context.make_array(array_type)(context, builder, array)
     shape = cgutils.unpack_tuple(builder, view.shape, array_type.ndim)
@@ -84,7 +84,7 @@ def _view(context, builder, array_type, array) -> tuple[ir.Value, list[ir.Value]
     return builder.bitcast(view.data, _I8P), shape, strides
 
 
-def _at(builder: ir.IRBuilder, base: ir.Value, *offsets: ir.Value) -> ir.Value:
+def offset_pointer(builder: ir.IRBuilder, base: ir.Value, *offsets: ir.Value) -> ir.Value:
     """``base`` (an ``i8*``) moved on by the sum of ``offsets`` bytes."""
     total = offsets[0]
     for offset in offsets[1:]:
@@ -92,22 +92,22 @@ def _at(builder: ir.IRBuilder, base: ir.Value, *offsets: ir.Value) -> ir.Value:
     return builder.gep(base, [total])
 
 
-def _load(builder: ir.IRBuilder, pointer: ir.Value, vector: ir.VectorType, align: int) -> ir.Value:
+def load_vector(builder: ir.IRBuilder, pointer: ir.Value, vector: ir.VectorType, align: int) -> ir.Value:
     return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=align)
 
 
-def _prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
+def prefetch_line(builder: ir.IRBuilder, pointer: ir.Value) -> None:
     """Prefetch the cache line at ``pointer`` (an ``i8*``) into L2, for reading."""
     fnty = ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32])
     prefetch = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
     builder.call(prefetch, [pointer, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
 
 
-def _pick(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
+def pick_lanes(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
 
 
-def _sums(builder: ir.IRBuilder, vectors: list[ir.Value], per: int = 16) -> list[ir.Value]:
+def lane_sums(builder: ir.IRBuilder, vectors: list[ir.Value], per: int = 16) -> list[ir.Value]:
     """The 16 sums of float32 vectors of 16 lanes, each vector holding ``16 // per`` sums of ``per``
     lanes (lanes ``0 .. per - 1`` the first), in their order, by a transposing tree: each level adds
     pairs of vectors into one holding half as many partial sums of each (16 -> 8 -> 4 -> 2 -> 1
@@ -119,8 +119,8 @@ def _sums(builder: ir.IRBuilder, vectors: list[ir.Value], per: int = 16) -> list
         hi = [g * per + half + i for g in range(groups) for i in range(half)]
         merged = []
         for a, b in zip(vectors[0::2], vectors[1::2]):
-            first = _pick(builder, a, b, lo + [16 + i for i in lo])
-            second = _pick(builder, a, b, hi + [16 + i for i in hi])
+            first = pick_lanes(builder, a, b, lo + [16 + i for i in lo])
+            second = pick_lanes(builder, a, b, hi + [16 + i for i in hi])
             merged.append(builder.fadd(first, second))
         vectors, per = merged, half
     (total,) = vectors
@@ -145,33 +145,36 @@ def dots4(typingctx, qb, r, ks, c, ahead):
 
     def codegen(context, builder, signature, args):
         (q_base, q_shape, q_strides), _, (k_base, _, k_strides), _, _ = (
-            _view(context, builder, t, v) if isinstance(t, types.Array) else None for t, v in zip(signature.args, args)
+            array_view(context, builder, t, v) if isinstance(t, types.Array) else None
+            for t, v in zip(signature.args, args)
         )
         r_i, c_i, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
-        queries = [builder.mul(builder.add(r_i, _const(k)), q_strides[0]) for k in range(4)]
-        keys = [builder.mul(builder.add(c_i, _const(j)), k_strides[0]) for j in range(KEYS)]
+        queries = [builder.mul(builder.add(r_i, i64(k)), q_strides[0]) for k in range(4)]
+        keys = [builder.mul(builder.add(c_i, i64(j)), k_strides[0]) for j in range(KEYS)]
         later = builder.mul(ahead_i, k_strides[0])
-        fnty = ir.FunctionType(_F32x16, [_F32x16, _BF16x32, _BF16x32])
+        fnty = ir.FunctionType(F32X16, [F32X16, BF16X32, BF16X32])
         dp = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.dpbf16ps.512")
-        sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * KEYS)]
+        sums = [cgutils.alloca_once(builder, F32X16) for _ in range(4 * KEYS)]
         for s in sums:
-            builder.store(ir.Constant(_F32x16, [0.0] * 16), s)
-        chunks = builder.udiv(q_shape[1], _const(WIDTH))
+            builder.store(ir.Constant(F32X16, [0.0] * 16), s)
+        chunks = builder.udiv(q_shape[1], i64(WIDTH))
         with cgutils.for_range(builder, chunks) as loop:
-            offset = builder.mul(loop.index, _const(2 * WIDTH))  # bytes: a chunk is one cache line
+            offset = builder.mul(loop.index, i64(2 * WIDTH))  # bytes: a chunk is one cache line
 
             def bf16x32(base, row):
-                return builder.bitcast(_load(builder, _at(builder, base, row, offset), _I32x16, 2), _BF16x32)
+                return builder.bitcast(
+                    load_vector(builder, offset_pointer(builder, base, row, offset), _I32x16, 2), BF16X32
+                )
 
             k_chunks = [bf16x32(k_base, key) for key in keys]
             for key in keys:  # this chunk of the rows ``ahead`` on
-                _prefetch(builder, _at(builder, k_base, key, later, offset))
+                prefetch_line(builder, offset_pointer(builder, k_base, key, later, offset))
             for k, query in enumerate(queries):
                 q_chunk = bf16x32(q_base, query)
                 for j, k_chunk in enumerate(k_chunks):
                     s = sums[KEYS * k + j]
                     builder.store(builder.call(dp, [builder.load(s), q_chunk, k_chunk]), s)
-        return context.make_tuple(builder, result, _sums(builder, [builder.load(s) for s in sums]))
+        return context.make_tuple(builder, result, lane_sums(builder, [builder.load(s) for s in sums]))
 
     return result(qb, r, ks, c, ahead), codegen
 
@@ -243,32 +246,34 @@ def code_dots4(typingctx, q0, q1, q2, q3, ks, c, ahead):
     dtype = ks.dtype
 
     def codegen(context, builder, signature, args):
-        rows = [_view(context, builder, t, v)[0] for t, v in zip(signature.args[:4], args[:4])]
-        k_base, k_shape, k_strides = _view(context, builder, signature.args[4], args[4])
+        rows = [array_view(context, builder, t, v)[0] for t, v in zip(signature.args[:4], args[:4])]
+        k_base, k_shape, k_strides = array_view(context, builder, signature.args[4], args[4])
         c_i, ahead_i = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (5, 6))
-        keys = [builder.mul(builder.add(c_i, _const(j)), k_strides[0]) for j in range(KEYS)]
+        keys = [builder.mul(builder.add(c_i, i64(j)), k_strides[0]) for j in range(KEYS)]
         later = builder.mul(ahead_i, k_strides[0])
         fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fmuladd.v16f32"
+            builder.module, ir.FunctionType(F32X16, [F32X16] * 3), "llvm.fmuladd.v16f32"
         )
-        sums = [cgutils.alloca_once(builder, _F32x16) for _ in range(4 * KEYS)]
+        sums = [cgutils.alloca_once(builder, F32X16) for _ in range(4 * KEYS)]
         for s in sums:
-            builder.store(ir.Constant(_F32x16, [0.0] * 16), s)
-        with cgutils.for_range(builder, builder.udiv(k_shape[1], _const(16))) as loop:
-            offset = builder.mul(loop.index, _const(16))  # bytes into a row of codes
+            builder.store(ir.Constant(F32X16, [0.0] * 16), s)
+        with cgutils.for_range(builder, builder.udiv(k_shape[1], i64(16))) as loop:
+            offset = builder.mul(loop.index, i64(16))  # bytes into a row of codes
             i8x16 = ir.VectorType(ir.IntType(8), 16)
             k_chunks = [
-                decode_codes(builder, _load(builder, _at(builder, k_base, key, offset), i8x16, 1), dtype)
+                decode_codes(
+                    builder, load_vector(builder, offset_pointer(builder, k_base, key, offset), i8x16, 1), dtype
+                )
                 for key in keys
             ]
             for key in keys:  # this chunk of the rows ``ahead`` on
-                _prefetch(builder, _at(builder, k_base, key, later, offset))
+                prefetch_line(builder, offset_pointer(builder, k_base, key, later, offset))
             for k, base in enumerate(rows):
-                q_chunk = _load(builder, _at(builder, base, builder.mul(offset, _const(4))), _F32x16, 4)
+                q_chunk = load_vector(builder, offset_pointer(builder, base, builder.mul(offset, i64(4))), F32X16, 4)
                 for j, k_chunk in enumerate(k_chunks):
                     s = sums[KEYS * k + j]
                     builder.store(builder.call(fma, [q_chunk, k_chunk, builder.load(s)]), s)
-        return context.make_tuple(builder, result, _sums(builder, [builder.load(s) for s in sums]))
+        return context.make_tuple(builder, result, lane_sums(builder, [builder.load(s) for s in sums]))
 
     return result(q0, q1, q2, q3, ks, c, ahead), codegen
 
@@ -283,55 +288,90 @@ def f32_bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
+def check_group_rows(name: str, sg, acc, indices) -> None:
+    """The typing check of a loop over four rows of a group: ``sg`` and ``acc`` 3-d float32 arrays,
+    integer row numbers, row length, first weight."""
+    for array in (sg, acc):
+        if not (isinstance(array, types.Array) and array.ndim == 3 and array.dtype == types.float32):
+            raise TypingError(f"{name}: the weights and the accumulator must be 3-d float32 arrays, got {array}")
+    for index in indices:
+        if not isinstance(index, types.Integer):
+            raise TypingError(f"{name}: row numbers, row length and first weight must be integers, got {index}")
+
+
+def group_rows(context, builder, signature, args) -> tuple[list, list, ir.Value]:
+    """Where the four rows of ``(sg, acc, i0, i1, i2, i3, nq, at, ...)`` are: for each row ``i``
+    (head ``i // nq``, query row ``i % nq``), its weights ``sg[i // nq, i % nq, at:]`` as
+    ``(address, stride)`` and its accumulator row ``acc[i // nq, i % nq]``'s address; and the
+    rows' length.  Addresses, not views: a view made in compiled code costs reference counts."""
+    sg_base, _, sg_strides = array_view(context, builder, signature.args[0], args[0])
+    acc_base, acc_shape, acc_strides = array_view(context, builder, signature.args[1], args[1])
+    nq, at = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (6, 7))
+    weights, rows = [], []
+    for i in range(2, 6):
+        index = context.cast(builder, args[i], signature.args[i], types.intp)
+        head, query = builder.sdiv(index, nq), builder.srem(index, nq)
+        sg_at = [builder.mul(head, sg_strides[0]), builder.mul(query, sg_strides[1]), builder.mul(at, sg_strides[2])]
+        weights.append((offset_pointer(builder, sg_base, *sg_at), sg_strides[2]))
+        rows.append(
+            offset_pointer(builder, acc_base, builder.mul(head, acc_strides[0]), builder.mul(query, acc_strides[1]))
+        )
+    return weights, rows, acc_shape[2]
+
+
 @intrinsic
-def axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
-    """``a_r[e] += sum(w_r[c] * vs[c, e] for c < nk)`` for the four float32 rows ``a_r`` (contiguous,
-    a multiple of 32 long) and their weights ``w_r``; ``vs`` holds float32 values, bf16 bits
-    (uint16) or 8-bit codes (``CODES``: the weights then include ``code_scale``), contiguous within
-    a row.  It prefetches value rows ``ahead`` on (the next tile's)."""
-    for array in (w0, w1, w2, w3, a0, a1, a2, a3):
-        if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.float32):
-            raise TypingError(f"axpy4: weights and rows must be 1-d float32 arrays, got {array}")
+def axpy4(typingctx, sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead):
+    """``acc[i // nq, i % nq, e] += sum(sg[i // nq, i % nq, at + c] * vs[c, e] for c < nk)`` for the
+    four rows ``i`` of ``i0 .. i3`` (:func:`group_rows`; accumulator rows contiguous, a multiple of
+    32 long); ``vs`` holds float32 values, bf16 bits (uint16) or 8-bit codes (``CODES``: the weights
+    then include ``code_scale``), contiguous within a row.  It prefetches value rows ``ahead`` on
+    (the next tile's)."""
+    check_group_rows("axpy4", sg, acc, (i0, i1, i2, i3, nq, at))
     if not (isinstance(vs, types.Array) and vs.ndim == 2 and vs.dtype in (types.uint16, types.float32, *CODES)):
         raise TypingError(f"axpy4: vs must be a 2-d array of float32, bf16 bits (uint16) or 8-bit codes, got {vs}")
     size = vs.dtype.bitwidth // 8  # bytes an element
 
     def codegen(context, builder, signature, args):
         f32x32 = ir.VectorType(ir.FloatType(), WIDTH)
-        weights = [_view(context, builder, t, v) for t, v in zip(signature.args[:4], args[:4])]
-        rows = [_view(context, builder, t, v) for t, v in zip(signature.args[4:8], args[4:8])]
-        v_base, _, v_strides = _view(context, builder, signature.args[8], args[8])
+        weights, rows, n_e = group_rows(context, builder, signature, args)
+        v_base, _, v_strides = array_view(context, builder, signature.args[8], args[8])
         n_keys, ahead = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (9, 10))
         later = builder.mul(ahead, v_strides[0])
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(f32x32, [f32x32] * 3), f"llvm.fmuladd.v{WIDTH}f32"
         )
         sums = [cgutils.alloca_once(builder, f32x32) for _ in range(4)]
-        with cgutils.for_range(builder, builder.udiv(rows[0][1][0], _const(WIDTH))) as chunk:
-            row_offset = builder.mul(chunk.index, _const(4 * WIDTH))  # bytes into a float32 row
-            places = [builder.bitcast(_at(builder, base, row_offset), f32x32.as_pointer()) for base, _, _ in rows]
+        with cgutils.for_range(builder, builder.udiv(n_e, i64(WIDTH))) as chunk:
+            row_offset = builder.mul(chunk.index, i64(4 * WIDTH))  # bytes into a float32 row
+            places = [builder.bitcast(offset_pointer(builder, base, row_offset), f32x32.as_pointer()) for base in rows]
             for place, s in zip(places, sums):
                 builder.store(builder.load(place, align=4), s)
-            value_offset = builder.mul(chunk.index, _const(size * WIDTH))
+            value_offset = builder.mul(chunk.index, i64(size * WIDTH))
             with cgutils.for_range(builder, n_keys) as key:
                 at = builder.add(builder.mul(key.index, v_strides[0]), value_offset)
                 if size == 2:  # bf16: the bits, shifted to the top of float32s
                     i32x32 = ir.VectorType(_I32, WIDTH)
                     wide = builder.zext(
-                        _load(builder, _at(builder, v_base, at), ir.VectorType(ir.IntType(16), WIDTH), 2), i32x32
+                        load_vector(
+                            builder, offset_pointer(builder, v_base, at), ir.VectorType(ir.IntType(16), WIDTH), 2
+                        ),
+                        i32x32,
                     )
                     values = builder.bitcast(builder.shl(wide, ir.Constant(i32x32, [16] * WIDTH)), f32x32)
                 elif size == 1:  # 8-bit codes
-                    codes = _load(builder, _at(builder, v_base, at), ir.VectorType(ir.IntType(8), WIDTH), 1)
+                    codes = load_vector(
+                        builder, offset_pointer(builder, v_base, at), ir.VectorType(ir.IntType(8), WIDTH), 1
+                    )
                     values = decode_codes(builder, codes, vs.dtype)
                 else:
-                    values = _load(builder, _at(builder, v_base, at), f32x32, 4)
+                    values = load_vector(builder, offset_pointer(builder, v_base, at), f32x32, 4)
                 for line in range(0, size * WIDTH, 64):  # this chunk of the row ``ahead`` on
-                    _prefetch(builder, _at(builder, v_base, at, later, _const(line)))
-                for (w_base, _, w_strides), s in zip(weights, sums):
+                    prefetch_line(builder, offset_pointer(builder, v_base, at, later, i64(line)))
+                for (w_base, w_stride), s in zip(weights, sums):
                     w = builder.load(
                         builder.bitcast(
-                            _at(builder, w_base, builder.mul(key.index, w_strides[0])), ir.FloatType().as_pointer()
+                            offset_pointer(builder, w_base, builder.mul(key.index, w_stride)),
+                            ir.FloatType().as_pointer(),
                         )
                     )
                     splat = builder.shuffle_vector(
@@ -344,7 +384,7 @@ def axpy4(typingctx, w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead):
                 builder.store(builder.load(s), place, align=4)
         return context.get_dummy_value()
 
-    return types.none(w0, w1, w2, w3, a0, a1, a2, a3, vs, nk, ahead), codegen
+    return types.none(sg, acc, i0, i1, i2, i3, nq, at, vs, nk, ahead), codegen
 
 
 @intrinsic
@@ -356,10 +396,10 @@ def prefetch_row(typingctx, array, index):
     size = array.dtype.bitwidth // 8
 
     def codegen(context, builder, signature, args):
-        base, shape, strides = _view(context, builder, signature.args[0], args[0])
+        base, shape, strides = array_view(context, builder, signature.args[0], args[0])
         at = builder.mul(context.cast(builder, args[1], signature.args[1], types.intp), strides[0])
-        with cgutils.for_range_slice(builder, _const(0), builder.mul(shape[1], _const(size)), _const(64)) as (line, _):
-            _prefetch(builder, _at(builder, base, at, line))
+        with cgutils.for_range_slice(builder, i64(0), builder.mul(shape[1], i64(size)), i64(64)) as (line, _):
+            prefetch_line(builder, offset_pointer(builder, base, at, line))
         return context.get_dummy_value()
 
     return types.none(array, index), codegen

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from attncomp.backends.fp8_bits import encoder
 from attncomp.backends.numba_cuda.warp import bits_f32, f32_bits
 from attncomp.ir.core import Op, Value
 
@@ -63,39 +64,14 @@ def decode_f8e5m2(code):
     return _decode(c, 2, 112, 2.0**-16)
 
 
-@cuda.jit(device=True, inline="always")
-def _round_shift(m, s):
-    """``m >> s`` rounded to nearest, ties to even (``m < 2**24``, ``s >= 1``)."""
-    if s > 24:
-        return 0
-    q = m >> s
-    rest = m - (q << s)
-    half = 1 << (s - 1)
-    if rest > half or (rest == half and (q & 1) == 1):
-        q += 1
-    return q
+#: ``fp8_bits.encoder``'s arithmetic, shared with the CPU's appends
+_encode_bits = encoder(cuda.jit(device=True, inline="always"))
 
 
 @cuda.jit(device=True, inline="always")
 def _encode(x, fraction_bits, bias, nan_code):
-    """The code of a float32 within the type's range: a normal one rounds float32's exponent and
-    fraction together (a carry moves into the exponent), a subnormal one its fraction in steps of
-    the type's smallest subnormal."""
-    bits = int(f32_bits(np.float32(x)))
-    sign = (bits >> 24) & 0x80
-    magnitude = bits & 0x7FFFFFFF
-    if magnitude > 0x7F800000:
-        return np.uint8(sign | nan_code)
-    exponent = magnitude >> 23
-    if exponent >= 128 - bias:  # normal in the 8-bit type
-        code = _round_shift(magnitude, 23 - fraction_bits) - ((127 - bias) << fraction_bits)
-    else:
-        fraction = magnitude & 0x7FFFFF
-        if exponent > 0:
-            fraction = fraction | 0x800000
-        shift = 150 - (bias - 1 + fraction_bits) - max(exponent, 1)
-        code = _round_shift(fraction, shift)
-    return np.uint8(sign | code)
+    """The code of a float32 within the type's range (``fp8_bits.encoder``)."""
+    return np.uint8(_encode_bits(int(f32_bits(np.float32(x))), fraction_bits, bias, nan_code))
 
 
 @cuda.jit(device=True, inline="always")
