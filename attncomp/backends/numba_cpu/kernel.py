@@ -520,21 +520,28 @@ class KernelWriter(KernelSource):
                 w.line("v_staged_bits = v_staged.view(np.uint32)")
         w.line("for task in range(worker, n_units * n_split, n_workers):")
         with w.indent():
-            w.line("unit = task // n_split")
-            w.line("split = task % n_split")
+            # split-major: a worker's tasks stride over the units, so the parts a unit may lack (a
+            # batch-invariant launch's last parts, past a short unit's keys) fall to every worker alike
+            w.line("unit = task % n_units")
+            w.line("split = task // n_units")
             self.unit_start(nb)
+            # a batch-invariant part outside the unit's keys returns before it loads anything
+            self.unit_bounds(load=self.split_blocks is None)
+            if self.split_blocks is not None:  # this part's key blocks, at fixed positions
+                write_part_range(w, "first", "end", "split", self.split_blocks)
+                w.line("if not (stores_part or finishes):  # a part outside the unit's keys")
+                with w.indent():
+                    w.line("continue")
+                w.line("for g in range(G):")
+                with w.indent():
+                    self.head()
+                    self.load_query()
             if staged:  # no key block staged yet for this unit
                 w.line("k_staged_at = np.int64(-1)")
                 w.line("v_staged_at = np.int64(-1)")
             w.line("m[:, :nq] = -np.inf")
             w.line("l[:, :nq] = ACC(0.0)")
             w.line("acc[:, :nq] = ACC(0.0)")
-            self.unit_bounds(load=True)
-            if self.split_blocks is not None:  # this part's key blocks, at fixed positions
-                write_part_range(w, "first", "end", "split", self.split_blocks)
-                w.line("if not (stores_part or finishes):  # a part outside the unit's keys")
-                with w.indent():
-                    w.line("continue")
             # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits or codes
             keys = t.masked.k_load.operands[0]
             bits = "query_bits(qt, qt_bits, G, nq)" if keys in self.bits or keys in self.codes else "False"
