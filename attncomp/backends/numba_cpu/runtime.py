@@ -99,11 +99,13 @@ def cache_append(cache: np.ndarray, new: np.ndarray, axis: int, length: int) -> 
 def cache_append_quantized(cache: np.ndarray, scales: np.ndarray, new: np.ndarray, axis: int, length: int) -> None:
     """Quantise ``new`` into an 8-bit ``cache`` and its ``scales`` after the ``length`` cached entries
     (in place, ``ir.quantized``); the kernels read the codes and scales where they are.  Rows along
-    the second-to-last axis of a C-contiguous cache (a decoder's) in compiled code
-    (``quantize.append_rows``), else with NumPy."""
+    the second-to-last axis of a C-contiguous cache (a decoder's) that they fit in compiled code
+    (``quantize.append_rows``, which checks no bounds), else with NumPy."""
     dtype = dtype_of_numpy(cache.dtype)
     rank = cache.ndim
-    if axis % rank == rank - 2 and cache.flags.c_contiguous and scales.flags.c_contiguous:
+    fits = new.ndim == rank and new.shape[:-2] == cache.shape[:-2] and new.shape[-1] == cache.shape[-1]
+    fits = fits and 0 <= length and length + new.shape[-2] <= cache.shape[-2]
+    if fits and axis % rank == rank - 2 and cache.flags.c_contiguous and scales.flags.c_contiguous:
         prefix = math.prod(cache.shape[:-2])
         rows = np.ascontiguousarray(new, dtype=np.float32).reshape(prefix, new.shape[-2], new.shape[-1])
         codes = cache.view(np.uint8).reshape(prefix, cache.shape[-2], cache.shape[-1])
