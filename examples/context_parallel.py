@@ -102,6 +102,9 @@ def main() -> None:
             print(f"{step:4d} {summed.item():10.5f} {whole.item():12.5f}")
     if rank == 0:
         print(f"largest relative difference: {worst:.2e}")
+    # every rank done before any tears its connections down: rank 0 trains the one-process model
+    # too, and a peer closing first can abort the other's Gloo threads as the process exits
+    dist.barrier()
     dist.destroy_process_group()
     if rank == 0 and worst > options.check:
         sys.exit(f"the sharded losses left the one-process ones by {worst:.2e} (> {options.check:g})")
