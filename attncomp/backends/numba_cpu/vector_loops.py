@@ -19,10 +19,11 @@ for has the instruction (the host's CPU, or ``NUMBA_CPU_NAME`` and
 loops.  Numba's cache keys each kernel by the CPU's name and features, so a
 cache built here is not loaded on a CPU without it.
 
-``axpy4(w0, .., w3, a0, .., a3, vs, nk)`` runs the values with 32 columns of
-the four accumulator rows in registers over all the value rows: one read (and,
-for bf16, widening) of a value row's 32 elements feeds eight float32 FMAs.
-It is plain vector code, for any CPU.
+``axpy4(sg, acc, i0, .., i3, nq, at, vs, nk, ahead)`` runs the values with 32
+columns of the four accumulator rows in registers over all the value rows: one
+read (and, for bf16, widening) of a value row's 32 elements feeds eight float32
+FMAs.  The rows are given by number and addressed in the loop
+(:func:`group_rows`), not as views.  It is plain vector code, for any CPU.
 """
 
 from __future__ import annotations
