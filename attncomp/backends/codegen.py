@@ -142,8 +142,12 @@ class ScalarEmitter:
         array_ref: Callable[[Value], str],
         functions: dict[Any, str] | None = None,
         reciprocals: dict[Value, str] | None = None,
+        integers: str | None = None,
     ):
         self.writer = writer
+        #: the type of integer results and sizes (None: ``NUMPY_SCALAR``'s, 64-bit); ``np.int32`` where
+        #: a kernel's positions are 32-bit (a sequence is shorter than 2^31): one register, one compare
+        self.integers = integers
         self.names = names
         self.fresh = fresh
         self.array_ref = array_ref
@@ -159,6 +163,8 @@ class ScalarEmitter:
         raise KeyError(f"no expression for {value}")
 
     def typed(self, expr: str, dtype: str) -> str:
+        if self.integers is not None and dtype in ("i32", "i64"):
+            return f"{self.integers}({expr})"
         return f"{NUMPY_SCALAR[dtype]}({expr})"
 
     def op(self, op: Op) -> None:
@@ -172,6 +178,7 @@ class ScalarEmitter:
             expr = literal(op.attrs["value"], dtype)
         elif name == "ac.dim":
             expr = dim_expr(op.attrs["value"])
+            expr = expr if self.integers is None else self.typed(expr, dtype)
         elif name in BINARY:
             expr = self.typed(f"{a[0]} {BINARY[name]} {a[1]}", dtype)
         elif name == "ac.div" and op.operands[1] in self.reciprocals:

@@ -27,7 +27,7 @@ CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_k=12
 
 
 #: The cuda backend's default: forward tiles of 128 query rows where query, key and value are
-#: 16-bit (f16, bf16), so that a block's warps (four of two 16-row tiles) share each key and value
+#: 16-bit (f16, bf16), so that a block's warps (``forward_plan.FLASH_SHAPES``) share each key and value
 #: chunk the tensor-core forward copies in (half the copies a query row, as FlashAttention-2's
 #: 128-row blocks); float32 tiles keep 64 rows, whose 3xTF32 kernel would not fit its shared memory.
 CUDA_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q_16bit=128}")

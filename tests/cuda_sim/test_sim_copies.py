@@ -162,6 +162,37 @@ def test_copies_land_at_the_wait_and_zero_fill():
 
 
 @cuda.jit
+def copy_past_the_end(src, sizes, after):
+    """Lane ``l`` copies ``sizes[l]`` bytes of chunk ``l`` of ``src``, which has 16 chunks: lanes 16 ..
+    address chunks past its end, as a tile's rows past the last key do."""
+    lane = cuda.threadIdx.x
+    sh = cuda.shared.array(128, np.uint32)
+    for i in range(4):
+        sh[4 * lane + i] = OLD
+    cp_async16(sh, 16 * lane, src, 8 * lane, sizes[lane])
+    cp_async_commit()
+    cp_async_wait(0)
+    for i in range(4):
+        after[4 * lane + i] = sh[4 * lane + i]
+
+
+@SIMULATOR_ONLY
+def test_a_copy_that_reads_nothing_may_address_past_the_array():
+    """``src_size`` 0 reads nothing (the instruction's ignore-src form), so the kernels give a row past
+    the end the address of its constant step, not the last row's; a copy that reads bytes there is
+    out of bounds."""
+    src = np.arange(1, 129, dtype=np.uint16)
+    sizes = np.where(np.arange(32) < 16, 16, 0).astype(np.int32)
+    after = np.zeros(128, np.uint32)
+    copy_past_the_end[1, 32](src, sizes, after)
+    np.testing.assert_array_equal(after[:64], src.view(np.uint32))
+    np.testing.assert_array_equal(after[64:], 0)  # zero-filled
+    sizes[20] = 2
+    with pytest.raises(IndexError, match="cp.async source"):
+        copy_past_the_end[1, 32](src, sizes, after)
+
+
+@cuda.jit
 def two_groups(src, first, second):
     """Group 1 copies chunk ``l`` of ``src`` into ``a``, group 2 chunk ``l + 32`` into ``b``; ``wait(1)``
     completes group 1 only."""

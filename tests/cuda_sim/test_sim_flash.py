@@ -143,10 +143,10 @@ def test_strided_keys_and_values_run_the_staged_kernel(banks):
 
 
 def test_128_query_rows_a_block(banks):
-    """flash-tiling{block_q=128}: four warps of two 16-row tiles share each key and value tile (the
-    query's copies and ldmatrix reads without bank conflicts too).  At D = 128 the kernel of a launch
-    with key splits has eight warps of one: two tiles' query and the merge's flag word are past
-    the shared-memory budget (``forward_plan.FLASH_M_TILES``)."""
+    """flash-tiling{block_q=128}: at D = 64 four warps of two 16-row tiles share each key and value
+    tile (the query's copies and ldmatrix reads without bank conflicts too).  At D = 128 both kernels
+    have eight warps of one tile, its query kept in registers, and 64 keys a chunk
+    (``forward_plan.FLASH_SHAPES``)."""
     pipeline = PIPELINE.replace("block_q=32,block_k=32", "block_q=128,block_k=64")
     kernels, got, want = run("lse.causal_with_lse", "f16", pipeline, {"T": 130, "S": 40})
     plan = kernels.mma_plan(64, 64)
@@ -154,28 +154,29 @@ def test_128_query_rows_a_block(banks):
     assert "q_sh = cuda.shared.array(" in kernels.source(64, 64)
     assert worst_error(got, want) < TOLERANCE["f16"]
     no_conflicts(banks)
-    one_split, splits = kernels.mma_plan(128, 128, splits=False), kernels.mma_plan(128, 128)
-    assert (one_split.warps, one_split.m_tiles) == (4, 2) and one_split.shared_bytes == 48 * 1024
-    assert (splits.warps, splits.m_tiles, splits.q_words) == (8, 1, 0)
+    for plan in (kernels.mma_plan(128, 128, splits=False), kernels.mma_plan(128, 128)):
+        assert (plan.warps, plan.m_tiles, plan.chunk, plan.q_words) == (8, 1, 64, 0)
     assert "q_sh" not in kernels.source(128, 128)
 
 
 @pytest.mark.parametrize("split", [1, 2])
-def test_two_tiles_a_warp_at_d128(split, banks):
-    """D = 128, two 16-row tiles a warp, keys 32 at a time: by the kernel without key splits and by
-    two splits' blocks and their merge."""
-    kernels, got, want = run("lse.causal_with_lse", "bf16", sizes={"D": 128, "E": 128}, split=split)
+def test_one_tile_a_warp_64_keys_a_chunk_at_d128(split, banks):
+    """D = 128, one 16-row tile a warp, keys 64 at a time (two whole chunks and a tail of two keys,
+    its rows past the end copied from nowhere): by the kernel without key splits and by two splits'
+    blocks and their merge."""
+    pipeline = PIPELINE.replace("block_q=32,block_k=32", "block_q=128,block_k=64")
+    sizes = {"D": 128, "E": 128, "H": 1, "T": 130, "S": 130}
+    kernels, got, want = run("lse.causal_with_lse", "bf16", pipeline, sizes=sizes, split=split)
     plan = kernels.mma_plan(128, 128, splits=split > 1)
-    assert (plan.m_tiles, plan.chunk) == (2, 32) and kernels.last_choice.async_copies
+    assert (plan.warps, plan.m_tiles, plan.chunk) == (8, 1, 64) and kernels.last_choice.async_copies
     assert kernels.last_split == split
     assert worst_error(got, want) < TOLERANCE["bf16"]
     no_conflicts(banks)
 
 
 def test_a_launch_has_the_block_its_kernel_is_written_for(monkeypatch):
-    """128-row blocks at D = 128: the kernel without key splits has 4 warps of two tiles, the one with
-    splits 8 warps of one (the split merge's flag word leaves no room for the shared query tile). A
-    launch of one split has the first's block: a GPU refuses 8 warps of its 255 registers."""
+    """128-row blocks: a launch of one split has the block of the kernel without key splits, read from
+    that kernel's plan (where the two differ, a GPU refuses a block larger than its registers allow)."""
     from attncomp.backends.numba_cuda.host import launches
 
     launched, launch = [], launches.launch
@@ -186,7 +187,7 @@ def test_a_launch_has_the_block_its_kernel_is_written_for(monkeypatch):
     sizes = {"D": 128, "E": 128, "H": 1, "T": 130, "S": 130}
     kernels, got, want = run("lse.causal_with_lse", "bf16", pipeline, sizes=sizes, split=1)
     one_split = kernels.mma_plan(128, 128, splits=False)
-    assert kernels.last_split == 1 and (one_split.warps, kernels.mma_plan(128, 128).warps) == (4, 8)
+    assert kernels.last_split == 1 and one_split.warps == 8 and not one_split.choice.key_splits
     assert [block for k, block in launched if k is kernels.kernel(128, 128, 128, True, False)] == [one_split.threads]
     assert worst_error(got, want) < TOLERANCE["bf16"]
 

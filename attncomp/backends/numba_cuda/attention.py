@@ -143,7 +143,7 @@ class AttentionKernels:
 
     @property
     def score_work(self) -> str:
-        """What the score and mask regions do per element (``forward_plan.FLASH_M_TILES``): "positional"
+        """What the score and mask regions do per element (``forward_plan.FLASH_SHAPES``): "positional"
         where the score reads the query or key position (ALiBi, a relative bias), "elementwise" where it
         does more than scale the product (soft-capping) or the mask more than ``MASK_OPS`` compares and
         arithmetic, or gathers (``forward_plan.MASK_OPS``: a sliding window, documents), else "scale"."""

@@ -81,8 +81,9 @@ class CudaKernelSource(KernelSource):
     def ref(self, value: Value) -> str:
         return self.scalar().ref(value)
 
-    def scalar(self) -> ScalarEmitter:
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals)
+    def scalar(self, integers: str | None = None) -> ScalarEmitter:
+        """The emitter of 0-d ops; ``integers``: the type of their integer results (``ScalarEmitter``)."""
+        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals, integers)
 
     def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
         """Bind the region's batch arguments, emit its position-independent ops; return the others."""

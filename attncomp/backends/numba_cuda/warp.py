@@ -25,6 +25,8 @@ operand of the next without leaving registers, in the order ``MmaAtom.feed`` giv
   quieted; past bf16's range, infinity), by integer arithmetic on ``f32_bits``: the same code on the
   GPU and in the simulator, where ``cvt.rn.bf16.f32`` would need an emulation.
 - ``exp2_approx(x)``: ``ex2.approx``, the softmax's exponential (``exp(x) = 2^(x log2 e)``).
+- ``rcp_approx(x)``: ``rcp.approx``, ``1 / x`` within one unit in the last place: a 16-bit output's
+  ``1 / l`` (an IEEE division is some twenty instructions and a slow-path call).
 - ``cp_async16(dst, dst_byte, src, src_elem, src_bytes)``: 16 bytes from element ``src_elem`` of a
   global array to byte ``dst_byte`` of a shared one, asynchronously (``cp.async.cg``, zero-filled past
   ``src_bytes``); ``cp_async_commit()`` closes this thread's group of copies and
@@ -66,6 +68,7 @@ if SIMULATED:
         pack_halves,
         quad_max,
         quad_sum,
+        rcp_approx,
         round_bf16,
         shuffle_xor,
         tf32_rest,
@@ -99,6 +102,7 @@ else:
         pack_bits,
         pack_f16x2,
         pack_halves,
+        rcp_approx,
         round_bf16,
         shuffle_xor,
         store_pair16,
@@ -141,6 +145,7 @@ __all__ = [
     "pack_halves",
     "quad_max",
     "quad_sum",
+    "rcp_approx",
     "round_bf16",
     "shuffle_xor",
     "store_pair16",

@@ -14,11 +14,12 @@ instruction, from addresses a lane computes once (``shared_arrays``) plus consta
 A paged pool's rows are copied the same way, each copy row from its page (``mma/page_copies.py``);
 a decode step of grouped heads packs the group's rows into one tile (``mma/packed_heads.py``).
 
-A warp computes two 16-row tiles of queries (``MmaPlan.m_tiles``, ``forward_plan.FLASH_M_TILES``;
-one where the scores read positions or the tiles would not fit): the block's query rows arrive by
-the same copies into a swizzled ``q_sh`` before the first chunk, each tile's A fragments are read
-from it by ``ldmatrix.x4`` for each pair of k steps, and every key and value fragment feeds both
-tiles' products.  All the row and key positions the loop carries are 32-bit.
+A warp computes one or two 16-row tiles of queries (``MmaPlan.m_tiles``, by head dim and score
+work: ``forward_plan.FLASH_SHAPES``).  With two, the block's query rows arrive by the same copies
+into a swizzled ``q_sh`` before the first chunk, each tile's A fragments are read from it by
+``ldmatrix.x4`` for each pair of k steps, and every key and value fragment feeds both tiles'
+products; with one, the warp keeps its A fragments in registers.  All the row and key positions the
+loop carries, and the IR's integer ops (tile classes, bounds, masks), are 32-bit.
 
 The key loop (which chunks, in which order, with which copies in flight) is ``mma/flash_loop.py``'s.
 
@@ -31,6 +32,7 @@ conflicts (``tests/cuda_sim/test_sim_flash.py`` asserts none).
 
 from __future__ import annotations
 
+from attncomp.backends.codegen import ScalarEmitter
 from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 from attncomp.backends.numba_cuda.mma.flash_loop import FlashKeyLoop
@@ -47,6 +49,11 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     """Writes the asynchronous-copy tensor-core kernel of one tiled attention (see the module)."""
 
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
+
+    def scalar(self, integers: str | None = None) -> ScalarEmitter:
+        """The IR's integer ops in 32 bits, as the loop's positions (tile classes, bounds, a mask's
+        positions and ids): one register and one compare each, not two."""
+        return super().scalar(integers or self.POSITIONS)
 
     def shared_arrays(self) -> None:
         """The key and value tiles, and each lane's ldmatrix addresses into them."""
@@ -104,9 +111,9 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         return f"{src}[{prefix}]" if prefix else src
 
     def copies(self, name: str, dim: int, jc: str, full: bool = False) -> None:
-        """The copies of keys ``jc ..`` of a chunk into ``{name}_sh`` and their commit: a whole chunk
-        from one offset and constant steps; the last one with rows past the end zero-filled (their
-        source clamped to the last key).  ``full``: a whole chunk, known to be."""
+        """The copies of keys ``jc ..`` of a chunk into ``{name}_sh`` and their commit, from one offset
+        and constant steps, each copy of a row past the keys' end reading nothing (zero-filled): one
+        code for whole and last chunks.  ``full``: a whole chunk, known to be (no compares)."""
         p, w = self.mp, self.w
         per_row = dim // COPY_ELEMENTS
         step = p.threads // per_row
@@ -119,25 +126,12 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             return
         # 32 bits (a head's keys times features are fewer than 2^31): 32-bit index arithmetic
         w.line(f"src_at = np.int32(({jc} + {name}_row) * {dim} + {name}_col * {COPY_ELEMENTS})")
-        if full:
-            for at, row in rows:
-                dst = self.copy_destination(name, dim, at, row)
-                w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {CHUNK_BYTES})")
-            w.line("cp_async_commit()")
-            return
-        w.line(f"if {jc} + {p.chunk} <= n_keys:")
-        with w.indent():
-            for at, row in rows:
-                dst = self.copy_destination(name, dim, at, row)
-                w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {CHUNK_BYTES})")
-        w.line("else:  # the keys' end: rows past it zero, their source the last key (32-bit offsets)")
-        with w.indent():
-            w.line(f"past = np.int32(n_keys - ({jc}))")
-            for at, row in rows:
-                w.line(f"jj = np.int32({row})")
-                src = f"src_at + (min(jj, past - 1) - {name}_row) * {dim}"
-                dst = self.copy_destination(name, dim, at, row)
-                w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, {CHUNK_BYTES} if jj < past else 0)")
+        if not full:  # rows past the keys' end: zero-filled, their source not read (``cp_async16``)
+            w.line(f"past = np.int32(n_keys - ({jc}) - {name}_row)")
+        for at, row in rows:
+            dst = self.copy_destination(name, dim, at, row)
+            size = str(CHUNK_BYTES) if full else f"{CHUNK_BYTES} if {at} < past else 0"
+            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {size})")
         w.line("cp_async_commit()")
 
     def batch_decode(self, rank: int) -> list[str]:
@@ -151,6 +145,9 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         flat = "task32 // n_qb32"
         for k in reversed(range(rank)):
             w.line(f"rest_{k} = {flat}")
+            if k == 0:  # the grid's blocks are the units (``AttentionKernels.launch``): within the axis
+                w.line(f"{names[k]} = rest_{k}")
+                break
             w.line(f"axis_{k} = np.uint32(out_0.shape[{k}])")
             w.line(f"{names[k]} = rest_{k} % axis_{k}")
             flat = f"rest_{k} // axis_{k}"
@@ -176,7 +173,9 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             return
         row0 = self.ref(self.t.q_load.operands[-1])
         for name in ROW_NAMES.values():  # from this lane's first column: constant offsets
-            w.line(f"q_lane_{name} = q_rows[min({row0} + r{name}, n_rows - 1), {atom.a.col_term}:]")
+            # unsigned: no negative-index fix-ups (64-bit, per index) on the way to the row's address
+            row = f"U(min({row0} + r{name}, n_rows - 1))"
+            w.line(f"q_lane_{name} = q_rows[{row}, U({atom.a.col_term}):]")
         for kc in range(p.head_dim // atom.k):
             for reg, (row, col) in enumerate(atom.a.offsets):
                 w.line(f"q_{kc}_{reg} = load_pair16(q_lane_{ROW_NAMES[row]}, {kc * atom.k + col})")
@@ -190,15 +189,14 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         w.line(f"q_col = {remainder('tid', per_row)}")
         w.line(f"q_row = {quotient('tid', per_row)}")
         w.line(f"q_dst = q_row * {self.row_bytes(p.head_dim)} + {swizzled('q_row', 'q_col')}")
-        # 32 bits, as the keys' copies: the last row's offset once, each row's clamped to it
-        w.line("q_last = np.int32(n_rows - 1 - i0)")
-        w.line(f"q_at = np.int32(i0 * {p.head_dim} + q_col * {COPY_ELEMENTS})")
+        # 32 bits, as the keys' copies: one offset and constant steps; rows past the end read nothing
+        w.line("q_past = np.int32(n_rows - i0 - q_row)")
+        w.line(f"q_at = np.int32((i0 + q_row) * {p.head_dim} + q_col * {COPY_ELEMENTS})")
         for n in range(p.rows // step):
             row = f"q_row + {n * step}" if n else "q_row"
-            w.line(f"qi = np.int32({row})")
-            src = f"q_at + min(qi, q_last) * {p.head_dim}"
             dst = self.copy_destination("q", p.head_dim, n * step, row)
-            w.line(f"cp_async16(q_sh, {dst}, q_rows, {src}, {CHUNK_BYTES} if qi <= q_last else 0)")
+            size = f"{CHUNK_BYTES} if {n * step} < q_past else 0"
+            w.line(f"cp_async16(q_sh, {dst}, q_rows, q_at + {n * step * p.head_dim}, {size})")
         w.line("cp_async_commit()")
 
     def query_address(self, tile: int, kc: int) -> str:
@@ -318,7 +316,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             return
         low, high = (c.offsets[e][1] for e in halves)
         assert high == low + 1  # a lane's two columns of a row are neighbours
-        w.line(f"inverse = ACC(1.0) / {denominator}")
+        w.line(f"inverse = rcp_approx({denominator})  # within an ulp: the output is rounded to 16 bits")
         # unsigned: no negative-index fix-ups (64-bit, per index) on the way to the row's address
         index = ", ".join(f"U({x})" for x in at.split(", "))
         w.line(f"out_lane = out_0[{index}, U({c.col_term}):]")

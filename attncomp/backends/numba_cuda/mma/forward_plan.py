@@ -55,7 +55,7 @@ class MmaPlan(WarpPlan):
 
     rows: int  # query rows per thread block
     chunk: int  # keys computed at a time (divides block_k)
-    m_tiles: int = 1  # 16-row tiles a warp computes (the asynchronous-copy kernel's: ``FLASH_M_TILES``)
+    m_tiles: int = 1  # 16-row tiles a warp computes (the asynchronous-copy kernel's: ``FLASH_SHAPES``)
 
     @property
     def warps(self) -> int:
@@ -129,28 +129,28 @@ class MmaPlan(WarpPlan):
         return 4 * (tiles + (1 if self.choice.key_splits else 0))  # the split merge's flag word
 
 
-#: keys per chunk of the asynchronous-copy kernels by the largest head dim, as ``CHUNKS``: at D = 128
-#: a chunk of 64 keys needs every one of a thread's 255 registers and spills on sm_80 where the
-#: score or mask reads key positions (ALiBi: 68 bytes), so it computes 32 at a time.  Not past 128:
-#: a row of 192 features is 24 copies, which no block's threads divide (``plan_flash``); the staged
-#: kernel serves those head dims.
-FLASH_CHUNKS = ((64, 64), (128, 32))
-#: 16-row tiles a warp of the asynchronous-copy kernel computes, at every head dim it serves, as
-#: FlashAttention-2 (4 warps of 32 rows a block of 128): each B fragment an ldmatrix reads feeds
-#: two products, and the copies, the chunk's control and the finish are shared by twice the products.
-#: The query's A fragments are read from its shared tile at each product (kept, with the outputs' and
-#: the scores', they would spill).  Blocks whose rows are not a whole number of warps' (a short
-#: call's), or whose tiles would not fit in shared memory (128 rows at D = 128 with a split merge's
-#: flag word), have one tile a warp; so have kernels whose scores do more per element than the head
-#: dims in ``FLASH_M_TILES_DIM`` allow (by ``AttentionKernels.score_work``), past which two tiles spill
-#: on sm_80 or sm_90: scores that read positions (ALiBi: 16 to 524 bytes) at any head dim, other
-#: work per element (soft-capping: 44 bytes at D = 128) past D = 64.
-FLASH_M_TILES = 2
-FLASH_M_TILES_DIM = {"scale": 128, "elementwise": 64, "positional": 0}
-#: ops of a mask region (besides its yield) that still fit two tiles a warp at D = 128, gathers
-#: none: past them the general body spills on sm_80 or sm_90 (a causal sliding window's four: 4 bytes;
-#: sinks with a window: 4; documents, two gathers: 20; key padding's gather alone: 16), at them
-#: nothing does (causal: one; a two-sided window: three), so such masks count as "elementwise" work
+#: the asynchronous-copy kernel's shape by the widest head dim it serves and what its scores do per
+#: element (``AttentionKernels.score_work``): (16-row tiles a warp, keys a chunk).  Two tiles a warp
+#: (four warps of 32 rows a block of 128, as FlashAttention-2) share each B fragment an ldmatrix reads
+#: and the chunk's copies and control; the query's A fragments are then read from its shared tile at
+#: each product.  One tile a warp (eight warps of 16 rows) keeps them in registers and leaves room for
+#: a longer chunk.  Measured by ``benchmarks.kernel_report`` (static SASS, sm_90, bf16 causal, the
+#: one-split kernel): at D = 128 two tiles of 32 keys are 3057 instructions for 256 HMMA (11.9 a
+#: HMMA; 255 registers), one tile of 64 keys 2509 (9.8; 240 registers): a row's statistics, the
+#: outputs' rescaling and the finish are paid once per 16 rows, not twice.  At one tile and 64 keys
+#: ALiBi takes 248 registers, a causal sliding window 242 (sm_90; no spills).  Past the shapes here a
+#: kernel spills on sm_80 or sm_90: two tiles where the scores read positions (ALiBi: 16 to 524
+#: bytes) or do more per element past D = 64 (soft-capping: 44 bytes at D = 128), and a decode
+#: step's kernel of packed heads past 32 keys at D = 128 (``"packed"``, at most the chunk of its
+#: scores: 124 bytes on sm_90).  Not past 128: a row of 192 features is 24 copies, which no block's
+#: threads divide (``plan_flash``); the staged kernel serves those head dims.
+FLASH_SHAPES = (
+    (64, {"scale": (2, 64), "elementwise": (2, 64), "positional": (1, 64), "packed": (1, 64)}),
+    (128, {"scale": (1, 64), "elementwise": (1, 64), "positional": (1, 64), "packed": (1, 32)}),
+)
+#: ops of a mask region (besides its yield) that still count as "scale" work, gathers none: past
+#: them a mask is "elementwise" (a causal sliding window's four, sinks with a window, documents' two
+#: gathers, key padding's gather), at them (causal: one; a two-sided window: three) it is not
 MASK_OPS = 3
 #: head dims the swizzled tiles serve: rows of whole 128-byte bank spans (eight 16-byte chunks)
 FLASH_DIM = 64
@@ -173,7 +173,11 @@ def swizzled(row: str, chunk: str) -> str:
 def chunk_of(chunks: tuple[tuple[int, int], ...], block_k: int, widest: int, least: int) -> int | None:
     """Keys a chunk for the widest head dim (``chunks``: keys by the largest dim they serve), halved
     until it divides the key tile; None past the table or below ``least`` (the keys of a product)."""
-    chunk = next((c for most, c in chunks if widest <= most), 0)
+    return fitted(next((c for most, c in chunks if widest <= most), 0), block_k, least)
+
+
+def fitted(chunk: int, block_k: int, least: int) -> int | None:
+    """``chunk`` halved until it divides the key tile; None below ``least``."""
     while chunk and block_k % chunk:
         chunk //= 2
     return chunk if chunk >= least else None
@@ -194,17 +198,23 @@ def plan_flash(
     apply: operands kept 16-bit on the device, D and E multiples of 64, every thread making the
     same number of copies.  ``splits``: the kernel can split its keys (``KernelChoice.key_splits``);
     ``scores``: what its score region does per element (``AttentionKernels.score_work``: two tiles a
-    warp or one, ``FLASH_M_TILES``); ``packed``: a decode step's grouped heads packed into the rows
+    warp or one, ``FLASH_SHAPES``); ``packed``: a decode step's grouped heads packed into the rows
     (``mma/packed_heads.py``), one tile a warp (its A fragments kept in registers)."""
     if choice.storage not in ("f16", "bits") or head_dim % FLASH_DIM or value_dim % FLASH_DIM:
         return None
-    chunk = chunk_of(FLASH_CHUNKS, block_k, max(head_dim, value_dim), M16N8K16.k)
-    if rows % WARP_ROWS or chunk is None:
+    widest = max(head_dim, value_dim)
+    shapes = next((shapes for most, shapes in FLASH_SHAPES if widest <= most), None)
+    if shapes is None or rows % WARP_ROWS:
+        return None
+    tiles, chunk = shapes[scores]
+    if packed:  # one tile a warp, its A fragments kept
+        tiles, chunk = 1, min(chunk, shapes["packed"][1])
+    chunk = fitted(chunk, block_k, M16N8K16.k)
+    if chunk is None:
         return None
     flash = replace(choice, async_copies=True, key_splits=splits, packed_heads=packed)
-    two_tiles = max(head_dim, value_dim) <= FLASH_M_TILES_DIM[scores] and not packed
-    if two_tiles and rows % (WARP_ROWS * FLASH_M_TILES) == 0:
-        plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, FLASH_M_TILES))
+    if tiles > 1 and not packed and rows % (WARP_ROWS * tiles) == 0:
+        plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, tiles))
         if plan is not None:
             return plan
     return flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk))

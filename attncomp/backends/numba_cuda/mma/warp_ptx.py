@@ -180,6 +180,19 @@ def exp2_approx(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def rcp_approx(typingctx, x):
+    """``rcp.approx.ftz.f32``: ``1 / x`` (at most one unit in the last place off; a 16-bit output's
+    rounding is 2^13 times coarser)."""
+    sig = signature(types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_F32, [_F32])
+        return call_asm(builder, fnty, "rcp.approx.ftz.f32 $0, $1;", "=f,f", list(args))
+
+    return sig, codegen
+
+
 def _tf32(builder, word):
     """float32 bits rounded to tf32's 10 fraction bits (to nearest, ties away from zero)."""
     return builder.and_(builder.add(word, ir.Constant(_I32, 0x1000)), ir.Constant(_I32, 0xFFFFE000))
@@ -250,7 +263,8 @@ def _uint32(context, builder, value, value_type):
 def cp_async16(typingctx, dst, dst_byte, src, src_elem, src_bytes):
     """``cp.async.cg.shared.global``: 16 bytes from element ``src_elem`` (non-negative) of the global
     array ``src`` (its last axes dense, 16-byte aligned) to byte ``dst_byte`` of the shared array ``dst``;
-    ``src_bytes`` of them read, the rest zero (0: a row past the end).  Lands at ``cp_async_wait``."""
+    ``src_bytes`` of them read, the rest zero (0: a row past the end, whose address may lie past the
+    array: ptxas makes the copy its ignore-src form, which reads nothing).  Lands at ``cp_async_wait``."""
     sig = signature(
         types.void, dst, types.unliteral(dst_byte), src, types.unliteral(src_elem), types.unliteral(src_bytes)
     )

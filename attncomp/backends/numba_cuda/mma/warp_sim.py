@@ -326,6 +326,11 @@ def exp2_approx(x):
     return np.float32(np.exp2(np.float64(x)))
 
 
+@emulated
+def rcp_approx(x):
+    return np.float32(1.0 / np.float64(x)) if x != 0 else np.float32(np.copysign(np.inf, x))
+
+
 def _floats(values: list) -> np.ndarray:
     """The lanes' float32 values (NaN where the warp has no such lane)."""
     return np.array([np.nan if v is None else v for v in values], np.float32)

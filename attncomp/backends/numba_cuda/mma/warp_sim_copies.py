@@ -161,15 +161,17 @@ def _cp_async16(stores: list) -> None:
 @emulated
 def cp_async16(dst, dst_byte, src, src_elem, src_bytes):
     """Copy ``src_bytes`` (0 to 16) bytes from element ``src_elem`` of ``src`` (flat) to byte ``dst_byte``
-    of ``dst``, the rest of the 16 zero: read now, kept pending in this lane's current group."""
+    of ``dst``, the rest of the 16 zero: read now, kept pending in this lane's current group.  With
+    ``src_bytes`` 0 nothing is read, so ``src_elem`` may lie past the array (a row past its end)."""
     size = int(src_bytes)
     if not 0 <= size <= CP_ASYNC_16.bytes:
         raise ValueError(f"{CP_ASYNC_16.name}: src_size {size} is not in 0..{CP_ASYNC_16.bytes}")
     shared, source = _bytes(_array(dst)), _array(src)
     at = _checked(shared, int(dst_byte), CP_ASYNC_16.bytes, "cp.async destination")
-    read = _checked(_bytes(source), int(src_elem) * source.itemsize, size, "cp.async source")
     data = np.zeros(CP_ASYNC_16.bytes, np.uint8)  # read now (the source is input nobody writes), zero-filled
-    data[:size] = _bytes(source)[read : read + size]
+    if size:  # src_size 0 reads nothing (the instruction's ignore-src form): a row past the end's address
+        read = _checked(_bytes(source), int(src_elem) * source.itemsize, size, "cp.async source")
+        data[:size] = _bytes(source)[read : read + size]
     exchange((shared, at), _cp_async16)
     warp, lane = warp_of(threading.current_thread())
     warp.copies[lane].append((shared, at, data))
