@@ -82,6 +82,7 @@ def no_conflicts(banks, *atoms) -> None:
         ("lse.causal_with_lse", "bf16"),
         ("alibi.causal_alibi", "f16"),
         ("gqa.grouped_query_attention", "bf16"),
+        ("gqa.multi_query_attention", "bf16"),  # one key/value head: its index a constant of the loop's body
         ("document_mask.causal_document_mask", "bf16"),
         ("sinks_window.sinks_window", "bf16"),
         ("softcap.causal_softcap", "f16"),

@@ -23,7 +23,7 @@ class PageCopies:
         element within a page (``{name}_rows``, ``_table``, ``_size``, ``_page``, ``_head``)."""
         w = self.w
         pages, table = self.array_ref(load.operands[0]), self.array_ref(view.operands[1])
-        batch, *heads = (self.scalar().ref(v) for v in load.operands[1:-1])
+        batch, *heads = self.index_refs(load)
         rank = view.operands[0].type.rank
         w.line(f"{name}_rows = {pages}  # the pool: rows by page, head and slot")
         if name == "v" and self.same_pages(load, view):  # the keys' table and page geometry: kept once
