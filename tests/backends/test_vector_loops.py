@@ -11,7 +11,7 @@ from attncomp.backends.numba_cpu.tile_math import bf16_group_scores, group_score
 from attncomp.backends.numba_cpu.vector_loops import HAS_BF16_DOT
 
 
-@njit(cache=True)
+@njit  # no cache: a cached entry would outlive changes to the tile_math loops it calls
 def _on_bf16_dots(qt, ks, sg, n_heads, nq, nk):
     qb = np.empty(((n_heads * nq + 3) // 4 * 4, qt.shape[2]), np.uint16)
     spare = np.empty(nk, np.float32)
