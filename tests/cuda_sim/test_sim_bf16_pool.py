@@ -17,7 +17,8 @@ import attncomp as ac
 from attncomp.backends.numba_cuda.host.arrays import Bf16Bits, widen
 from attncomp.backends.numba_cuda.warp import round_bf16
 from attncomp.testing import TOLERANCE, worst_error
-from tests.cuda_sim.helpers import projected_attention
+from tests.conftest import load_example
+from tests.cuda_sim.helpers import projected_attention, retyped
 from tests.e2e.test_paged_decoder import snapshot
 from tests.passes.specs import generic_alibi as alibi
 
@@ -205,9 +206,6 @@ def test_multi_query_attention_over_bf16_pages():
     """One key/value head (``examples/gqa.py``'s multi-query attention, whose head index is a constant
     of the IR's loop body) over bf16 pages: a prefill of 19 tokens then 2, each page's rows copied by
     the asynchronous-copy kernel through the page table, against the whole history at once."""
-    from tests.conftest import load_example
-    from tests.cuda_sim.helpers import retyped
-
     spec = retyped(load_example("gqa").multi_query_attention, "bf16")
     srv = ac.compile(spec, backend="cuda").paged_decoder(page_size=16, num_pages=8, dtype="bf16")
     rng = np.random.default_rng(5)

@@ -213,7 +213,7 @@ def plan_flash(
     if chunk is None:
         return None
     flash = replace(choice, async_copies=True, key_splits=splits, packed_heads=packed)
-    if tiles > 1 and not packed and rows % (WARP_ROWS * tiles) == 0:
+    if tiles > 1 and rows % (WARP_ROWS * tiles) == 0:
         plan = flash_copies(MmaPlan(block_q, block_k, head_dim, value_dim, flash, rows, chunk, tiles))
         if plan is not None:
             return plan
