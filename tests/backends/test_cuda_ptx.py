@@ -344,25 +344,36 @@ def test_backward_kernels_compile_without_local_memory(example, name):
 def test_tensor_core_backward_kernels(example, name, dtype, head_dim):
     """The f16/bf16 backward at the default 64 x 64 blocks: the five products per chunk on mma.sync,
     no local memory, no spills on sm_80 and sm_90 (soft-capping's derivative and ALiBi's slope sums
-    in registers beside the fragments)."""
+    in registers beside the fragments).  Where the rows are dense, the asynchronous-copy kernel
+    (``mma/flash_backward.py``): every product once, each operand by ldmatrix; else the staged one,
+    whose blocks share the keys by column halves past D = 64."""
     from attncomp.backends import numba_cuda
+    from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPlan
     from tests.cuda_sim.helpers import retyped
 
     fn = ac.compile(retyped(getattr(load_example(example), name), dtype), backend="interp")
     impl = numba_cuda.build(fn.backward.module)
     (kernels,) = impl.backward
-    plan = kernels.mma_plan(head_dim, head_dim)
-    assert (plan.keys, plan.rows) == ((64, 32) if head_dim == 64 else (32, 16))
-    backward = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_backward_kernel_0[")]
+    d = head_dim
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32"
+    plan = kernels.mma_plan(d, d)
+    if isinstance(plan, FlashBackwardPlan):
+        assert (plan.keys, plan.rows) == (64, 32)
+        # S^T and dP^T ((D / 16) (rows / 8) each), dV and dK ((D / 8) (rows / 16) each), and the
+        # warp's dQ fragments over the block's keys
+        dq = plan.dq_row_tiles * (plan.keys // 16) * (plan.dq_columns // 8)
+        products = 2 * (d // 16) * (plan.rows // 8) + 2 * (d // 8) * (plan.rows // 16) + dq
+    else:
+        assert (plan.keys, plan.rows) == ((64, 32) if d == 64 else (32, 16))
+        # dV and dK over the block's share of the columns ((E / halves / 8) (rows / 16) each), and a
+        # loop over the warp's dQ fragments (keys / 16 each)
+        assert plan.halves == (1 if d == 64 else 2)
+        products = 2 * (d // 16) * (plan.rows // 8) + 2 * (d // plan.halves // 8) * (plan.rows // 16) + plan.keys // 16
+    backward = [k for k in impl.kernels(d, d) if k.name.startswith("attention_backward_kernel_0[")]
     texts: dict = {}
-    reports = _check(impl, head_dim, backward, texts)
-    # per chunk: S^T and dP^T ((D / 16) (rows / 8) each), dV and dK over the block's share of the
-    # columns ((E / halves / 8) (rows / 16) each), and a loop over the warp's dQ fragments (keys / 16 each)
-    d, rows = head_dim, plan.rows
-    assert plan.halves == (1 if head_dim == 64 else 2)
-    products = 2 * (d // 16) * (rows // 8) + 2 * (d // plan.halves // 8) * (rows // 16) + plan.keys // 16
+    reports = _check(impl, d, backward, texts)
     for ptx in texts.values():
-        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32") == products
+        assert ptx.count(mma) == products
     assert all(report.registers <= 255 for report in reports.values())
 
 

@@ -30,6 +30,8 @@ from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
+from attncomp.backends.numba_cuda.mma.flash_backward_plan import plan_flash_backward
 from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.simt.deterministic_backward import (
@@ -75,7 +77,15 @@ class BackwardKernels:
         self.choice = choice
         #: the sites a deterministic kernel sums per thread (their index is the block's)
         self.uniform = uniform_sites(self.tiled, self.captured) if self.deterministic else set()
-        self._kernels: dict[tuple[int, int], Any] = {}
+        #: where the query, key, value and output-gradient arrays are in a launch's arguments
+        t, names = self.tiled, list(self.captured.values())
+        loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
+        self._row_args = [
+            len(grid.results) + names.index(self.captured[load.operands[0]])
+            for load in loads
+            if load.operands[0] in self.captured
+        ]
+        self._kernels: dict[tuple[int, int, bool], Any] = {}
 
     @property
     def element(self) -> str | None:
@@ -120,27 +130,29 @@ class BackwardKernels:
         """The plan of a deterministic grid's dQ kernel."""
         return plan_dq(self.tiled.block_q, self.tiled.block_k, head_dim, value_dim, self.acc_bytes)
 
-    def mma_plan(self, head_dim: int, value_dim: int) -> MmaBackwardPlan | None:
+    def mma_plan(self, head_dim: int, value_dim: int, dense: bool = True) -> MmaBackwardPlan | None:
         """The tensor-core plan for these head dims, if the kernel has one (a deterministic grid's
-        choice has no atom)."""
+        choice has no atom): asynchronous copies where the call's rows are ``dense`` and the plan fits
+        (``plan_flash_backward``), else the staged one."""
         t = self.tiled
-        return plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+        flash = plan_flash_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice) if dense else None
+        return flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
 
-    def choice_for(self, head_dim: int, value_dim: int) -> KernelChoice:
-        """The kernel a launch with these head dims runs: the grid's choice where its tensor-core plan
-        fits, else the scalar kernel."""
-        mma = self.mma_plan(head_dim, value_dim)
+    def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
+        """The kernel a launch with these head dims (and ``dense`` rows or not) runs: the grid's choice
+        where its tensor-core plan fits, else the scalar kernel."""
+        mma = self.mma_plan(head_dim, value_dim, dense)
         return mma.choice if mma is not None else self.choice.scalar()
 
-    def launch_plan(self, head_dim: int, value_dim: int) -> BackwardPlan | MmaBackwardPlan:
+    def launch_plan(self, head_dim: int, value_dim: int, dense: bool = True) -> BackwardPlan | MmaBackwardPlan:
         """The plan a launch with these head dims runs: on tensor cores where it can."""
-        return self.mma_plan(head_dim, value_dim) or self.plan(head_dim, value_dim)
+        return self.mma_plan(head_dim, value_dim, dense) or self.plan(head_dim, value_dim)
 
-    def source(self, head_dim: int, value_dim: int) -> str:
-        mma = self.mma_plan(head_dim, value_dim)
+    def source(self, head_dim: int, value_dim: int, dense: bool = True) -> str:
+        mma = self.mma_plan(head_dim, value_dim, dense)
         if mma is not None:
-            writer = MmaBackwardKernelWriter(self.name, self.tiled, self.captured, self.dims, mma)
-            return writer.write(self.func_name)
+            writer = FlashBackwardWriter if mma.choice.async_copies else MmaBackwardKernelWriter
+            return writer(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim), self.choice.scalar()
         if choice.deterministic:
             dq = self.dq_plan(head_dim, value_dim)
@@ -163,12 +175,13 @@ class BackwardKernels:
         types += ["int64"] * len(self.dims)
         return f"void({', '.join(types)})"
 
-    def kernel(self, head_dim: int, value_dim: int, suffix: str = "") -> Any:
-        """The backward kernel for these head dims (a deterministic grid's: ``suffix`` "_dq" the dQ kernel,
-        "_sites" the sum of the sites' slices)."""
-        key = (head_dim, value_dim)
+    def kernel(self, head_dim: int, value_dim: int, suffix: str = "", dense: bool = True) -> Any:
+        """The backward kernel for these head dims, for a call whose rows are ``dense`` or not (a
+        deterministic grid's: ``suffix`` "_dq" the dQ kernel, "_sites" the sum of the sites' slices)."""
+        mma = self.mma_plan(head_dim, value_dim, dense)
+        key = (head_dim, value_dim, mma is not None and mma.choice.async_copies)
         if key not in self._kernels:
-            self._kernels[key] = load_source(self.source(*key), "cuda")
+            self._kernels[key] = load_source(self.source(head_dim, value_dim, dense), "cuda")
         return getattr(self._kernels[key], self.name + suffix)
 
     def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
@@ -187,7 +200,7 @@ class BackwardKernels:
     @property
     def specialised(self) -> list[tuple[int, int]]:
         """The (D, E) pairs compiled so far."""
-        return list(self._kernels)
+        return list(dict.fromkeys(key[:2] for key in self._kernels))
 
     def launch(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """Add the gradients of ``positions`` query batch positions into the zeroed outputs in ``args``
@@ -195,11 +208,12 @@ class BackwardKernels:
         if self.deterministic:
             self.launch_deterministic(positions, n_keys, head_dim, value_dim, *args)
             return
-        plan = self.launch_plan(head_dim, value_dim)
+        dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
+        plan = self.launch_plan(head_dim, value_dim, dense)
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts * plan.halves
         if blocks <= 0:
             return
-        launches.launch(self.kernel(head_dim, value_dim), blocks, plan.threads, *args)
+        launches.launch(self.kernel(head_dim, value_dim, dense=dense), blocks, plan.threads, *args)
 
     def launch_deterministic(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch

@@ -22,6 +22,21 @@ class BackwardElements:
     """The per-element code and the stores of a tensor-core backward writer
     (``MmaBackwardKernelWriter``, whose plan ``mp``, atom, sites and source lines it uses)."""
 
+    #: the integer type positions are named in, once a chunk (keys) or fragment (rows); None: each
+    #: use recomputes its expression (``index_exprs``)
+    POSITIONS: str | None = None
+
+    def named(self, texts: dict, known: dict[str, str], hint: str) -> dict:
+        """``texts`` (position expressions by key) as ``POSITIONS`` names, one per distinct expression
+        (``known``: those named so far)."""
+        found = {}
+        for key, text in texts.items():
+            if text not in known:
+                known[text] = self.fresh(hint)
+                self.w.line(f"{known[text]} = {self.POSITIONS}({text})")
+            found[key] = known[text]
+        return found
+
     def index_exprs(self, map_op: Op, n_index: int) -> tuple[dict[tuple[int, int], str], dict[int, str]]:
         """A region's row index per (8-row fragment, row of the lane's pair) and its key index per
         key half, as expressions: recomputed where they are used, which costs a few integer adds and
@@ -36,27 +51,51 @@ class BackwardElements:
             cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})")
         return rows, cols
 
-    def elements(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        """Per element of ``S^T`` and ``dP^T``: p into ``s_{n}_{e}``, ds_raw into ``ds_{n}_{e}``."""
+    def elements(
+        self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]], fragments: range | None = None
+    ) -> None:
+        """Per element of ``S^T`` and ``dP^T`` (of the 8-row ``fragments``, default all): p into
+        ``s_{n}_{e}``, ds_raw into ``ds_{n}_{e}``."""
         p, w, c = self.mp, self.w, self.atom.c
         rows, cols = self.index_exprs(tile.score, 3)
         g_rows, g_cols = self.index_exprs(tile.gradient, 4)
         with_mask = masked is not None and tile.mask is not None
         m_rows, m_cols = self.index_exprs(tile.mask, 2) if with_mask else ({}, {})
-        elements = [(n, e) for n in range(p.rows // c.cols) for e in range(c.registers)]
+        fragments = range(p.rows // c.cols) if fragments is None else fragments
+        elements = [(n, e) for n in fragments for e in range(c.registers)]
         for h, (offset, _) in enumerate(c.by_row()):
             w.line(f"key_ok_{h} = w16 + {c.row_term} + {offset} < nk")
+        maps = [(rows, cols), (g_rows, g_cols), (m_rows, m_cols)]
+        left = f"r0 + {{}} + {c.col_term} < nq"
+        if self.POSITIONS is not None:  # named: each key's positions once, each row's per fragment
+            known: dict[str, str] = {}
+            maps = [(rs, self.named(cs, known, "j")) for rs, cs in maps]
+            w.line(f"left = {self.POSITIONS}(nq - r0 - {c.col_term})  # the rows from this lane's first")
+            left = "{} < left"
         for n, e in elements:
+            if e == 0:  # the log-sum-exp and delta of the fragment's rows, read once for both keys
+                for b in c.columns():
+                    w.line(f"lse_{b} = lse_sh[{n * c.cols + b} + {c.col_term}]")
+                    w.line(f"delta_{b} = delta_sh[{n * c.cols + b} + {c.col_term}]")
+                if self.POSITIONS is not None:
+                    fragment: dict[str, str] = {}
+                    for rs, _ in maps:
+                        rs.update(self.named({(n, b): rs[n, b] for b in c.columns() if (n, b) in rs}, fragment, "i"))
+            (rows, cols), (g_rows, g_cols), (m_rows, m_cols) = maps
             # each element's validity just before its use: eight flags live at once cost registers
             # beside the dK and dV fragments
             h, b = c.row_index(e), c.offsets[e][1]
-            w.line(f"v_{n}_{e} = key_ok_{h} and r0 + {n * c.cols + b} + {c.col_term} < nq")
+            w.line(f"v_{n}_{e} = key_ok_{h} and {left.format(n * c.cols + b)}")
             if with_mask:
                 w.line(f"if v_{n}_{e} and {masked}:")
                 with w.indent():
                     (seen,) = self.apply_all(tile.mask, hoisted[tile.mask], [m_rows[n, b], m_cols[h]])
                     w.line(f"v_{n}_{e} = {seen}")
             self.score_element(tile, n, e, (rows, cols, g_rows, g_cols), hoisted)
+            self.element_done(n, e)
+
+    def element_done(self, n: int, e: int) -> None:
+        """After element ``e`` of 8-row fragment ``n``: nothing here (a writer may pack its pair)."""
 
     def score_element(self, tile: BackwardTile, n: int, e: int, index: tuple, hoisted: dict[Op, list[Op]]) -> None:
         """Element ``e`` of 8-row fragment ``n``: p over its score, ds_raw over its dP (``index``: the
@@ -64,14 +103,14 @@ class BackwardElements:
         w, c = self.w, self.atom.c
         rows, cols, g_rows, g_cols = index
         h, b = c.row_index(e), c.offsets[e][1]
-        s, dp, local = f"s_{n}_{e}", f"ds_{n}_{e}", f"{n * c.cols + b} + {c.col_term}"
+        s, dp = f"s_{n}_{e}", f"ds_{n}_{e}"
         w.line("pv = ZERO")
         w.line("dsv = ZERO")
         w.line(f"if v_{n}_{e}:")
         with w.indent():
             (x,) = self.apply_all(tile.score, hoisted[tile.score], [rows[n, b], cols[h], s])
-            w.line(f"pv = exp2_approx(ACC({x}) * LOG2E - lse_sh[{local}])")
-            w.line(f"gv = pv * ({dp} - delta_sh[{local}])")
+            w.line(f"pv = exp2_approx(ACC({x}) * LOG2E - lse_{b})")
+            w.line(f"gv = pv * ({dp} - delta_{b})")
             at_element = [g_rows[n, b], g_cols[h], s, "gv"]
             grads = self.apply_all(tile.gradient, hoisted[tile.gradient], at_element)
             w.line(f"dsv = ACC({grads[0]})")

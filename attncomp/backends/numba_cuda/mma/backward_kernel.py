@@ -289,32 +289,46 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
         self.dq_products()
 
     # the kernel ----------------------------------------------------------------------
+    def lane_terms(self) -> None:
+        """The kernel's constants, and each thread's warp, lane and fragment terms."""
+        w = self.w
+        w.line("ACC = np.float32")
+        w.line("ZERO = ACC(0.0)")
+        w.line("U = np.uint64")
+        w.line("LOG2E = ACC(1.4426950408889634)")
+        w.line(f"G = {self.group}")
+        w.line("tid = cuda.threadIdx.x")
+        w.line("warp = tid // 32")
+        w.line(f"w16 = warp * {self.atom.m}")
+        w.line(f"w8 = warp * {self.atom.m // 2}")  # the warp's first pair of keys
+        w.line("lane = tid % 32")
+        w.line("g = lane // 4")
+        w.line("tq = lane % 4")
+        w.line("t2 = 2 * tq")
+
+    def shared_arrays(self) -> None:
+        """The one word array of the tiles (``MmaBackwardPlan.layout``), and the chunk's row sums."""
+        p, w = self.mp, self.w
+        w.line(f"sh = cuda.shared.array({p.layout['words']}, np.uint32)")
+        self.row_sum_arrays()
+
+    def row_sum_arrays(self) -> None:
+        """The chunk's log-sum-exp and delta (``stage_row_sums``)."""
+        p, w = self.mp, self.w
+        w.line(f"lse_sh = cuda.shared.array({p.rows}, np.float32)")
+        w.line(f"delta_sh = cuda.shared.array({p.rows}, np.float32)")
 
     def write(self, func_name: str) -> str:
         t, p, w = self.t, self.mp, self.w
         self.module_head(p.choice, self.operands.header(HEADER, func_name, p))
         self.def_line(self.threads)
         with w.indent():
-            w.line("ACC = np.float32")
-            w.line("ZERO = ACC(0.0)")
-            w.line("U = np.uint64")
-            w.line("LOG2E = ACC(1.4426950408889634)")
-            w.line(f"G = {self.group}")
-            w.line("tid = cuda.threadIdx.x")
-            w.line("warp = tid // 32")
-            w.line(f"w16 = warp * {self.atom.m}")
-            w.line(f"w8 = warp * {self.atom.m // 2}")  # the warp's first pair of keys
-            w.line("lane = tid % 32")
-            w.line("g = lane // 4")
-            w.line("tq = lane % 4")
-            w.line("t2 = 2 * tq")
+            self.lane_terms()
             self.key_block(p.keys, p.parts, p.halves)
             if p.halves > 1:
                 w.line(f"fd = half * {p.d_share}")
                 w.line(f"fe = half * {p.e_share}")
-            w.line(f"sh = cuda.shared.array({p.layout['words']}, np.uint32)")
-            w.line(f"lse_sh = cuda.shared.array({p.rows}, np.float32)")
-            w.line(f"delta_sh = cuda.shared.array({p.rows}, np.float32)")
+            self.shared_arrays()
             self.stage_keys(f"{self.ref(t.k_load.operands[-1])} + koff")
             compute = t.masked
             hoisted = self.hoist_regions()

@@ -69,22 +69,28 @@ class BackwardStaging:
     def stage_rows(self, tile: BackwardTile) -> None:
         """The chunk's query and output-gradient rows, both ways, and its log-sum-exp (times log2 e)
         and delta."""
-        p, w = self.mp, self.w
-        first = "i0 + r0"
+        p, first = self.mp, "i0 + r0"
         self.stage_pairs("q", tile.q_load, first, "nr", p.rows, p.head_dim, p.k_pitch)
         self.stage_pairs("o", tile.d_out_load, first, "nr", p.rows, p.value_dim, p.v_pitch)
-        lse = self.array_ref(tile.lse_load.operands[0])
-        delta = self.array_ref(tile.delta_load.operands[0])
-        w.line(f"for rr in range(tid, {p.rows}, {self.threads}):")
+        self.stage_row_sums(tile)
+
+    def stage_row_sums(self, tile: BackwardTile) -> None:
+        """The chunk's log-sum-exp (times log2 e) and delta into ``lse_sh`` and ``delta_sh``, zero past
+        its rows: a row a thread, from the (batch, head) slices, unsigned indices (no negative-index
+        fix-ups)."""
+        p, w = self.mp, self.w
+        lse, delta = (self.array_ref(load.operands[0]) for load in (tile.lse_load, tile.delta_load))
+        w.line(f"lse_rows = {lse}[{self.prefix(tile.lse_load)}U(i0 + r0):, 0]")
+        w.line(f"delta_rows = {delta}[{self.prefix(tile.delta_load)}U(i0 + r0):, 0]")
+        if p.rows > self.threads:
+            w.line(f"for rr in range(tid, {p.rows}, {self.threads}):")
+        else:
+            w.line("rr = tid")
+            w.line(f"if rr < {p.rows}:")
         with w.indent():
-            w.line("if rr < nr:")
-            with w.indent():
-                w.line(f"lse_sh[rr] = ACC({lse}[{self.prefix(tile.lse_load)}{first} + rr, 0]) * LOG2E")
-                w.line(f"delta_sh[rr] = ACC({delta}[{self.prefix(tile.delta_load)}{first} + rr, 0])")
-            w.line("else:")
-            with w.indent():
-                w.line("lse_sh[rr] = ZERO")
-                w.line("delta_sh[rr] = ZERO")
+            w.line("inside = rr < nr")
+            w.line("lse_sh[rr] = ACC(lse_rows[U(rr)]) * LOG2E if inside else ZERO")
+            w.line("delta_sh[rr] = ACC(delta_rows[U(rr)]) if inside else ZERO")
 
     def stage_keys(self, first: str) -> None:
         """The block's keys and values from row ``first``, and the keys transposed."""

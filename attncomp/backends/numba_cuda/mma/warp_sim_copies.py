@@ -216,3 +216,18 @@ def load_pair16(array, index):
 def store_pair16(array, index, word):
     bits, at = _pair(array, index)
     bits[at], bits[at + 1] = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
+
+
+_RED_LOCK = threading.Lock()
+
+
+@emulated
+def red_add_f32(array, index, value):
+    """``red.global.add.f32``: ``value`` added to element ``index`` of a dense float32 array, one lane
+    at a time."""
+    flat = _array(array)
+    at = int(index)
+    if flat.ndim != 1 or flat.dtype != np.float32 or not 0 <= at < flat.size:
+        raise IndexError(f"red.global.add.f32 at {at} of {flat.size} ({flat.dtype})")
+    with _RED_LOCK:
+        flat[at] += np.float32(value)

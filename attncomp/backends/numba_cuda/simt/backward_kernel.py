@@ -276,6 +276,10 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
             self.site_flush(k)
 
     # the kernel ---------------------------------------------------------------
+    #: the type the block index, the count of key blocks and the batch indices are decoded in ("":
+    #: Numba's, 64-bit)
+    BLOCK_INDEX = ""
+
     def key_block(self, keys: int, parts: int, halves: int = 1) -> None:
         """This thread block's keys: ``nk`` (at most ``keys``) from ``j0 + koff``, part ``koff / keys``
         of IR key block ``kb`` of batch position ``bi_...`` (and, of ``halves`` blocks sharing those
@@ -285,13 +289,15 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         k_src = t.k_load.operands[0]
         w.line(f"n_rows = {dim_expr(q_src.type.shape[-2])}")
         w.line(f"n_keys = {dim_expr(k_src.type.shape[-2])}")
-        w.line(f"n_kb = (n_keys + {t.block_k - 1}) // {t.block_k}")
-        w.line("task = cuda.blockIdx.x")
+        w.line(f"n_kb = {self.BLOCK_INDEX}((n_keys + {t.block_k - 1}) // {t.block_k})")
+        w.line(f"task = {self.BLOCK_INDEX}(cuda.blockIdx.x)")
         if halves > 1:
             w.line(f"half = task % {halves}")
             w.line(f"task = task // {halves}")
-        w.line(f"koff = (task % {parts}) * {keys}")
-        w.line(f"kb = (task // {parts}) % n_kb")
+        # the key positions in Numba's integers whatever the block index's type (a 32-bit unsigned
+        # ``koff`` would make ``n_keys - j0 - koff`` unsigned under the simulator's numpy rules)
+        w.line(f"koff = np.int64((task % {parts}) * {keys})")
+        w.line(f"kb = np.int64((task // {parts}) % n_kb)")
         self.batch = self.batch_indices(self.nb, f"task // {parts} // n_kb", "out_dq")
         for arg, name in zip(t.batch_args, self.batch):
             self.names[arg] = name

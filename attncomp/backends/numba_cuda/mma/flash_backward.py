@@ -1,0 +1,284 @@
+"""The tensor-core backward at FlashAttention-2's design: asynchronous copies, ldmatrix, no transposes.
+
+The tile loop, the elements (``mma/backward_elements.py``) and the stores are the staged backward's
+(``mma/backward_kernel.py``); what changes is how operands reach the products.  Where a call's
+query, key, value and output-gradient rows are dense (``arrays.dense_rows``), each thread issues a
+fixed number of 16-byte ``cp.async`` copies, from one 32-bit offset into its (batch, head) slice
+plus constants, zero-filled past the last key or row: the block's keys and values once, each chunk's
+query and output-gradient rows.  The tiles keep the arrays' rows (``mma/flash_backward_plan.py``),
+and every operand is read by ``ldmatrix.x4``, transposed by the instruction where a product sums
+along a tile's rows:
+
+    S^T = K Q^T     A: k rows (ldmatrix)                B: q rows (ldmatrix)
+    dP^T = V dO^T   A: v rows (ldmatrix)                B: o rows (ldmatrix)
+    dV += P^T dO    A: P^T, the C fragments of S^T      B: o (ldmatrix.trans)
+    dK += dS^T Q    A: dS^T, the C fragments            B: q (ldmatrix.trans)
+    dQ = dS K       A: ds, dS^T as stored (.trans)      B: k (ldmatrix.trans)
+
+A lane gives ``ldmatrix`` one row address per matrix in one of two patterns
+(:data:`LANE_PATTERNS`): "a", matrix ``j`` rows ``8 (j % 2)`` and chunk ``j // 2``, the places of an A
+fragment, or of the B fragments of two 8-column tiles read transposed; "b", rows ``8 (j // 2)`` and
+chunk ``j % 2``, the B fragments of two 8-row tiles read as stored, or an A fragment transposed.  So
+a lane keeps one address register per pattern and tile pitch, and every fragment is that plus a
+constant.  dS is packed once: the same words are the A fragment of dK and, stored keys by rows,
+dQ's.  One thread block owns its keys' whole dK and dV columns (no product made twice); dQ is added
+with float32 atomics, each warp some 16-row tiles' columns (``FlashBackwardPlan.dq_groups``).
+Under Numba's CUDA simulator the copies and ldmatrix run ``mma/warp_sim_copies.py``'s emulation,
+which lands a copy only at its wait and counts bank conflicts.
+"""
+
+from __future__ import annotations
+
+from attncomp.backends.backward_tiles import BackwardTile
+from attncomp.backends.codegen import ScalarEmitter
+from attncomp.backends.numba_cuda.lanes import quotient, remainder
+from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16, plus
+from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
+from attncomp.backends.numba_cuda.mma.flash_backward_plan import COPY_GROUP, FlashBackwardPlan
+from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS
+from attncomp.ir.core import Op
+
+#: a lane's ldmatrix row, by pattern, from its matrix ``j`` and row ``r`` in it: (rows, chunk) as
+#: expressions of ``lm_j`` and ``lm_r`` (see the module)
+LANE_PATTERNS = {
+    "a": ("((lm_j & 1) << 3) + lm_r", "(lm_j >> 1)"),
+    "b": ("((lm_j >> 1) << 3) + lm_r", "(lm_j & 1)"),
+}
+# the "a" pattern is the A fragment's places (matrix j: rows 8 (j % 2), columns 8 (j // 2))
+assert M16N8K16.a.offsets == tuple((j % 2 * 8, j // 2 * COPY_ELEMENTS) for j in range(4))
+# and two k halves make a B fragment (b0: k rows 0 .. 7, b1: 8 .. 15)
+assert M16N8K16.b.offsets == ((0, 0), (8, 0))
+
+#: 8-column fragments of dQ a warp accumulates at once
+DQ_TILES = 4
+FA = "fa_0, fa_1, fa_2, fa_3"
+FB = "fb_0, fb_1, fb_2, fb_3"
+
+
+class FlashBackwardWriter(MmaBackwardKernelWriter):
+    """Writes the asynchronous-copy tensor-core backward of one ``ac.key_grid`` (see the module)."""
+
+    mp: FlashBackwardPlan
+    POSITIONS = "np.int32"  # a sequence is shorter than 2^31
+
+    BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
+
+    def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi") -> list[str]:
+        """As the scalar kernel's, in 32-bit unsigned divisions: a few instructions each, not a 64-bit
+        division's routine with Python's sign fix-ups."""
+        names = [f"{prefix}_{k}" for k in range(rank)]
+        for k in reversed(range(rank)):
+            self.w.line(f"rest_{k} = {flat}")
+            self.w.line(f"axis_{k} = np.uint32({shape_of}.shape[{k}])")
+            self.w.line(f"{names[k]} = rest_{k} % axis_{k}")
+            flat = f"rest_{k} // axis_{k}"
+        return names
+
+    def scalar(self, integers: str | None = None) -> ScalarEmitter:
+        """The IR's integer ops in 32 bits (a sequence is shorter than 2^31): one register and one
+        compare each, not two."""
+        return super().scalar(integers or self.POSITIONS)
+
+    # shared memory and lanes --------------------------------------------------------
+    def shared_arrays(self) -> None:
+        """The tiles (``FlashBackwardPlan.tile_bytes``), each lane's ldmatrix addresses, copy places."""
+        p, w = self.mp, self.w
+        w.line(f"sh = cuda.shared.array({p.words}, np.uint32, alignment=COPY_ALIGNMENT)  # {p.tile_at}")
+        self.row_sum_arrays()
+        w.line(f"lm_j = {quotient('lane', LDMATRIX_X4.rows)}  # the matrix whose row this lane addresses")
+        w.line(f"lm_r = {remainder('lane', LDMATRIX_X4.rows)}")
+        for pattern, (rows, chunk) in LANE_PATTERNS.items():
+            for dim, pitch in (("d", p.k_pitch), ("e", p.v_pitch), ("r", p.ds_pitch)):
+                w.line(f"{pattern}_{dim} = ({rows}) * {pitch} + {chunk} * {CHUNK_BYTES}")
+        w.line(f"kw_a = a_d + w16 * {p.k_pitch}  # the warp's keys")
+        w.line(f"vw_a = a_e + w16 * {p.v_pitch}")
+        # this lane's first word of dS^T, as a slice: every store a constant offset from it
+        w.line(f"ds_lane = sh[U((w16 + g) * {p.ds_pitch // 4} + tq + {p.tile_at['ds'] // 4}):]")
+        if p.dq_groups > 1:
+            w.line(f"dq_row = {remainder('warp', p.m_tiles)} * {M16N8K16.m}")
+            w.line(f"dq_col = {quotient('warp', p.m_tiles)} * {p.dq_columns}")
+        else:
+            w.line(f"dq_row = warp * {M16N8K16.m}")
+            w.line("dq_col = 0")
+        w.line("dq_a = b_r + dq_row * 2")
+        w.line("dq_b = a_d + dq_col * 2")
+        w.line(f"c_lane = {remainder('tid', COPY_GROUP)}")
+        w.line(f"c_group = {quotient('tid', COPY_GROUP)}")
+        for dim, elements, pitch in (("d", p.head_dim, p.k_pitch), ("e", p.value_dim, p.v_pitch)):
+            per_row = elements // COPY_ELEMENTS  # a thread's first copy (``FlashBackwardPlan.copy_steps``)
+            w.line(f"c_col_{dim} = {remainder('c_group', per_row)}")
+            w.line(f"c_row_{dim} = {quotient('c_group', per_row)} * {COPY_GROUP} + c_lane")
+            w.line(f"c_dst_{dim} = c_row_{dim} * {pitch} + c_col_{dim} * {CHUNK_BYTES}")
+
+    def slice_of(self, load: Op) -> str:
+        """The (rows, features) array a tile load reads, for this block's batch position."""
+        prefix = ", ".join(self.ref(v) for v in load.operands[1:-1])
+        src = self.array_ref(load.operands[0])
+        return f"{src}[{prefix}]" if prefix else src
+
+    def copies(self, tile: str, src: str, first: str, count: str, rows: int, dim: str) -> None:
+        """A thread's copies of ``rows`` rows from row ``first`` of ``src`` into tile ``tile``, from one
+        32-bit offset and constant steps; rows past ``count`` read nothing and are zero-filled."""
+        p, w = self.mp, self.w
+        elements, pitch = (p.head_dim, p.k_pitch) if dim == "d" else (p.value_dim, p.v_pitch)
+        w.line(f"src_at = np.int32(({first} + c_row_{dim}) * {elements} + c_col_{dim} * {COPY_ELEMENTS})")
+        w.line(f"past = np.int32({count} - c_row_{dim})")
+        for at, chunk in p.copy_steps(rows, elements):
+            size = f"{CHUNK_BYTES} if {at} < past else 0"
+            dst = f"c_dst_{dim}{plus(p.tile_at[tile] + at * pitch + chunk * CHUNK_BYTES)}"
+            w.line(f"cp_async16(sh, {dst}, {src}, src_at{plus(at * elements + chunk * COPY_ELEMENTS)}, {size})")
+
+    def stage_keys(self, first: str) -> None:
+        """The block's keys and values, one group of copies (landed by the first chunk's wait)."""
+        t, p, w = self.t, self.mp, self.w
+        w.line(f"k_rows = {self.slice_of(t.k_load)}")
+        w.line(f"v_rows = {self.slice_of(t.v_load)}")
+        self.copies("k", "k_rows", first, "nk", p.keys, "d")
+        self.copies("v", "v_rows", first, "nk", p.keys, "e")
+        w.line("cp_async_commit()")
+
+    # one chunk ---------------------------------------------------------------------
+    def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The ``nr`` query rows from ``i0 + r0``: copied, the five products, the elements between."""
+        p, w = self.mp, self.w
+        w.line("cuda.syncthreads()  # every warp is done with the previous chunk's tiles")
+        w.line(f"q_rows = {self.slice_of(tile.q_load)}")
+        w.line(f"o_rows = {self.slice_of(tile.d_out_load)}")
+        self.copies("q", "q_rows", "i0 + r0", "nr", p.rows, "d")
+        self.copies("o", "o_rows", "i0 + r0", "nr", p.rows, "e")
+        w.line("cp_async_commit()")
+        self.stage_row_sums(tile)
+        w.line("cp_async_wait(0)")
+        w.line("cuda.syncthreads()")
+        for group in range(p.rows // p.live_rows):  # S^T and dP^T of these rows, their elements, packed
+            pairs = range(group * p.live_rows // 16, (group + 1) * p.live_rows // 16)
+            w.line(f"# S^T = K Q^T, dP^T = V dO^T, rows {16 * pairs.start} .. {16 * pairs.stop - 1}")
+            self.row_products("s", "k", "kw_a", "q", "b_d", p.head_dim, p.k_pitch, pairs)
+            self.row_products("ds", "v", "vw_a", "o", "b_e", p.value_dim, p.v_pitch, pairs)
+            self.elements(tile, masked, hoisted, range(2 * pairs.start, 2 * pairs.stop))
+        w.line("# dV += P^T dO")
+        self.column_products("dv", "o", "a_e", p.v_pitch, p.value_dim, "pw")
+        w.line("# dS^T -> shared, dK += dS^T Q")
+        self.store_ds()
+        self.column_products("dk", "q", "a_d", p.k_pitch, p.head_dim, "dw")
+        w.line("cuda.syncthreads()  # dS seen by every warp")
+        w.line("# dQ += dS K")
+        self.dq_products()
+
+    def row_products(
+        self, out: str, a_tile: str, a_lane: str, b_tile: str, b_lane: str, width: int, pitch: int, pairs: range
+    ) -> None:
+        """``out^T = A B^T`` over ``width`` features: A the warp's 16 keys, B the chunk's rows of the
+        16-row ``pairs``, both as stored; ``out_{n}_{e}``, one fragment per 8 rows."""
+        p, w, atom = self.mp, self.w, self.atom
+        for kc in range(width // atom.k):
+            w.line(f"{FA} = ldmatrix_x4(sh, {a_lane}{plus(p.tile_at[a_tile] + kc * 2 * CHUNK_BYTES)})")
+            for pair in pairs:
+                at = p.tile_at[b_tile] + pair * 2 * atom.n * pitch + kc * 2 * CHUNK_BYTES
+                w.line(f"{FB} = ldmatrix_x4(sh, {b_lane}{plus(at)})")
+                for n, b in ((2 * pair, "fb_0, fb_1"), (2 * pair + 1, "fb_2, fb_3")):
+                    fragment = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
+                    acc = fragment if kc else "ZERO, ZERO, ZERO, ZERO"
+                    w.line(f"{fragment} = {self.operands.mma}({FA}, {b}, {acc})")
+
+    def element_done(self, n: int, e: int) -> None:
+        """Once a row's pair of elements is done, P and dS of that pair packed into the 16-bit words
+        the products read (``pw_{n}_{row}``, ``dw_{n}_{row}``): the float32 values end there."""
+        c = self.atom.c
+        for row, (e0, e1) in c.by_row():
+            if e == e1:
+                for word, values in (("pw", "s"), ("dw", "ds")):
+                    pair = f"{values}_{n}_{e0}, {values}_{n}_{e1}"
+                    self.w.line(f"{word}_{n}_{row} = {self.operands.pack}({pair})")
+
+    def fed(self, words: str, kk: int) -> list[str]:
+        """The A fragment of k step ``kk`` (16 rows) from the packed words ``{words}_{n}_{row}``
+        (``MmaAtom.feed``: the C fragments of two 8-row tiles, place for place)."""
+        atom, c = self.atom, self.atom.c
+        found = []
+        for halves in atom.feed():
+            (tile, e0), (_, e1) = halves
+            assert c.offsets[e1] == (c.offsets[e0][0], c.offsets[e0][1] + 1)  # one row's neighbours
+            found.append(f"{words}_{atom.tiles * kk + tile}_{c.offsets[e0][0]}")
+        return found
+
+    def column_products(self, out: str, tile: str, lane: str, pitch: int, width: int, words: str) -> None:
+        """``out += A B``: A the packed ``words`` (keys by rows, :meth:`fed`), B ``width`` features of
+        the chunk's rows of ``tile``, read transposed."""
+        p, w, atom = self.mp, self.w, self.atom
+        for pair in range(width // (2 * atom.n)):
+            for kk in range(p.rows // atom.k):
+                at = p.tile_at[tile] + kk * atom.k * pitch + pair * 2 * CHUNK_BYTES
+                w.line(f"{FB} = ldmatrix_x4_trans(sh, {lane}{plus(at)})")
+                a = ", ".join(self.fed(words, kk))
+                for n, b in ((2 * pair, "fb_0, fb_1"), (2 * pair + 1, "fb_2, fb_3")):
+                    acc = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
+                    w.line(f"{acc} = {self.operands.mma}({a}, {b}, {acc})")
+
+    def store_ds(self) -> None:
+        """dS^T into ``ds[key][row]``: the packed words ``dw`` as they are (each two rows of one key)."""
+        p, w, c = self.mp, self.w, self.atom.c
+        words = p.ds_pitch // 4
+        for n in range(p.rows // c.cols):
+            for row, _ in c.by_row():
+                w.line(f"ds_lane[{row * words + n * c.cols // 2}] = dw_{n}_{row}")
+
+    def dq_products(self) -> None:
+        """dQ rows += dS K over the block's keys: each warp its 16-row tiles' ``dq_columns``, at most
+        ``DQ_TILES`` 8-column fragments at a time (their accumulators live beside dK and dV), the
+        products unrolled, then float32 atomics from a slice at the lane's first column."""
+        p, w, atom, c = self.mp, self.w, self.atom, self.atom.c
+        tiles = p.dq_columns // atom.n
+        prefix = "".join(f"{n}, " for n in self.batch)
+        for i in range(p.dq_row_tiles):
+            rows = i * p.warps * atom.m
+            for first in range(0, tiles, DQ_TILES):
+                columns = range(first, min(first + DQ_TILES, tiles))
+                self.dq_pass(rows, columns)
+                for offset, registers in c.by_row():
+                    # rows past the tile's have dS = 0, so their dQ is +0: added to the last row, not
+                    # branched around (no divergent code around the atomics)
+                    w.line(f"row = min(r0 + dq_row + {c.row_term}{plus(rows + offset)}, nq - 1)")
+                    w.line(f"dq_lane = out_dq[{prefix}U(i0 + row), U(dq_col + {c.col_term}):]")
+                    for n in columns:
+                        for e in registers:
+                            w.line(f"red_add_f32(dq_lane, {n * atom.n + c.offsets[e][1]}, dq_{n}_{e})")
+
+    def dq_pass(self, rows: int, columns: range) -> None:
+        """``dq_{n}_{e}`` of the 8-column fragments ``columns`` of the warp's 16 rows from ``rows``."""
+        p, w, atom, c = self.mp, self.w, self.atom, self.atom.c
+        for kk in range(p.keys // atom.k):
+            at = p.tile_at["ds"] + kk * atom.k * p.ds_pitch + rows * 2
+            w.line(f"{FA} = ldmatrix_x4_trans(sh, dq_a{plus(at)})")
+            for pair in range(columns.start // 2, columns.stop // 2):
+                at = p.tile_at["k"] + kk * atom.k * p.k_pitch + pair * 2 * CHUNK_BYTES
+                w.line(f"{FB} = ldmatrix_x4_trans(sh, dq_b{plus(at)})")
+                for n, b in ((2 * pair, "fb_0, fb_1"), (2 * pair + 1, "fb_2, fb_3")):
+                    fragment = ", ".join(f"dq_{n}_{e}" for e in range(c.registers))
+                    acc = fragment if kk else "ZERO, ZERO, ZERO, ZERO"
+                    w.line(f"{fragment} = {self.operands.mma}({FA}, {b}, {acc})")
+
+    def store(self) -> None:
+        """dK and dV into the key/value head's rows by float32 atomics, from a slice at each row's first
+        column: the outputs are zeroed, so one block's adds are its stores and several blocks' (grouped
+        heads, a broadcast batch axis) their sum, in one code; then the sites' last runs."""
+        p, w, c = self.mp, self.w, self.atom.c
+        prefix = self.kv_prefix()
+        for offset, registers in c.by_row():
+            w.line(f"if w16 + {c.row_term} + {offset} < nk:")
+            with w.indent():
+                w.line(f"key = j0 + koff + w16 + {c.row_term}{plus(offset)}")
+                for out, acc, width in (("out_dk", "dk", p.head_dim), ("out_dv", "dv", p.value_dim)):
+                    w.line(f"{acc}_lane = {out}[{prefix}U(key), U({c.col_term}):]")
+                    for en in range(width // c.cols):
+                        for e in registers:
+                            at = en * c.cols + c.offsets[e][1]
+                            w.line(f"red_add_f32({acc}_lane, {at}, {acc}_{en}_{e})")
+        for k in range(len(self.sites)):
+            self.site_flush(k)
+
+    def tile_loop(self, hoisted: dict[Op, list[Op]]) -> None:
+        """The loop over query blocks, then the stores (after the keys' copies, where no chunk ran)."""
+        self.query_loop(hoisted)
+        self.w.line("cp_async_wait(0)")
+        self.store()
