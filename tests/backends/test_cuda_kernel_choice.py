@@ -42,8 +42,15 @@ def test_bf16_runs_on_bf16_tensor_cores_from_its_16_bit_patterns():
     staged = kernels.choice_for(64, 64, dense=False)  # strided rows: staged by loads and stores
     assert staged.describe() == "forward, mma m16n8k16 bf16, storage bf16 bits, accumulate f32, atomic"
     assert kernels.source(64, 64).splitlines()[0] == f"# kernel: {choice.describe()}"
-    (backward,) = _build(_spec("bf16"), backward=True).backward
-    assert backward.choice_for(64, 64).describe() == "backward, mma m16n8k16 bf16, storage f32, accumulate f32, atomic"
+    # the backward reads them so too (the output gradient and the saved output also by delta's
+    # fused reduction), its dense rows by asynchronous copies
+    impl = _build(_spec("bf16"), backward=True)
+    (backward,) = impl.backward
+    flash = "backward, mma m16n8k16 bf16, async copies, storage bf16 bits, accumulate f32, atomic"
+    assert backward.choice_for(64, 64).describe() == flash
+    staged = "backward, mma m16n8k16 bf16, storage bf16 bits, accumulate f32, atomic"
+    assert backward.choice_for(64, 64, dense=False).describe() == staged
+    assert impl.bf16_bits == {0, 1, 2, 3, 5}  # q, k, v, the saved output, d_out (the log-sum-exp is float32)
 
 
 def test_float32_runs_3xtf32_by_default_and_one_tf32_product_when_opted_in():

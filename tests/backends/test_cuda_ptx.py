@@ -709,7 +709,8 @@ def test_warp_instructions_are_convergent_calls():
 def test_the_backward_delta_kernel(example, name, dtype):
     """``delta = rowsum(d_out * out) - d_lse`` is one graph kernel (a reduction with its casts, product
     and difference inline, ``host/fused_reductions.py``): it compiles for sm_80 and sm_90 with no local
-    memory and no spills, and reads the 16-bit arrays as stored (float16 loads; bf16 is widened)."""
+    memory and no spills, and reads the 16-bit arrays as stored (16-bit loads: float16, or bf16's
+    patterns, widened as they are read)."""
     from attncomp.backends import numba_cuda
     from tests.cuda_sim.helpers import retyped
 
@@ -720,4 +721,4 @@ def test_the_backward_delta_kernel(example, name, dtype):
     texts: dict = {}
     _check(impl, 64, [k for k in impl.kernels(64, 64) if k.name == "k0_reduce"], texts)
     for ptx in texts.values():
-        assert ("ld.global.u16" in ptx or "ld.global.b16" in ptx) == (dtype == "f16")
+        assert "ld.global.u16" in ptx or "ld.global.b16" in ptx

@@ -19,30 +19,35 @@ PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=64,block_k=64},mask-eliminat
 CASES = dict(attention_cases())
 
 
-def flash_gradients(name: str, d: int, sizes: dict | None = None):
-    """(the backward's kernels, its gradients, the interpreter's) of an example in f16 at D = E = ``d``."""
+def flash_gradients(name: str, d: int, dtype: str = "f16", sizes: dict | None = None):
+    """(the backward's program, its gradients, the interpreter's) of an example at D = E = ``d``."""
     sizes = {"B": 1, "H": 2, "KV": 1, "T": 70, "S": 75, "D": d, "E": d, "R": 33, **(sizes or {})}
-    fn, _, got, want = gradients_and_args(CASES[name], "f16", PIPELINE, sizes)
-    (kernels,) = fn.backward.compilation.program.backward
-    return kernels, got, want
+    fn, _, got, want = gradients_and_args(CASES[name], dtype, PIPELINE, sizes)
+    return fn.backward.compilation.program, got, want
 
 
 @pytest.mark.parametrize(
-    "name,d,shape",
+    "name,dtype,d",
     [
-        ("causal.causal", 64, (64, 32, 4, 1)),
-        ("gqa.grouped_query_attention", 32, (64, 32, 4, 1)),  # query heads share the keys' rows
-        ("alibi.causal_alibi", 32, (64, 32, 4, 1)),  # the slopes' gradient, summed in a register
+        ("causal.causal", "f16", 64),
+        ("causal.causal", "bf16", 32),
+        ("gqa.grouped_query_attention", "f16", 32),  # query heads share the keys' rows
+        ("alibi.causal_alibi", "bf16", 32),  # the slopes' gradient, summed in a register
     ],
 )
-def test_gradients_with_async_copies(name, d, shape, banks):
-    kernels, got, want = flash_gradients(name, d)
+def test_gradients_with_async_copies(name, dtype, d, banks):
+    program, got, want = flash_gradients(name, d, dtype)
+    (kernels,) = program.backward
     plan = kernels.mma_plan(d, d)
     assert isinstance(plan, FlashBackwardPlan) and plan.choice.async_copies
-    assert (plan.keys, plan.rows, plan.warps, plan.parts) == shape
+    assert (plan.keys, plan.rows, plan.warps, plan.parts) == (64, 32, 4, 1)
     source = kernels.source(d, d)
     assert "cp_async16(" in source and "ldmatrix_x4_trans(" in source and "red_add_f32(" in source
-    check(got, want, "f16")
+    if dtype == "bf16":  # kept 16-bit: the kernel copies the patterns; delta's reduction widens them
+        assert plan.choice.storage == "bits"
+        (delta,) = [k for k in program.graph_kernels if k.name.endswith("_reduce")]
+        assert "widen_bf16(" in delta.source and delta.signature.count("uint16") == 2
+    check(got, want, dtype)
     no_conflicts(banks)
 
 

@@ -16,7 +16,7 @@ Numba is imported), and compiles to PTX with neither.
 
 from __future__ import annotations
 
-from attncomp.backends.numba_cuda.choice import backward_choices, bf16_outputs, tensor_core_types
+from attncomp.backends.numba_cuda.choice import bf16_outputs, tensor_core_types
 from attncomp.backends.numba_cuda.program import CudaFunction
 from attncomp.errors import AttncompError
 from attncomp.ir.copying import copy_module
@@ -78,9 +78,8 @@ def build(
     from attncomp.backends.numba_cuda.host.driver import generate_driver
 
     declared = [r.type.dtype for r in module.main.results]
-    choices, bits = tensor_core_types(module, fixed_lanes=lanes is not None)
+    choices, bits, backward_chosen = tensor_core_types(module, lanes is not None, backward_lanes is not None)
     narrow = bf16_outputs(module)
-    backward_chosen = backward_choices(module, fixed_lanes=backward_lanes is not None)
     if lowered is None or not holds_dtype(module, "bf16"):
         # nothing to widen: the pipeline's module itself, whose value names the sources keep
         lowered = widened(module)
@@ -94,7 +93,7 @@ def build(
         op: BackwardKernels(k, op, func, choice, backward_lanes)
         for k, (op, choice) in enumerate(zip(key_grids, backward_chosen))
     }
-    source, graph_kernels = generate_driver(func, attention, backward)
+    source, graph_kernels = generate_driver(func, attention, backward, frozenset(func.args[k] for k in bits))
     module_ = load_source(source, "cuda")
     program = CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))
     program.bf16_results = [d == "bf16" for d in declared]

@@ -85,6 +85,8 @@ class BackwardKernels:
             for load in loads
             if load.operands[0] in self.captured
         ]
+        #: the tile sources read as bf16 bit patterns (query, key, value and output gradient kept 16-bit)
+        self.bits = frozenset(load.operands[0] for load in loads if self.choice.storage == "bits")
         self._kernels: dict[tuple[int, int, bool], Any] = {}
 
     @property
@@ -158,7 +160,8 @@ class BackwardKernels:
             dq = self.dq_plan(head_dim, value_dim)
             args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype, choice)
             return write_deterministic_backward(self.name, self.func_name, *args)
-        return write_backward_kernel(self.name, self.func_name, self.tiled, self.captured, self.dims, plan, choice)
+        args = (self.tiled, self.captured, self.dims, plan, choice, self.bits)
+        return write_backward_kernel(self.name, self.func_name, *args)
 
     def signature(self) -> str:
         """The Numba signature the PTX is compiled for (outputs C-contiguous in the accumulation type; a
@@ -171,7 +174,10 @@ class BackwardKernels:
         for value in self.captured:
             rank = value.type.rank
             contiguous = contiguous_at_call(value)  # the specialisation a call with C-contiguous arrays dispatches
-            types.append(SCALAR_ARG[value.type.dtype] if rank == 0 else array_type(value.type.dtype, rank, contiguous))
+            if rank == 0:
+                types.append(SCALAR_ARG[value.type.dtype])
+            else:  # bf16 patterns (a host array's uint16 view) where kept 16-bit
+                types.append(array_type(value.type.dtype, rank, contiguous, patterns=value in self.bits))
         types += ["int64"] * len(self.dims)
         return f"void({', '.join(types)})"
 

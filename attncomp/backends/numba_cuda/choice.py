@@ -188,15 +188,20 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     return choice
 
 
-def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[KernelChoice], frozenset[int]]:
+def tensor_core_types(
+    module: Module, fixed_lanes: bool = False, backward_lanes: bool = False
+) -> tuple[list[KernelChoice], frozenset[int], list[KernelChoice]]:
     """Per ``ac.tile_grid``: the kernel it runs (``choice.choose``: on tensor cores where query, key
     and value are one type, f16, bf16, or float32 unless its ``precision`` is "ieee" or
     ``fixed_lanes``, a layout of the scalar kernels, is asked for), with the storage the kernel reads
-    its query, key and value from (``KernelChoice.storage``); and the positions of the bf16
-    arguments kept in 16 bits on the device.
+    its query, key and value from (``KernelChoice.storage``); the positions of the bf16 arguments
+    kept in 16 bits on the device; and per ``ac.key_grid`` its kernel the same way (query, key, value
+    and output gradient; ``backward_lanes``: the scalar kernel's layout asked for).
 
     A bf16 argument stays 16-bit (``"bits"``) when tile loads are all that read it (query, key and
-    value passed straight to the attention; it may also be returned); when it is a decoder's cache
+    value passed straight to the attention; it may also be returned), besides reductions that take
+    their elementwise neighbours inline (``host/fused_reductions.py``: the backward's ``delta =
+    rowsum(cast(d_out) cast(out))`` reads ``d_out`` and ``out`` as their patterns); when it is a decoder's cache
     and the appended cache is read by tile loads alone (new entries that are an argument so read are
     appended as their patterns, computed ones rounded to bf16 as they are appended): a decoder's
     device cache then holds bf16, half the bytes a step reads; or when it is a paged decoder's pool
@@ -205,6 +210,8 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[K
     projected query) from 16-bit copies rounded before it (the driver's ``bf16_patterns``), so that
     the cache can stay bf16.  bf16 values anything else computes with are widened to float32
     (``widen-bf16``)."""
+    from attncomp.backends.backward_tiles import read_tiled_backward
+    from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
     from attncomp.backends.tiles import read_tiled_attention
 
     func = module.main
@@ -212,12 +219,18 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[K
     for op in func.body.walk():
         for value in op.operands:
             readers.setdefault(value, []).append(op)
-    grids = [op for op in func.body.ops if op.name == "ac.tile_grid"]
+    grids = [op for op in func.body.ops if op.name in ("ac.tile_grid", "ac.key_grid")]
     sources = []
     for op in grids:
-        t = read_tiled_attention(op)
-        sources.append([load.operands[0] for load in (t.q_load, t.masked.k_load, t.masked.v_load)])
+        if op.name == "ac.tile_grid":
+            t = read_tiled_attention(op)
+            loads = (t.q_load, t.masked.k_load, t.masked.v_load)
+        else:
+            b = read_tiled_backward(op)
+            loads = (b.masked.q_load, b.k_load, b.v_load, b.masked.d_out_load)
+        sources.append([load.operands[0] for load in loads])
     tile_loads = {id(op) for op in func.body.walk() if op.name == "ac.tile_load"}
+    fused = {id(o) for f in plan_fused_reductions(func).values() for o in [f.reduce, *f.absorbed]}
 
     def appended(value) -> Op | None:
         """The ``ac.cache_append`` to a decoder's cache (an argument) that ``value`` is."""
@@ -247,9 +260,9 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[K
         return [value] if value in func.args else []
 
     def read_as_patterns(value) -> bool:
-        """Every op reading ``value`` can take 16-bit patterns: tile loads, such an append or page view,
-        and (for an argument, handed back as it came) the return."""
-        allowed = tile_loads | {id(func.body.ops[-1])} if value in func.args else tile_loads
+        """Every op reading ``value`` can take 16-bit patterns: tile loads, a fused reduction, such an
+        append or page view, and (for an argument, handed back as it came) the return."""
+        allowed = tile_loads | fused | ({id(func.body.ops[-1])} if value in func.args else set())
         return all(id(op) in allowed or bool(op.results) and keeps_patterns(op) for op in readers.get(value, []))
 
     def keeps_patterns(op: Op) -> bool:
@@ -262,7 +275,8 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[K
             return cached
         return read_as_patterns(value) and all(map(read_as_patterns, origins(value)))
 
-    chosen = [choose(op, fixed_lanes=fixed_lanes) for op in grids]
+    lanes = {"ac.tile_grid": fixed_lanes, "ac.key_grid": backward_lanes}
+    chosen = [choose(op, fixed_lanes=lanes[op.name]) for op in grids]
     bits = set()
     for k, values in enumerate(sources):
         cached = any(appended(v) is not None for v in values)
@@ -274,9 +288,18 @@ def tensor_core_types(module: Module, fixed_lanes: bool = False) -> tuple[list[K
         if not shared:
             break
         bits -= shared
-    found = [choose(op, "bits", fixed_lanes) if k in bits else chosen[k] for k, op in enumerate(grids)]
+    found = [choose(op, "bits", lanes[op.name]) if k in bits else chosen[k] for k, op in enumerate(grids)]
     kept = {func.args.index(a) for k in bits for a in args_of[k]}
-    return found, frozenset(kept)
+    # arguments the kept ones share a fused reduction with, read by nothing else (the saved output
+    # beside the output gradient in the backward's delta): kept too
+    for op in func.body.ops:
+        if id(op) in fused:
+            for value in op.operands:
+                if value in func.args and value.type.dtype == "bf16" and read_as_patterns(value) and kept:
+                    kept.add(func.args.index(value))
+    forward = [c for c, op in zip(found, grids) if op.name == "ac.tile_grid"]
+    backward = [c for c, op in zip(found, grids) if op.name == "ac.key_grid"]
+    return forward, frozenset(kept), backward
 
 
 def bf16_outputs(module: Module) -> list[bool]:
@@ -295,12 +318,3 @@ def bf16_outputs(module: Module) -> list[bool]:
             out = op.results[0]
             found.append(out.type.dtype == "bf16" and all(r is ret for r in readers.get(out, [])))
     return found
-
-
-def backward_choices(module: Module, fixed_lanes: bool = False) -> list[KernelChoice]:
-    """Per ``ac.key_grid``: the kernel it runs (``choice.choose``): on tensor cores where query, key,
-    value and output gradient are one type (f16 or bf16, or float32 as 3xTF32 or tf32 by the grid's
-    ``precision``, "exact" or "tf32"), else, for a ``deterministic`` grid or with ``fixed_lanes`` (a
-    layout of the scalar kernel), the scalar kernels; the device holds the operands as "f16", or
-    "f32": float32, or bf16 widened (``widen-bf16``)."""
-    return [choose(op, fixed_lanes=fixed_lanes) for op in module.main.body.ops if op.name == "ac.key_grid"]

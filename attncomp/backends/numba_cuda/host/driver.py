@@ -49,7 +49,13 @@ from attncomp.backends.numba_cuda import runtime as rt
 
 
 class DriverWriter:
-    def __init__(self, func: Func, attention: dict[Op, AttentionKernels], backward: dict[Op, BackwardKernels]):
+    def __init__(
+        self,
+        func: Func,
+        attention: dict[Op, AttentionKernels],
+        backward: dict[Op, BackwardKernels],
+        kept: frozenset[Value] = frozenset(),
+    ):
         self.func = func
         self.attention = attention
         self.backward = backward
@@ -60,7 +66,9 @@ class DriverWriter:
         self.checked: set[Op] = set()  # page views whose tables are checked
         self.folded: set[Op] = set()  # cache appends launched with an earlier one
         #: values attention kernels read as bf16 patterns (``numba_cuda.tensor_core_types``)
-        self.patterns = {v for kernels in attention.values() for v in kernels.bits}
+        self.patterns = {v for kernels in [*attention.values(), *backward.values()] for v in kernels.bits}
+        #: the arguments the device keeps as bf16 patterns (the fused reductions read them so)
+        self.kept = kept
         #: reductions with the elementwise ops they compute inline, by the op where each is launched
         self.fused = {f.last: f for f in plan_fused_reductions(func).values()}
         self.absorbed = {o for f in self.fused.values() for o in [f.reduce, *f.absorbed] if o is not f.last}
@@ -279,7 +287,8 @@ class DriverWriter:
             return
         if op in self.fused:  # a reduction and its elementwise neighbours: one kernel
             fused = self.fused[op]
-            self.launch(reduce_kernel(f"k{len(self.kernels)}_reduce", fused), fused.reduce, fused.out)
+            kernel = reduce_kernel(f"k{len(self.kernels)}_reduce", fused, self.kept)
+            self.launch(kernel, fused.reduce, fused.out)
             return
         if op.name == "ac.return":
             outs = [f"rt.result({self.ref(v)}, {v.type.dtype!r}, to_host)" for v in op.operands]
@@ -349,10 +358,14 @@ class DriverWriter:
 
 
 def generate_driver(
-    func: Func, attention: dict[Op, AttentionKernels], backward: dict[Op, BackwardKernels] | None = None
+    func: Func,
+    attention: dict[Op, AttentionKernels],
+    backward: dict[Op, BackwardKernels] | None = None,
+    kept: frozenset[Value] = frozenset(),
 ) -> tuple[str, list[GraphKernel]]:
-    """The driver module's source (graph kernels, then ``run``) and its kernels."""
-    writer = DriverWriter(func, attention, backward or {})
+    """The driver module's source (graph kernels, then ``run``) and its kernels (``kept``: the
+    arguments the device holds as bf16 patterns)."""
+    writer = DriverWriter(func, attention, backward or {}, kept)
     run = writer.write()
     imports = "\n".join([IMPORT, *dict.fromkeys(line for k in writer.kernels for line in k.imports)])
     chunks = [HEADER.format(name=func.name, device_math=imports)] + [k.source for k in writer.kernels] + [run]

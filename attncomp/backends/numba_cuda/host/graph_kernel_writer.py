@@ -12,6 +12,9 @@ from attncomp.backends.scalars import SCALAR_TYPES
 from attncomp.ir.core import Op, Value
 from attncomp.ir.types import TensorType
 
+#: what a graph kernel reading bf16 patterns imports
+WIDEN_IMPORT = "from attncomp.backends.numba_cuda.warp import widen_bf16"
+
 NUMBA_DTYPE = {"f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
 #: what a host scalar becomes as a kernel argument (see ``scalars.kernel_scalar``)
@@ -89,9 +92,13 @@ class GraphKernel:
 class GraphKernelWriter:
     """Shared pieces: parameters, the grid-stride loop, flat-index decoding, operand loads."""
 
-    def __init__(self, name: str, op: Op | None, out: Value | None = None):
-        """A kernel computing ``op``'s result (or ``out``, a value of the same type)."""
+    def __init__(self, name: str, op: Op | None, out: Value | None = None, patterns: frozenset[Value] = frozenset()):
+        """A kernel computing ``op``'s result (or ``out``, a value of the same type); the operands in
+        ``patterns`` are held as bf16 patterns (uint16), widened as they are loaded."""
         self.name = name
+        self.patterns = patterns
+        #: whether an operand held as patterns was read (the kernel imports ``widen_bf16``)
+        self.read_patterns = False
         self.op = op
         self.w = SourceWriter()
         self.params: list[Param] = []
@@ -119,7 +126,8 @@ class GraphKernelWriter:
         name = f"a{len([p for p in self.params if p.kind in ('array', 'scalar')])}"
         if value.type.rank == 0:
             return self.param(name, "scalar", SCALAR_ARG[value.type.dtype], value)
-        numba_type = array_type(value.type.dtype, value.type.rank, contiguous_at_call(value))
+        patterns = value in self.patterns
+        numba_type = array_type(value.type.dtype, value.type.rank, contiguous_at_call(value), patterns)
         return self.param(name, "array", numba_type, value)
 
     def start(self, count: str = "out.size", setup: tuple[str, ...] = ()) -> None:
@@ -170,7 +178,11 @@ class GraphKernelWriter:
             return ref
         var = self.fresh("x")
         at = ", ".join(self.broadcast(value, index, self.out_type if into is None else into))
-        self.w.line(f"{var} = {widen(value.type.dtype, f'{ref}[{at}]')}")
+        if value in self.patterns:
+            self.read_patterns = True
+            self.w.line(f"{var} = widen_bf16({ref}[{at}])")
+        else:
+            self.w.line(f"{var} = {widen(value.type.dtype, f'{ref}[{at}]')}")
         return var
 
     def store(self, index: list[str], expr: str) -> None:

@@ -9,6 +9,7 @@ from attncomp.backends.codegen import NUMPY_SCALAR, ScalarEmitter, dim_expr
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
 from attncomp.backends.numba_cuda.host.fused_reductions import FusedReduction, source_index, unit_reshape
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import (
+    WIDEN_IMPORT,
     GraphKernel,
     GraphKernelWriter,
     array_type,
@@ -54,12 +55,13 @@ class _Inline:
         return names[value]
 
 
-def reduce_kernel(name: str, fused: FusedReduction) -> GraphKernel:
+def reduce_kernel(name: str, fused: FusedReduction, patterns: frozenset[Value] = frozenset()) -> GraphKernel:
     """``ac.reduce``: one output element per iteration, the reduced axes looped over.  Its producers
     are computed per element inside the loop from the arrays they read (as stored: a float16 element
-    widened as it is loaded), its epilogue per output element after it; neither has a buffer."""
+    widened as it is loaded, a bf16 one held as its 16-bit ``patterns`` too), its epilogue per output
+    element after it; neither has a buffer."""
     op = fused.reduce
-    k = GraphKernelWriter(name, op, out=fused.out)
+    k = GraphKernelWriter(name, op, out=fused.out, patterns=patterns)
     src_value = op.operands[0]
     src_type = src_value.type
     rank = src_type.rank
@@ -101,7 +103,7 @@ def reduce_kernel(name: str, fused: FusedReduction) -> GraphKernel:
     w.line(f"reduced = {result}(total / {count})" if kind == "mean" else f"reduced = {result}(total)")
     inline = _Inline(k, fused.epilogue_producers + fused.epilogue, {(op.results[0], tuple(index)): "reduced"})
     k.store(index, inline.value(fused.out, index))
-    return k.finish()
+    return k.finish(imports=[WIDEN_IMPORT] if k.read_patterns else [])
 
 
 def row_kernel(name: str, op: Op, fused: FusedReduction | None = None) -> GraphKernel:

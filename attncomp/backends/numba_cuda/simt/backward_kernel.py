@@ -71,6 +71,7 @@ import numpy as np
 from numba import cuda
 
 {device_math}
+from attncomp.backends.numba_cuda.warp import widen_bf16
 """
 
 
@@ -386,5 +387,10 @@ def write_backward_kernel(
     dims: list[str],
     plan: BackwardPlan,
     choice: KernelChoice | None = None,
+    bits: frozenset[Value] = frozenset(),
 ) -> str:
-    return BackwardKernelWriter(name, tiled, captured, dims, plan, choice).write(func_name)
+    """The scalar backward kernel's source; ``bits``: the tile sources held as bf16 patterns (widened
+    as they are staged)."""
+    writer = BackwardKernelWriter(name, tiled, captured, dims, plan, choice)
+    writer.bits = bits
+    return writer.write(func_name)
