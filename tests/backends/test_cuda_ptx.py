@@ -358,11 +358,12 @@ def test_tensor_core_backward_kernels(example, name, dtype, head_dim):
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32"
     plan = kernels.mma_plan(d, d)
     if isinstance(plan, FlashBackwardPlan):
-        assert (plan.keys, plan.rows) == (64, 32)
+        # up to D = 64 a warp per 16 keys; past it two, each half the rows' scores and the columns
+        assert (plan.keys, plan.rows, plan.split) == ((64, 32, 1) if d == 64 else (32, 32, 2))
         # S^T and dP^T ((D / 16) (rows / 8) each), dV and dK ((D / 8) (rows / 16) each), and the
         # warp's dQ fragments over the block's keys
         dq = plan.dq_row_tiles * (plan.keys // 16) * (plan.dq_columns // 8)
-        products = 2 * (d // 16) * (plan.rows // 8) + 2 * (d // 8) * (plan.rows // 16) + dq
+        products = 2 * (d // 16) * (plan.warp_rows // 8) + 2 * (plan.d_share // 8) * (plan.rows // 16) + dq
     else:
         assert (plan.keys, plan.rows) == ((64, 32) if d == 64 else (32, 16))
         # dV and dK over the block's share of the columns ((E / halves / 8) (rows / 16) each), and a

@@ -14,7 +14,8 @@ from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPl
 from tests.cuda_sim.test_sim_flash import _strided, no_conflicts
 from tests.cuda_sim.test_sim_tensor_core_backward import attention_cases, check, gradients_and_args
 
-#: the default blocks: 64 keys a thread block (four warps), query rows 32 at a time
+#: the default blocks: 64 keys a thread block (four warps) up to D = 64, 32 past it (two warps for
+#: each 16: two thread blocks a key block); query rows 32 at a time
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=64,block_k=64},mask-elimination,canonicalize,cse,dce"
 CASES = dict(attention_cases())
 
@@ -33,6 +34,9 @@ def flash_gradients(name: str, d: int, dtype: str = "f16", sizes: dict | None = 
         ("causal.causal", "bf16", 32),
         ("gqa.grouped_query_attention", "f16", 32),  # query heads share the keys' rows
         ("alibi.causal_alibi", "bf16", 32),  # the slopes' gradient, summed in a register
+        # two warps a key group, each half the rows' scores and half the dK and dV columns
+        ("gqa.grouped_query_attention", "bf16", 128),
+        ("alibi.causal_alibi", "f16", 128),
     ],
 )
 def test_gradients_with_async_copies(name, dtype, d, banks):
@@ -40,7 +44,8 @@ def test_gradients_with_async_copies(name, dtype, d, banks):
     (kernels,) = program.backward
     plan = kernels.mma_plan(d, d)
     assert isinstance(plan, FlashBackwardPlan) and plan.choice.async_copies
-    assert (plan.keys, plan.rows, plan.warps, plan.parts) == (64, 32, 4, 1)
+    shape = (64, 32, 1, 4, 1) if d <= 64 else (32, 32, 2, 4, 2)
+    assert (plan.keys, plan.rows, plan.split, plan.warps, plan.parts) == shape
     source = kernels.source(d, d)
     assert "cp_async16(" in source and "ldmatrix_x4_trans(" in source and "red_add_f32(" in source
     if dtype == "bf16":  # kept 16-bit: the kernel copies the patterns; delta's reduction widens them

@@ -22,9 +22,13 @@ class BackwardElements:
     """The per-element code and the stores of a tensor-core backward writer
     (``MmaBackwardKernelWriter``, whose plan ``mp``, atom, sites and source lines it uses)."""
 
-    #: the integer type positions are named in, once a chunk (keys) or fragment (rows); None: each
-    #: use recomputes its expression (``index_exprs``)
+    #: where a warp's rows start in the chunk, as a term of a sum ("": the chunk's first row; a
+    #: writer whose warps share the rows names it)
+    ROW_BASE = ""
+    #: the integer type positions are named in, once a chunk (keys) or fragment (rows, where
+    #: ``NAMED_ROWS``); None: each use recomputes its expression (``index_exprs``)
     POSITIONS: str | None = None
+    NAMED_ROWS = True
 
     def named(self, texts: dict, known: dict[str, str], hint: str) -> dict:
         """``texts`` (position expressions by key) as ``POSITIONS`` names, one per distinct expression
@@ -46,7 +50,8 @@ class BackwardElements:
         rows, cols = {}, {}
         for n in range(self.mp.rows // c.cols):
             for b in c.columns():
-                rows[n, b] = element_expr(index[0], self.names, f"(r0 + {n * c.cols + b} + {c.col_term})", "0")
+                row = f"(r0 + {self.ROW_BASE}{n * c.cols + b} + {c.col_term})"
+                rows[n, b] = element_expr(index[0], self.names, row, "0")
         for h, (offset, _) in enumerate(c.by_row()):
             cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})")
         return rows, cols
@@ -66,18 +71,19 @@ class BackwardElements:
         for h, (offset, _) in enumerate(c.by_row()):
             w.line(f"key_ok_{h} = w16 + {c.row_term} + {offset} < nk")
         maps = [(rows, cols), (g_rows, g_cols), (m_rows, m_cols)]
-        left = f"r0 + {{}} + {c.col_term} < nq"
+        left = f"r0 + {self.ROW_BASE}{{}} + {c.col_term} < nq"
         if self.POSITIONS is not None:  # named: each key's positions once, each row's per fragment
             known: dict[str, str] = {}
             maps = [(rs, self.named(cs, known, "j")) for rs, cs in maps]
-            w.line(f"left = {self.POSITIONS}(nq - r0 - {c.col_term})  # the rows from this lane's first")
+            first = f"r0 + {self.ROW_BASE}{c.col_term}"
+            w.line(f"left = {self.POSITIONS}(nq - ({first}))  # the rows from this lane's first")
             left = "{} < left"
         for n, e in elements:
             if e == 0:  # the log-sum-exp and delta of the fragment's rows, read once for both keys
                 for b in c.columns():
-                    w.line(f"lse_{b} = lse_sh[{n * c.cols + b} + {c.col_term}]")
-                    w.line(f"delta_{b} = delta_sh[{n * c.cols + b} + {c.col_term}]")
-                if self.POSITIONS is not None:
+                    w.line(f"lse_{b} = lse_sh[{self.ROW_BASE}{n * c.cols + b} + {c.col_term}]")
+                    w.line(f"delta_{b} = delta_sh[{self.ROW_BASE}{n * c.cols + b} + {c.col_term}]")
+                if self.POSITIONS is not None and self.NAMED_ROWS:
                     fragment: dict[str, str] = {}
                     for rs, _ in maps:
                         rs.update(self.named({(n, b): rs[n, b] for b in c.columns() if (n, b) in rs}, fragment, "i"))

@@ -80,6 +80,20 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         return super().scalar(integers or self.POSITIONS)
 
     # shared memory and lanes --------------------------------------------------------
+    def lane_terms(self) -> None:
+        """As the staged kernel's; with a split, each warp's key group (``w16``), and its part: the
+        first of its rows (``wr``) and of its dK and dV columns (``wcd``, ``wce``)."""
+        super().lane_terms()
+        p, w = self.mp, self.w
+        self.NAMED_ROWS = p.named_rows
+        if p.split > 1:
+            w.line(f"part = {quotient('warp', p.key_warps)}")
+            w.line(f"w16 = {remainder('warp', p.key_warps)} * {M16N8K16.m}")
+            w.line(f"wr = part * {p.warp_rows}")
+            w.line(f"wcd = part * {p.d_share}")
+            w.line(f"wce = part * {p.e_share}")
+            self.ROW_BASE = "wr + "
+
     def shared_arrays(self) -> None:
         """The tiles (``FlashBackwardPlan.tile_bytes``), each lane's ldmatrix addresses, copy places."""
         p, w = self.mp, self.w
@@ -92,8 +106,16 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
                 w.line(f"{pattern}_{dim} = ({rows}) * {pitch} + {chunk} * {CHUNK_BYTES}")
         w.line(f"kw_a = a_d + w16 * {p.k_pitch}  # the warp's keys")
         w.line(f"vw_a = a_e + w16 * {p.v_pitch}")
-        # this lane's first word of dS^T, as a slice: every store a constant offset from it
-        w.line(f"ds_lane = sh[U((w16 + g) * {p.ds_pitch // 4} + tq + {p.tile_at['ds'] // 4}):]")
+        # this lane's first word of dS^T (and P^T) in its tile: every store a constant offset from it
+        first = f"(w16 + g) * {p.ds_pitch // 4} + tq"
+        if p.split > 1:
+            first += " + (wr >> 1)"  # two rows a word
+            w.line(f"b_dw = b_d + wr * {p.k_pitch}")
+            w.line(f"b_ew = b_e + wr * {p.v_pitch}")
+            w.line(f"pk_a = a_r + w16 * {p.ds_pitch}  # A of dV and dK: the warp's keys of P^T, dS^T")
+            w.line("a_dw = a_d + wcd * 2")
+            w.line("a_ew = a_e + wce * 2")
+        w.line(f"words = {first}")
         if p.dq_groups > 1:
             w.line(f"dq_row = {remainder('warp', p.m_tiles)} * {M16N8K16.m}")
             w.line(f"dq_col = {quotient('warp', p.m_tiles)} * {p.dq_columns}")
@@ -150,18 +172,29 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         self.stage_row_sums(tile)
         w.line("cp_async_wait(0)")
         w.line("cuda.syncthreads()")
-        for group in range(p.rows // p.live_rows):  # S^T and dP^T of these rows, their elements, packed
+        split = p.split > 1
+        b_d, b_e = ("b_dw", "b_ew") if split else ("b_d", "b_e")
+        for group in range(p.warp_rows // p.live_rows):  # S^T, dP^T of these rows, their elements, packed
             pairs = range(group * p.live_rows // 16, (group + 1) * p.live_rows // 16)
-            w.line(f"# S^T = K Q^T, dP^T = V dO^T, rows {16 * pairs.start} .. {16 * pairs.stop - 1}")
-            self.row_products("s", "k", "kw_a", "q", "b_d", p.head_dim, p.k_pitch, pairs)
-            self.row_products("ds", "v", "vw_a", "o", "b_e", p.value_dim, p.v_pitch, pairs)
+            w.line(f"# S^T = K Q^T, dP^T = V dO^T, the warp's rows {16 * pairs.start} .. {16 * pairs.stop - 1}")
+            self.row_products("s", "k", "kw_a", "q", b_d, p.head_dim, p.k_pitch, pairs)
+            self.row_products("ds", "v", "vw_a", "o", b_e, p.value_dim, p.v_pitch, pairs)
             self.elements(tile, masked, hoisted, range(2 * pairs.start, 2 * pairs.stop))
-        w.line("# dV += P^T dO")
-        self.column_products("dv", "o", "a_e", p.v_pitch, p.value_dim, "pw")
-        w.line("# dS^T -> shared, dK += dS^T Q")
-        self.store_ds()
-        self.column_products("dk", "q", "a_d", p.k_pitch, p.head_dim, "dw")
-        w.line("cuda.syncthreads()  # dS seen by every warp")
+        if split:  # every warp's P^T and dS^T to shared memory first: dV and dK sum over all the rows
+            w.line("# P^T, dS^T -> shared")
+            self.store_words("p", "pw")
+            self.store_words("ds", "dw")
+            w.line("cuda.syncthreads()  # P and dS seen by every warp")
+            w.line("# dV += P^T dO, dK += dS^T Q: the warp's keys, its part of the columns")
+            self.shared_column_products("dv", "p", "o", "a_ew", p.v_pitch, p.e_share)
+            self.shared_column_products("dk", "ds", "q", "a_dw", p.k_pitch, p.d_share)
+        else:
+            w.line("# dV += P^T dO")
+            self.column_products("dv", "o", "a_e", p.v_pitch, p.value_dim, "pw")
+            w.line("# dS^T -> shared, dK += dS^T Q")
+            self.store_words("ds", "dw")
+            self.column_products("dk", "q", "a_d", p.k_pitch, p.head_dim, "dw")
+            w.line("cuda.syncthreads()  # dS seen by every warp")
         w.line("# dQ += dS K")
         self.dq_products()
 
@@ -215,13 +248,28 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
                     acc = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
                     w.line(f"{acc} = {self.operands.mma}({a}, {b}, {acc})")
 
-    def store_ds(self) -> None:
-        """dS^T into ``ds[key][row]``: the packed words ``dw`` as they are (each two rows of one key)."""
+    def store_words(self, tile: str, words: str) -> None:
+        """P^T or dS^T into ``tile[key][row]``: the packed ``words`` as they are (each two rows of
+        one key), the warp's rows."""
         p, w, c = self.mp, self.w, self.atom.c
-        words = p.ds_pitch // 4
-        for n in range(p.rows // c.cols):
+        pitch = p.ds_pitch // 4
+        for n in range(p.warp_rows // c.cols):
             for row, _ in c.by_row():
-                w.line(f"ds_lane[{row * words + n * c.cols // 2}] = dw_{n}_{row}")
+                at = p.tile_at[tile] // 4 + row * pitch + n * c.cols // 2
+                w.line(f"sh[U(words + {at})] = {words}_{n}_{row}")
+
+    def shared_column_products(self, out: str, a_tile: str, b_tile: str, lane: str, pitch: int, width: int) -> None:
+        """``out += A B`` over the chunk's rows: A the warp's 16 keys of ``a_tile`` (P^T or dS^T, every
+        warp's rows) by ldmatrix, B ``width`` features of ``b_tile`` from ``lane``, read transposed."""
+        p, w, atom = self.mp, self.w, self.atom
+        for kk in range(p.rows // atom.k):
+            w.line(f"{FA} = ldmatrix_x4(sh, pk_a{plus(p.tile_at[a_tile] + kk * 2 * CHUNK_BYTES)})")
+            for pair in range(width // (2 * atom.n)):
+                at = p.tile_at[b_tile] + kk * atom.k * pitch + pair * 2 * CHUNK_BYTES
+                w.line(f"{FB} = ldmatrix_x4_trans(sh, {lane}{plus(at)})")
+                for n, b in ((2 * pair, "fb_0, fb_1"), (2 * pair + 1, "fb_2, fb_3")):
+                    acc = ", ".join(f"{out}_{n}_{e}" for e in range(atom.c.registers))
+                    w.line(f"{acc} = {self.operands.mma}({FA}, {b}, {acc})")
 
     def dq_products(self) -> None:
         """dQ rows += dS K over the block's keys: each warp its 16-row tiles' ``dq_columns``, at most
@@ -268,8 +316,10 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
             w.line(f"if w16 + {c.row_term} + {offset} < nk:")
             with w.indent():
                 w.line(f"key = j0 + koff + w16 + {c.row_term}{plus(offset)}")
-                for out, acc, width in (("out_dk", "dk", p.head_dim), ("out_dv", "dv", p.value_dim)):
-                    w.line(f"{acc}_lane = {out}[{prefix}U(key), U({c.col_term}):]")
+                shares = (("out_dk", "dk", p.d_share, "wcd + "), ("out_dv", "dv", p.e_share, "wce + "))
+                for out, acc, width, first in shares:
+                    first = first if p.split > 1 else ""
+                    w.line(f"{acc}_lane = {out}[{prefix}U(key), U({first}{c.col_term}):]")
                     for en in range(width // c.cols):
                         for e in registers:
                             at = en * c.cols + c.offsets[e][1]

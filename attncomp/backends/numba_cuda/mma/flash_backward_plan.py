@@ -32,11 +32,14 @@ from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEM
 
 #: the bytes past each row of a tile: one 16-byte chunk (see the module)
 PAD_BYTES = CHUNK_BYTES
-#: (widest head dim served, (keys, query rows)) a thread block, a warp per 16 keys: up to D = 64,
-#: 64 keys and 32 rows (34,048 bytes of shared memory; 64 rows spill a few registers).  Past 64 the
-#: staged kernel runs: a lane's whole dK and dV columns (D / 2 + E / 2 float32 at 16 keys a warp)
-#: leave too few registers at D = 128
-FLASH_BACKWARD_SHAPES = ((64, (64, 32)),)
+#: (widest head dim served, (keys, query rows, split, named rows)) a thread block, ``split`` warps
+#: per 16 keys (``FlashBackwardPlan.split``), and whether the elements name each fragment's row
+#: positions in 32 bits (``BackwardElements.NAMED_ROWS``).  Up to D = 64: 64 keys, 32 rows, four
+#: warps, 34,048 bytes of shared memory, rows named (a sixth fewer instructions; 64 rows spill a few
+#: registers).  Up to 128: 32 keys, 32 rows, two warps a key group, each half the rows' scores and
+#: half the dK and dV columns (a lane's whole columns, D / 2 + E / 2 float32, leave too few
+#: registers), 40,192 bytes; rows not named (named, ptxas takes all 255 registers and spills)
+FLASH_BACKWARD_SHAPES = ((64, (64, 32, 1, True)), (128, (32, 32, 2, False)))
 #: consecutive threads that copy one 16-byte chunk of as many consecutive rows (a quarter-warp)
 COPY_GROUP = 8
 #: query rows of float32 scores a lane holds at once (``FlashBackwardPlan.live_rows``)
@@ -52,8 +55,38 @@ def pitch(elements: int) -> int:
 
 @dataclass(frozen=True)
 class FlashBackwardPlan(MmaBackwardPlan):
-    """The asynchronous-copy backward's plan: ``keys`` a thread block (a warp per 16), query rows
-    ``rows`` a chunk, whole dK and dV columns (``halves`` 1)."""
+    """The asynchronous-copy backward's plan: ``keys`` a thread block, query rows ``rows`` a chunk,
+    ``split`` warps for each 16 keys (``halves`` 1: no product made twice).  With a split, warp ``w``
+    takes key group ``w % (keys / 16)`` and part ``w // (keys / 16)``: that part of the chunk's rows
+    for ``S^T``, ``dP^T`` and their elements, and that part of the dK and dV columns, the P and dS
+    the other warps made read from shared memory."""
+
+    split: int = 1
+    named_rows: bool = True
+
+    @property
+    def warps(self) -> int:
+        return self.keys // M16N8K16.m * self.split
+
+    @property
+    def key_warps(self) -> int:
+        """Warps a row part (the key groups)."""
+        return self.keys // M16N8K16.m
+
+    @property
+    def warp_rows(self) -> int:
+        """Query rows of a chunk whose scores a warp computes."""
+        return self.rows // self.split
+
+    @property
+    def d_share(self) -> int:
+        """dK columns a warp accumulates."""
+        return self.head_dim // self.split
+
+    @property
+    def e_share(self) -> int:
+        """dV columns a warp accumulates."""
+        return self.value_dim // self.split
 
     @property
     def k_pitch(self) -> int:
@@ -79,6 +112,7 @@ class FlashBackwardPlan(MmaBackwardPlan):
             "q": self.rows * self.k_pitch,
             "o": self.rows * self.v_pitch,
             "ds": self.keys * self.ds_pitch,
+            **({"p": self.keys * self.ds_pitch} if self.split > 1 else {}),  # P^T, the other warps' too
         }
 
     @property
@@ -105,7 +139,7 @@ class FlashBackwardPlan(MmaBackwardPlan):
         """Query rows whose float32 ``S^T`` and ``dP^T`` a lane holds at once (:data:`LIVE_ROWS`, or the
         chunk): the products and elements go a group of them at a time, each packed to 16 bits as it
         is done, so that a chunk of 64 rows fits the registers beside dK and dV."""
-        return min(self.rows, LIVE_ROWS)
+        return min(self.warp_rows, LIVE_ROWS)
 
     @property
     def m_tiles(self) -> int:
@@ -166,18 +200,20 @@ def plan_flash_backward(
     shape = next((shape for most, shape in FLASH_BACKWARD_SHAPES if widest <= most), None)
     if shape is None:
         return None
-    keys, rows = shape
+    keys, rows, split, named_rows = shape
     m = M16N8K16.m
     while keys >= m and block_k % keys:
         keys //= 2
     while rows >= m and block_q % rows:
         rows //= 2
-    if keys < m or rows < m:
+    if keys < m or rows < m * split:
         return None
     flash = replace(choice, async_copies=True)
-    plan = FlashBackwardPlan(block_q, block_k, head_dim, value_dim, flash, keys, rows)
+    sizes = (block_q, block_k, head_dim, value_dim)
+    plan = FlashBackwardPlan(*sizes, flash, keys, rows, split=split, named_rows=named_rows)
     even = plan.m_tiles % plan.warps == 0 or plan.warps % plan.m_tiles == 0
-    pairs = plan.dq_columns % (2 * M16N8K16.n) == 0  # a warp's dQ columns: whole pairs of 8
+    # a warp's dQ, dK and dV columns: whole pairs of 8 (one ldmatrix.x4.trans each)
+    pairs = all(cols % (2 * M16N8K16.n) == 0 for cols in (plan.dq_columns, plan.d_share, plan.e_share))
     copied = [(keys, head_dim), (keys, value_dim), (rows, head_dim), (rows, value_dim)]
     if not (even and pairs) or any(plan.copies(*c) is None for c in copied):
         return None
