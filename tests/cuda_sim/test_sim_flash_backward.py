@@ -70,3 +70,14 @@ def test_strided_rows_run_the_staged_kernel():
     check(again, want, "f16")
     for a, b in zip(again, got):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("d,kernel", [(48, "mma m16n8k16 bf16, storage"), (8, "fma, storage")])
+def test_other_head_dims_read_the_same_bf16_patterns(d, kernel):
+    """Head dims the asynchronous-copy kernel does not take run the staged tensor-core kernel (D = 48:
+    its copies do not share evenly) or the scalar one (D = 8), from the same 16-bit patterns."""
+    program, got, want = flash_gradients("causal.causal", d, "bf16", {"H": 1, "T": 40, "S": 45})
+    (kernels,) = program.backward
+    choice = kernels.choice_for(d, d)
+    assert not choice.async_copies and choice.describe().startswith(f"backward, {kernel} bf16 bits")
+    check(got, want, "bf16")
