@@ -25,10 +25,9 @@ class BackwardElements:
     #: where a warp's rows start in the chunk, as a term of a sum ("": the chunk's first row; a
     #: writer whose warps share the rows names it)
     ROW_BASE = ""
-    #: the integer type positions are named in, once a chunk (keys) or fragment (rows, where
-    #: ``NAMED_ROWS``); None: each use recomputes its expression (``index_exprs``)
+    #: the integer type positions are named in, once a chunk (keys) or fragment (rows); None: each
+    #: use recomputes its expression (``index_exprs``)
     POSITIONS: str | None = None
-    NAMED_ROWS = True
 
     def named(self, texts: dict, known: dict[str, str], hint: str) -> dict:
         """``texts`` (position expressions by key) as ``POSITIONS`` names, one per distinct expression
@@ -83,7 +82,7 @@ class BackwardElements:
                 for b in c.columns():
                     w.line(f"lse_{b} = lse_sh[{self.ROW_BASE}{n * c.cols + b} + {c.col_term}]")
                     w.line(f"delta_{b} = delta_sh[{self.ROW_BASE}{n * c.cols + b} + {c.col_term}]")
-                if self.POSITIONS is not None and self.NAMED_ROWS:
+                if self.POSITIONS is not None:
                     fragment: dict[str, str] = {}
                     for rs, _ in maps:
                         rs.update(self.named({(n, b): rs[n, b] for b in c.columns() if (n, b) in rs}, fragment, "i"))

@@ -44,6 +44,7 @@ from __future__ import annotations
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
+from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import plus
 from attncomp.backends.numba_cuda.mma.backward_elements import BackwardElements
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan
@@ -298,12 +299,13 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
         w.line("LOG2E = ACC(1.4426950408889634)")
         w.line(f"G = {self.group}")
         w.line("tid = cuda.threadIdx.x")
-        w.line("warp = tid // 32")
+        # shifts and masks (the terms are not negative): no floor division's sign fix-ups
+        w.line(f"warp = {quotient('tid', 32)}")
         w.line(f"w16 = warp * {self.atom.m}")
         w.line(f"w8 = warp * {self.atom.m // 2}")  # the warp's first pair of keys
-        w.line("lane = tid % 32")
-        w.line("g = lane // 4")
-        w.line("tq = lane % 4")
+        w.line(f"lane = {remainder('tid', 32)}")
+        w.line(f"g = {quotient('lane', 4)}")
+        w.line(f"tq = {remainder('lane', 4)}")
         w.line("t2 = 2 * tq")
 
     def shared_arrays(self) -> None:

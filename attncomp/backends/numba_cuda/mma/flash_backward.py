@@ -62,6 +62,7 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
 
     BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
+    ROW_TYPE = "np.int32"  # a tile's rows, as its positions: one register each
 
     def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi") -> list[str]:
         """As the scalar kernel's, in 32-bit unsigned divisions: a few instructions each, not a 64-bit
@@ -85,7 +86,6 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         first of its rows (``wr``) and of its dK and dV columns (``wcd``, ``wce``)."""
         super().lane_terms()
         p, w = self.mp, self.w
-        self.NAMED_ROWS = p.named_rows
         if p.split > 1:
             w.line(f"part = {quotient('warp', p.key_warps)}")
             w.line(f"w16 = {remainder('warp', p.key_warps)} * {M16N8K16.m}")

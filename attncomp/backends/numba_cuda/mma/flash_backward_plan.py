@@ -32,14 +32,12 @@ from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEM
 
 #: the bytes past each row of a tile: one 16-byte chunk (see the module)
 PAD_BYTES = CHUNK_BYTES
-#: (widest head dim served, (keys, query rows, split, named rows)) a thread block, ``split`` warps
-#: per 16 keys (``FlashBackwardPlan.split``), and whether the elements name each fragment's row
-#: positions in 32 bits (``BackwardElements.NAMED_ROWS``).  Up to D = 64: 64 keys, 32 rows, four
-#: warps, 34,048 bytes of shared memory, rows named (a sixth fewer instructions; 64 rows spill a few
-#: registers).  Up to 128: 32 keys, 32 rows, two warps a key group, each half the rows' scores and
-#: half the dK and dV columns (a lane's whole columns, D / 2 + E / 2 float32, leave too few
-#: registers), 40,192 bytes; rows not named (named, ptxas takes all 255 registers and spills)
-FLASH_BACKWARD_SHAPES = ((64, (64, 32, 1, True)), (128, (32, 32, 2, False)))
+#: (widest head dim served, (keys, query rows, split)) a thread block, ``split`` warps per 16 keys
+#: (``FlashBackwardPlan.split``).  Up to D = 64: 64 keys, 32 rows, four warps, 34,048 bytes of
+#: shared memory (64 rows spill a few registers).  Up to 128: 32 keys, 32 rows, two warps a key
+#: group, each half the rows' scores and half the dK and dV columns (a lane's whole columns,
+#: D / 2 + E / 2 float32, leave too few registers), 40,192 bytes
+FLASH_BACKWARD_SHAPES = ((64, (64, 32, 1)), (128, (32, 32, 2)))
 #: consecutive threads that copy one 16-byte chunk of as many consecutive rows (a quarter-warp)
 COPY_GROUP = 8
 #: query rows of float32 scores a lane holds at once (``FlashBackwardPlan.live_rows``)
@@ -62,7 +60,6 @@ class FlashBackwardPlan(MmaBackwardPlan):
     the other warps made read from shared memory."""
 
     split: int = 1
-    named_rows: bool = True
 
     @property
     def warps(self) -> int:
@@ -200,7 +197,7 @@ def plan_flash_backward(
     shape = next((shape for most, shape in FLASH_BACKWARD_SHAPES if widest <= most), None)
     if shape is None:
         return None
-    keys, rows, split, named_rows = shape
+    keys, rows, split = shape
     m = M16N8K16.m
     while keys >= m and block_k % keys:
         keys //= 2
@@ -210,7 +207,7 @@ def plan_flash_backward(
         return None
     flash = replace(choice, async_copies=True)
     sizes = (block_q, block_k, head_dim, value_dim)
-    plan = FlashBackwardPlan(*sizes, flash, keys, rows, split=split, named_rows=named_rows)
+    plan = FlashBackwardPlan(*sizes, flash, keys, rows, split=split)
     even = plan.m_tiles % plan.warps == 0 or plan.warps % plan.m_tiles == 0
     # a warp's dQ, dK and dV columns: whole pairs of 8 (one ldmatrix.x4.trans each)
     pairs = all(cols % (2 * M16N8K16.n) == 0 for cols in (plan.dq_columns, plan.d_share, plan.e_share))

@@ -212,10 +212,11 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         for op in tile.scalar_ops:
             self.scalar().op(op)
         w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = min({block_q}, n_rows - i0)")
-        w.line(f"for r0 in range(0, {block_q}, {rows}):")
+        w.line(f"nq = {self.ROW_TYPE}(min({block_q}, n_rows - i0))")
+        w.line(f"for rows_done in range(0, {block_q}, {rows}):")
         with w.indent():
-            w.line(f"nr = min({rows}, nq - r0)")
+            w.line(f"r0 = {self.ROW_TYPE}(rows_done)")
+            w.line(f"nr = {self.ROW_TYPE}(min({rows}, nq - r0))")
             w.line("if nr > 0:")
             with w.indent():
                 self.chunk(tile, masked, hoisted)
@@ -280,6 +281,8 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
     #: the type the block index, the count of key blocks and the batch indices are decoded in ("":
     #: Numba's, 64-bit)
     BLOCK_INDEX = ""
+    #: the type of a tile's row counts and its chunks' first rows ("": Numba's)
+    ROW_TYPE = ""
 
     def key_block(self, keys: int, parts: int, halves: int = 1) -> None:
         """This thread block's keys: ``nk`` (at most ``keys``) from ``j0 + koff``, part ``koff / keys``
