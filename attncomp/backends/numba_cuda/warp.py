@@ -33,8 +33,8 @@ operand of the next without leaving registers, in the order ``MmaAtom.feed`` giv
   ``cp_async_wait(n)`` waits until at most ``n`` groups are in flight (``atoms.CP_ASYNC_16``).
 - ``load_pair16(array, index)``, ``store_pair16(array, index, word)``: two neighbouring 16-bit
   elements of a dense array (``index`` even) as one 32-bit load or store, the first in the low half.
-- ``red_add_f32(array, index, value)``: ``red.global.add``, an atomic add nothing waits for (dQ's
-  sums over key blocks, the backward's dK and dV).
+- ``red_add_f32(array, index, value)``: ``red.global.add``, an atomic add nothing waits for, at a
+  flat element of a dense array (dQ's sums over key blocks, the backward's dK and dV).
 - ``ldmatrix_x4(sh, byte)``, ``ldmatrix_x4_trans(sh, byte)``: four 8 x 8 matrices of 16-bit elements
   from shared memory, a lane giving one row's address, into four registers a lane
   (``atoms.LDMATRIX_X4``, ``LDMATRIX_X4_TRANS``): B fragments of ``m16n8k16``.

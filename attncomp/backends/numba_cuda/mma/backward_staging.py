@@ -80,8 +80,10 @@ class BackwardStaging:
         fix-ups)."""
         p, w = self.mp, self.w
         lse, delta = (self.array_ref(load.operands[0]) for load in (tile.lse_load, tile.delta_load))
-        w.line(f"lse_rows = {lse}[{self.prefix(tile.lse_load)}U(i0 + r0):, 0]")
-        w.line(f"delta_rows = {delta}[{self.prefix(tile.delta_load)}U(i0 + r0):, 0]")
+        # the (batch, head) rows, indexed from the chunk's first: no slice's bounds arithmetic
+        lse_at, delta_at = (self.prefix(load).rstrip(", ") for load in (tile.lse_load, tile.delta_load))
+        w.line(f"lse_rows = {lse}[{lse_at}]" if lse_at else f"lse_rows = {lse}")
+        w.line(f"delta_rows = {delta}[{delta_at}]" if delta_at else f"delta_rows = {delta}")
         if p.rows > self.threads:
             w.line(f"for rr in range(tid, {p.rows}, {self.threads}):")
         else:
@@ -89,8 +91,8 @@ class BackwardStaging:
             w.line(f"if rr < {p.rows}:")
         with w.indent():
             w.line("inside = rr < nr")
-            w.line("lse_sh[rr] = ACC(lse_rows[U(rr)]) * LOG2E if inside else ZERO")
-            w.line("delta_sh[rr] = ACC(delta_rows[U(rr)]) if inside else ZERO")
+            w.line("lse_sh[rr] = ACC(lse_rows[U(i0 + r0 + rr), 0]) * LOG2E if inside else ZERO")
+            w.line("delta_sh[rr] = ACC(delta_rows[U(i0 + r0 + rr), 0]) if inside else ZERO")
 
     def stage_keys(self, first: str) -> None:
         """The block's keys and values from row ``first``, and the keys transposed."""

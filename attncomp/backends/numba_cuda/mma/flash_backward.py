@@ -122,6 +122,8 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         else:
             w.line(f"dq_row = warp * {M16N8K16.m}")
             w.line("dq_col = 0")
+        batch = ", ".join(self.batch)
+        w.line(f"dq_rows = out_dq[{batch}]  # this block's (batch, head) rows of dQ" if batch else "dq_rows = out_dq")
         w.line("dq_a = b_r + dq_row * 2")
         w.line("dq_b = a_d + dq_col * 2")
         w.line(f"c_lane = {remainder('tid', COPY_GROUP)}")
@@ -277,7 +279,6 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         products unrolled, then float32 atomics from a slice at the lane's first column."""
         p, w, atom, c = self.mp, self.w, self.atom, self.atom.c
         tiles = p.dq_columns // atom.n
-        prefix = "".join(f"{n}, " for n in self.batch)
         for i in range(p.dq_row_tiles):
             rows = i * p.warps * atom.m
             for first in range(0, tiles, DQ_TILES):
@@ -287,10 +288,10 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
                     # rows past the tile's have dS = 0, so their dQ is +0: added to the last row, not
                     # branched around (no divergent code around the atomics)
                     w.line(f"row = min(r0 + dq_row + {c.row_term}{plus(rows + offset)}, nq - 1)")
-                    w.line(f"dq_lane = out_dq[{prefix}U(i0 + row), U(dq_col + {c.col_term}):]")
+                    w.line(f"at = np.int32((i0 + row) * {p.head_dim} + dq_col + {c.col_term})")
                     for n in columns:
                         for e in registers:
-                            w.line(f"red_add_f32(dq_lane, {n * atom.n + c.offsets[e][1]}, dq_{n}_{e})")
+                            w.line(f"red_add_f32(dq_rows, at + {n * atom.n + c.offsets[e][1]}, dq_{n}_{e})")
 
     def dq_pass(self, rows: int, columns: range) -> None:
         """``dq_{n}_{e}`` of the 8-column fragments ``columns`` of the warp's 16 rows from ``rows``."""
@@ -311,19 +312,21 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         column: the outputs are zeroed, so one block's adds are its stores and several blocks' (grouped
         heads, a broadcast batch axis) their sum, in one code; then the sites' last runs."""
         p, w, c = self.mp, self.w, self.atom.c
-        prefix = self.kv_prefix()
+        prefix = self.kv_prefix().rstrip(", ")
+        shares = (("out_dk", "dk", p.d_share, p.head_dim, "wcd + "), ("out_dv", "dv", p.e_share, p.value_dim, "wce + "))
+        for out, acc, *_ in shares:
+            w.line(f"{acc}_rows = {out}[{prefix}]" if prefix else f"{acc}_rows = {out}")
         for offset, registers in c.by_row():
             w.line(f"if w16 + {c.row_term} + {offset} < nk:")
             with w.indent():
                 w.line(f"key = j0 + koff + w16 + {c.row_term}{plus(offset)}")
-                shares = (("out_dk", "dk", p.d_share, "wcd + "), ("out_dv", "dv", p.e_share, "wce + "))
-                for out, acc, width, first in shares:
+                for _out, acc, width, dim, first in shares:
                     first = first if p.split > 1 else ""
-                    w.line(f"{acc}_lane = {out}[{prefix}U(key), U({first}{c.col_term}):]")
+                    w.line(f"at = np.int32(key * {dim} + {first}{c.col_term})")
                     for en in range(width // c.cols):
                         for e in registers:
                             at = en * c.cols + c.offsets[e][1]
-                            w.line(f"red_add_f32({acc}_lane, {at}, {acc}_{en}_{e})")
+                            w.line(f"red_add_f32({acc}_rows, at + {at}, {acc}_{en}_{e})")
         for k in range(len(self.sites)):
             self.site_flush(k)
 

@@ -374,13 +374,14 @@ def store_pair16(typingctx, array, index, word):
 
 @intrinsic
 def red_add_f32(typingctx, array, index, value):
-    """``red.global.add.f32``: ``value`` added to element ``index`` (a uint32) of a dense float32 array,
-    atomically, nothing returned (an atomic add whose old value nobody reads)."""
+    """``red.global.add.f32``: ``value`` added to element ``index`` (non-negative) of a dense float32
+    array (flat), atomically, nothing returned (an atomic add whose old value nobody reads).  The
+    index is a signed 64-bit offset: a constant added to it folds into the instruction's address."""
     sig = signature(types.void, array, types.unliteral(index), types.float32)
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = builder.gep(data, [builder.zext(_uint32(context, builder, args[1], sig.args[1]), ir.IntType(64))])
+        at = builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)])
         fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), _F32])
         call_asm(builder, fnty, "red.global.add.f32 [$0], $1;", "l,f", [builder.ptrtoint(at, ir.IntType(64)), args[2]])
         return context.get_dummy_value()

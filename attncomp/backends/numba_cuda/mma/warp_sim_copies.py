@@ -223,11 +223,12 @@ _RED_LOCK = threading.Lock()
 
 @emulated
 def red_add_f32(array, index, value):
-    """``red.global.add.f32``: ``value`` added to element ``index`` of a dense float32 array, one lane
-    at a time."""
-    flat = _array(array)
+    """``red.global.add.f32``: ``value`` added to element ``index`` of a dense float32 array (flat), one
+    lane at a time."""
+    whole = _array(array)
+    flat = whole.reshape(-1)  # a view: the array is dense
     at = int(index)
-    if flat.ndim != 1 or flat.dtype != np.float32 or not 0 <= at < flat.size:
+    if not np.shares_memory(flat, whole) or flat.dtype != np.float32 or not 0 <= at < flat.size:
         raise IndexError(f"red.global.add.f32 at {at} of {flat.size} ({flat.dtype})")
     with _RED_LOCK:
         flat[at] += np.float32(value)
