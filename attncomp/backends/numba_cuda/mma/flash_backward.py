@@ -12,7 +12,9 @@ along a tile's rows:
     S^T = K Q^T     A: k rows (ldmatrix)                B: q rows (ldmatrix)
     dP^T = V dO^T   A: v rows (ldmatrix)                B: o rows (ldmatrix)
     dV += P^T dO    A: P^T, the C fragments of S^T      B: o (ldmatrix.trans)
+                       (split: p, as stored, ldmatrix)
     dK += dS^T Q    A: dS^T, the C fragments            B: q (ldmatrix.trans)
+                       (split: ds, as stored, ldmatrix)
     dQ = dS K       A: ds, dS^T as stored (.trans)      B: k (ldmatrix.trans)
 
 A lane gives ``ldmatrix`` one row address per matrix in one of two patterns
@@ -20,9 +22,13 @@ A lane gives ``ldmatrix`` one row address per matrix in one of two patterns
 fragment, or of the B fragments of two 8-column tiles read transposed; "b", rows ``8 (j // 2)`` and
 chunk ``j % 2``, the B fragments of two 8-row tiles read as stored, or an A fragment transposed.  So
 a lane keeps one address register per pattern and tile pitch, and every fragment is that plus a
-constant.  dS is packed once: the same words are the A fragment of dK and, stored keys by rows,
-dQ's.  One thread block owns its keys' whole dK and dV columns (no product made twice); dQ is added
-with float32 atomics, each warp some 16-row tiles' columns (``FlashBackwardPlan.dq_groups``).
+constant.  P and dS are packed to 16 bits once: the same words are the A fragments of dV and dK
+and, stored keys by rows, dQ's.  Each key's dK and dV belong to one thread block, and no product is
+made twice: up to D = 64 a warp owns its 16 keys' whole columns; past it (a ``split`` of two) two
+warps share each 16 keys, each computing half the chunk's rows of ``S^T`` and ``dP^T`` and then half
+the dK and dV columns from the ``P^T`` and ``dS^T`` every warp left in shared memory.  dQ is added
+with float32 atomics (``red.global.add``), each warp some 16-row tiles' columns
+(``FlashBackwardPlan.dq_groups``), as dK and dV are at the end (the outputs are zeroed).
 Under Numba's CUDA simulator the copies and ldmatrix run ``mma/warp_sim_copies.py``'s emulation,
 which lands a copy only at its wait and counts bank conflicts.
 """
