@@ -290,8 +290,8 @@ def tensor_core_types(
         bits -= shared
     found = [choose(op, "bits", lanes[op.name]) if k in bits else chosen[k] for k, op in enumerate(grids)]
     kept = {func.args.index(a) for k in bits for a in args_of[k]}
-    # arguments the kept ones share a fused reduction with, read by nothing else (the saved output
-    # beside the output gradient in the backward's delta): kept too
+    # where a grid reads patterns, a bf16 argument that fused reductions (and the return) alone read
+    # is kept too: the backward's saved output, which only delta's reduction reads beside d_out
     for op in func.body.ops:
         if id(op) in fused:
             for value in op.operands:
