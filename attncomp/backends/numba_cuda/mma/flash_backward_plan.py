@@ -1,7 +1,7 @@
 """How the asynchronous-copy tensor-core backward (``mma/flash_backward.py``) maps onto a thread block.
 
 As the staged backward (``mma/backward_plan.py``): a thread block owns ``keys`` consecutive keys of
-one IR key block, one warp per 16 of them, and takes the query rows ``rows`` at a time.  Every tile
+one IR key block, ``split`` warps for each 16 of them, and takes the query rows ``rows`` at a time.  Every tile
 is kept as the arrays hold it, row by row of 16-bit elements, each row padded by one 16-byte chunk
 (:data:`PAD_BYTES`): rows ``2 D + 16`` bytes apart fall an odd number of chunks apart, so the eight
 rows an ``ldmatrix`` phase reads sit in eight distinct 16-byte bank groups when D is a multiple of
@@ -12,12 +12,13 @@ transposed, keys by query rows, as the products leave it:
     v   [keys][E]       A of dP^T = V dO^T (ldmatrix)
     q   [rows][D]       B of S^T (ldmatrix);                B of dK += dS^T Q (ldmatrix.trans)
     o   [rows][E]       B of dP^T (ldmatrix);               B of dV += P^T dO (ldmatrix.trans)
-    ds  [keys][rows]    A of dQ (ldmatrix.trans)
+    ds  [keys][rows]    A of dQ (ldmatrix.trans); with a split, A of dK += dS^T Q (ldmatrix)
+    p   [keys][rows]    with a split: A of dV += P^T dO (ldmatrix)
 
 One thread block owns its keys' whole dK and dV columns: no products are made twice.  The shapes
-are data, :data:`FLASH_BACKWARD_SHAPES`: (keys, rows) by the widest head dim, within the static
-shared-memory budget (48 KiB) and the registers (a lane's dK and dV fragments are ``D / 2`` and
-``E / 2`` float32).
+are data, :data:`FLASH_BACKWARD_SHAPES`: (keys, rows, split) by the widest head dim, within the
+static shared-memory budget (48 KiB) and the registers (a warp's dK and dV fragments are
+``D / 2 / split`` and ``E / 2 / split`` float32 a lane).
 """
 
 from __future__ import annotations
