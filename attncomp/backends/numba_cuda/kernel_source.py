@@ -142,15 +142,36 @@ class CudaKernelSource(KernelSource):
         with self.w.indent():
             self.w.line(statement)
 
-    def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi") -> list[str]:
+    def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi", integers: str = "") -> list[str]:
         """Emit the batch indices ``bi_k`` (``{prefix}_k``) of the row-major flat batch index ``flat``
-        over the first ``rank`` axes of array ``shape_of``."""
+        over the first ``rank`` axes of array ``shape_of``; ``integers``: the type the axes are taken
+        in ("np.uint32": 32-bit unsigned divisions, a few instructions each, not a 64-bit division's
+        routine with Python's sign fix-ups; "": Numba's)."""
         names = [f"{prefix}_{k}" for k in range(rank)]
         for k in reversed(range(rank)):
+            axis = f"{shape_of}.shape[{k}]"
+            if integers:
+                self.w.line(f"axis_{k} = {integers}({axis})")
+                axis = f"axis_{k}"
             self.w.line(f"rest_{k} = {flat}")
-            self.w.line(f"{names[k]} = rest_{k} % {shape_of}.shape[{k}]")
-            flat = f"rest_{k} // {shape_of}.shape[{k}]"
+            self.w.line(f"{names[k]} = rest_{k} % {axis}")
+            flat = f"rest_{k} // {axis}"
         return names
+
+    def slice_of(self, load: Op) -> str:
+        """The array a tile load reads (its rows by features), for this block's batch position."""
+        src = self.array_ref(load.operands[0])
+        prefix = ", ".join(self.index_refs(load))
+        return f"{src}[{prefix}]" if prefix else src
+
+    def index_refs(self, load: Op) -> list[str]:
+        """A tile load's batch and head indices, named before the loop that uses them: a constant one
+        that the IR defines in a loop's body (the one key/value head of multi-query attention) written
+        here."""
+        for v in load.operands[1:-1]:
+            if v not in self.names and getattr(v.owner, "name", None) == "ac.constant":
+                self.scalar().op(v.owner)
+        return [self.ref(v) for v in load.operands[1:-1]]
 
     def stage(self, tile: str, load: Op, count: str, first: str, width: int, pitch: int, rows: int) -> None:
         """Copy ``count`` rows from row ``first`` of a tile load's source into a shared tile of

@@ -79,11 +79,9 @@ class BackwardStaging:
         its rows: a row a thread, from the (batch, head) slices, unsigned indices (no negative-index
         fix-ups)."""
         p, w = self.mp, self.w
-        lse, delta = (self.array_ref(load.operands[0]) for load in (tile.lse_load, tile.delta_load))
         # the (batch, head) rows, indexed from the chunk's first: no slice's bounds arithmetic
-        lse_at, delta_at = (self.prefix(load).rstrip(", ") for load in (tile.lse_load, tile.delta_load))
-        w.line(f"lse_rows = {lse}[{lse_at}]" if lse_at else f"lse_rows = {lse}")
-        w.line(f"delta_rows = {delta}[{delta_at}]" if delta_at else f"delta_rows = {delta}")
+        w.line(f"lse_rows = {self.slice_of(tile.lse_load)}")
+        w.line(f"delta_rows = {self.slice_of(tile.delta_load)}")
         if p.rows > self.threads:
             w.line(f"for rr in range(tid, {p.rows}, {self.threads}):")
         else:

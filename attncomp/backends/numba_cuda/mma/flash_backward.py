@@ -70,17 +70,6 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
     BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
     ROW_TYPE = "np.int32"  # a tile's rows, as its positions: one register each
 
-    def batch_indices(self, rank: int, flat: str, shape_of: str, prefix: str = "bi") -> list[str]:
-        """As the scalar kernel's, in 32-bit unsigned divisions: a few instructions each, not a 64-bit
-        division's routine with Python's sign fix-ups."""
-        names = [f"{prefix}_{k}" for k in range(rank)]
-        for k in reversed(range(rank)):
-            self.w.line(f"rest_{k} = {flat}")
-            self.w.line(f"axis_{k} = np.uint32({shape_of}.shape[{k}])")
-            self.w.line(f"{names[k]} = rest_{k} % axis_{k}")
-            flat = f"rest_{k} // axis_{k}"
-        return names
-
     def scalar(self, integers: str | None = None) -> ScalarEmitter:
         """The IR's integer ops in 32 bits (a sequence is shorter than 2^31): one register and one
         compare each, not two."""
@@ -139,12 +128,6 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
             w.line(f"c_col_{dim} = {remainder('c_group', per_row)}")
             w.line(f"c_row_{dim} = {quotient('c_group', per_row)} * {COPY_GROUP} + c_lane")
             w.line(f"c_dst_{dim} = c_row_{dim} * {pitch} + c_col_{dim} * {CHUNK_BYTES}")
-
-    def slice_of(self, load: Op) -> str:
-        """The (rows, features) array a tile load reads, for this block's batch position."""
-        prefix = ", ".join(self.ref(v) for v in load.operands[1:-1])
-        src = self.array_ref(load.operands[0])
-        return f"{src}[{prefix}]" if prefix else src
 
     def copies(self, tile: str, src: str, first: str, count: str, rows: int, dim: str) -> None:
         """A thread's copies of ``rows`` rows from row ``first`` of ``src`` into tile ``tile``, from one

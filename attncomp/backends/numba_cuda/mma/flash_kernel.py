@@ -104,20 +104,6 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         """The key ("k") or value ("v") tile load."""
         return self.t.masked.k_load if name == "k" else self.t.masked.v_load
 
-    def slice_of(self, load: Op) -> str:
-        """The (keys, features) array a tile load reads, for this program's batch position."""
-        src = self.array_ref(load.operands[0])
-        prefix = ", ".join(self.index_refs(load))
-        return f"{src}[{prefix}]" if prefix else src
-
-    def index_refs(self, load: Op) -> list[str]:
-        """A tile load's batch and head indices, named before the key loop: a constant one that the
-        IR defines in the loop's body (the one key/value head of multi-query attention) written here."""
-        for v in load.operands[1:-1]:
-            if v not in self.names and getattr(v.owner, "name", None) == "ac.constant":
-                self.scalar().op(v.owner)
-        return [self.ref(v) for v in load.operands[1:-1]]
-
     def copies(self, name: str, dim: int, jc: str, full: bool = False) -> None:
         """The copies of keys ``jc ..`` of a chunk into ``{name}_sh`` and their commit, from one offset
         and constant steps, each copy of a row past the keys' end reading nothing (zero-filled): one

@@ -212,11 +212,12 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         for op in tile.scalar_ops:
             self.scalar().op(op)
         w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = {self.ROW_TYPE}(min({block_q}, n_rows - i0))")
+        typed = f"{self.ROW_TYPE}({{}})" if self.ROW_TYPE else "{}"
+        w.line(f"nq = {typed.format(f'min({block_q}, n_rows - i0)')}")
         w.line(f"for rows_done in range(0, {block_q}, {rows}):")
         with w.indent():
-            w.line(f"r0 = {self.ROW_TYPE}(rows_done)")
-            w.line(f"nr = {self.ROW_TYPE}(min({rows}, nq - r0))")
+            w.line(f"r0 = {typed.format('rows_done')}")
+            w.line(f"nr = {typed.format(f'min({rows}, nq - r0)')}")
             w.line("if nr > 0:")
             with w.indent():
                 self.chunk(tile, masked, hoisted)
@@ -302,7 +303,7 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         # ``koff`` would make ``n_keys - j0 - koff`` unsigned under the simulator's numpy rules)
         w.line(f"koff = np.int64((task % {parts}) * {keys})")
         w.line(f"kb = np.int64((task // {parts}) % n_kb)")
-        self.batch = self.batch_indices(self.nb, f"task // {parts} // n_kb", "out_dq")
+        self.batch = self.batch_indices(self.nb, f"task // {parts} // n_kb", "out_dq", integers=self.BLOCK_INDEX)
         for arg, name in zip(t.batch_args, self.batch):
             self.names[arg] = name
         w.line(f"j0 = kb * {t.block_k}")
