@@ -9,7 +9,8 @@ step of the attention alone, ``attn(q, k, v).backward(d_out)`` through ``fn.to_t
 generic spec (the call's dtype picks the kernels: bf16 products on ``mma.sync`` forward and
 backward), alternately with the same step through SDPA, CUDA-event timed, and reports the
 median of the per-pair ratios (below 1.0 attncomp is faster).  bf16 rows' peer is SDPA
-restricted to its flash backend (FlashAttention-2); the window row's is SDPA with a boolean
+restricted to its flash backend (FlashAttention-2; the deterministic row's too, whose own
+backward adds dQ with atomics); the window row's is SDPA with a boolean
 mask; the float32 rows' is SDPA's efficient backend (``precision=exact``: the scalar float32
 backward; ``precision=tf32``: the backward's products on tf32 tensor cores).  SDPA's own choice is timed too, named.
 TFLOP/s count the step's seven products, 14 B H D per visible (query, key) pair.  Before
@@ -37,6 +38,21 @@ def rows(quick: bool) -> list[Row]:
         Row(f"bf16 causal T=S={t8} D=64 H=16", bf16, specs.causal_any, 1, 16, t8, 64, True),
         # the backward's target case (as much work as one sequence of 16384)
         Row(f"bf16 causal T=S={t8} B=4 D=128 H=16", bf16, specs.causal_any, 4, 16, t8, 128, True),
+        # ALiBi with the slopes' gradient, against SDPA flash without ALiBi (SDPA takes a bias only
+        # as a dense mask, off its flash backend)
+        Row(f"bf16 causal ALiBi T=S={t8} D=64 H=16", bf16, specs.causal_alibi_any, 1, 16, t8, 64, True, alibi=True),
+        # deterministic: a key-major kernel and a query-major dQ pass on tensor cores, no atomics
+        Row(
+            f"bf16 causal deterministic T=S={t8} D=64 H=16",
+            bf16,
+            specs.causal_any,
+            1,
+            16,
+            t8,
+            64,
+            True,
+            deterministic=True,
+        ),
         Row(
             f"bf16 causal window 256 T=S={t8} D=64 H=16",
             bf16,
@@ -68,6 +84,12 @@ def rows(quick: bool) -> list[Row]:
     ]
 
 
+def compiled(row: Row):
+    """The row's attention as a torch function (``deterministic``: its backward without atomics)."""
+    options = {"deterministic": True} if row.deterministic else {}
+    return ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **options, **row.constants).to_torch()
+
+
 def run_row(torch, row: Row, repeats: int) -> str:
     return measure_row(torch, row, repeats).line()
 
@@ -78,8 +100,9 @@ def warm_row(torch, row: Row) -> None:
     dtype = getattr(torch, row.dtype)
     shape = (row.b, row.h, row.t, row.d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
-    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
-    attn(q, k, v).backward(torch.randn(shape, device="cuda", dtype=dtype))
+    extra = [alibi_slopes(torch, row.h).to(dtype).requires_grad_()] if row.alibi else []
+    attn = compiled(row)
+    attn(q, k, v, *extra).backward(torch.randn(shape, device="cuda", dtype=dtype))
     torch.cuda.synchronize()
 
 
@@ -91,36 +114,44 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     shape = (row.b, row.h, row.t, row.d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=generator).requires_grad_() for _ in range(3))
     d_out = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
-    attn = ac.compile(row.spec, backend="cuda", pipeline=row.pipeline(), **row.constants).to_torch()
+    attn = compiled(row)
     mask = window_mask(torch, row)
+    extra = []
+    if row.alibi:  # the slopes' gradient taken; SDPA's reference adds the same bias as a dense mask
+        slopes = alibi_slopes(torch, row.h).to(dtype).requires_grad_()
+        extra, mask = [slopes], alibi_mask(torch, row, slopes.detach())
 
     def step(forward):
         def run():
             q.grad = k.grad = v.grad = None
+            for x in extra:
+                x.grad = None
             forward().backward(d_out)
             return q.grad
 
         return run
 
-    def sdpa():
+    def sdpa(mask=mask):
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=row.causal and mask is None
         )
 
-    def restricted(backend):
+    def restricted(backend, mask=mask):
         def forward():
             with sdpa_kernel(backend):
-                return sdpa()
+                return sdpa(mask)
 
         return forward
 
-    ours = step(lambda: attn(q, k, v))
+    ours = step(lambda: attn(q, k, v, *extra))
     got = ours().float().clone()
     want = step(sdpa)().float()
     error = float((got - want).abs().max() / want.abs().max())
     if error > row.tolerance:
         raise AssertionError(f"{row.name}: attncomp's query gradient differs from torch's by {error:.2e}")
-    if mask is not None:
+    if row.alibi:
+        peer, peer_name = step(restricted(SDPBackend.FLASH_ATTENTION, None)), "flash, no ALiBi"
+    elif mask is not None:
         peer, peer_name = step(sdpa), "sdpa+mask"
     elif row.peer == "flash":
         peer, peer_name = step(restricted(SDPBackend.FLASH_ATTENTION)), "flash"
@@ -132,6 +163,19 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
         choice = sdpa_choice(torch, q, k, v, row.causal, mask)
     flops, traffic = 3.5 * row.flops(), row.bytes(STEP_ARRAYS)
     return Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, flops, traffic)
+
+
+def alibi_slopes(torch, heads: int):
+    """ALiBi's slopes for ``heads`` heads (a power of two): ``2^(-8 (h + 1) / heads)``, on the GPU."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
+
+
+def alibi_mask(torch, row: Row, slopes):
+    """SDPA's float mask of a causal ALiBi row: ``slopes[h] (j - i)``, -inf past the diagonal, [H, T, T]."""
+    i = torch.arange(row.t, device="cuda")[:, None]
+    j = torch.arange(row.t, device="cuda")[None, :]
+    bias = slopes[:, None, None] * (j - i).to(slopes.dtype)
+    return bias.masked_fill(j > i, float("-inf"))
 
 
 def training_rows(torch, quick: bool, repeats: int) -> list[str]:

@@ -48,6 +48,8 @@ class Row:
     precision: str | None = None  # flash-tiling's option (None: the default pipeline)
     peer: str = "flash"  # the SDPA backend compared with: "flash" or "efficient"
     tolerance: float = 5e-2  # largest error relative to SDPA's largest output
+    deterministic: bool = False  # ``ac.compile(..., deterministic=True)``: a backward without atomics
+    alibi: bool = False  # the spec takes ALiBi slopes [H] (in the row's type, their gradient taken)
 
     def pipeline(self) -> str | None:
         if self.precision is None:

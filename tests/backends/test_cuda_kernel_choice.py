@@ -76,14 +76,23 @@ def test_precision_ieee_runs_the_scalar_kernels():
     assert backward.choice_for(64, 64).describe() == "backward, fma, storage f32, accumulate f32, atomic"
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_a_deterministic_backward_runs_the_scalar_kernels_and_a_dq_pass(dtype):
+@pytest.mark.parametrize(
+    "dtype,kind",
+    [
+        ("f32", "fma, storage f32"),
+        ("f16", "mma m16n8k16 f16, async copies, storage f16"),
+        ("bf16", "mma m16n8k16 bf16, async copies, storage bf16 bits"),
+    ],
+)
+def test_a_deterministic_backward_runs_a_key_major_kernel_and_a_dq_pass(dtype, kind):
+    """float32 on the scalar kernels; f16 and bf16 on tensor cores (``mma/flash_deterministic.py``),
+    bf16 from its 16-bit patterns."""
     (kernels,) = _build(_spec(dtype), backward=True, deterministic=True).backward
     choice = kernels.choice_for(64, 64)
-    assert choice.atom is None and choice.deterministic and kernels.mma_plan(64, 64) is None
+    assert choice.deterministic and (choice.atom is None) == (dtype == "f32")
     first, second = kernels.source(64, 64).splitlines()[:2]
-    assert first == "# kernel: backward, fma, storage f32, accumulate f32, deterministic"
-    assert second == "# kernel: dq pass, fma, storage f32, accumulate f32, deterministic"
+    assert first == f"# kernel: backward, {kind}, accumulate f32, deterministic"
+    assert second == f"# kernel: dq pass, {kind}, accumulate f32, deterministic"
 
 
 def test_decode_calls_and_wide_heads_fall_back_to_the_scalar_kernels():

@@ -1,5 +1,7 @@
 """The deterministic backward (``flash-tiling{deterministic=true}``) under the simulator: gradients
-against the interpreter's float64 ones, the same bits from run to run, and no floating-point atomics.
+against the interpreter's float64 ones, the same bits from run to run, and no floating-point atomics
+(the scalar kernels of ``simt/deterministic_backward.py`` for float32; f16 and bf16 on tensor cores,
+``tests/cuda_sim/test_sim_flash_deterministic.py``).
 
 Blocks of 16 at sizes that are not multiples of them make skipped, masked and full tiles, padded
 query rows and padded keys; GQA and a broadcast key batch axis make several query batch positions
@@ -138,9 +140,10 @@ def test_key_and_query_blocks_split_over_thread_blocks_in_float64():
 
 
 @pytest.mark.parametrize("name,dtype", [("alibi.causal_alibi", "bf16"), ("gqa.grouped_query_attention", "f16")])
-def test_16_bit_gradients_run_the_scalar_kernels(name, dtype):
-    """f16 and bf16: the deterministic grid runs the scalar kernels (float32 products) where the default
-    one runs tensor cores; against the float64 interpreter from the same saved residuals."""
+def test_16_bit_gradients_run_tensor_cores_at_small_blocks(name, dtype):
+    """f16 and bf16 at blocks of 32 x 16 and D = 16: the deterministic grid runs tensor cores
+    (``mma/flash_deterministic.py``, one warp of 16 keys, a dQ block of 32 rows); against the float64
+    interpreter from the same saved residuals, the same bits twice."""
     from tests.cuda_sim.helpers import retyped
 
     typed = retyped(dict(attention_cases())[name], dtype)
@@ -151,7 +154,8 @@ def test_16_bit_gradients_run_the_scalar_kernels(name, dtype):
     got = [list(fn.backward(*args)) for _ in range(2)]
     want = ac.compile(typed, backend="interp", pipeline=pipeline).backward.compilation.run(args, exact=True)
     (kernels,) = fn.backward.compilation.program.backward
-    assert kernels.mma_plan(16, 16) is None and "mma_" not in kernels.source(16, 16)
+    assert (kernels.mma_plan(16, 16).keys, kernels.mma_plan(16, 16).rows) == (16, 32)
+    assert "mma_" in kernels.source(16, 16) and "red_add_f32(" not in kernels.source(16, 16)
     assert got[0][0].dtype == np.dtype(ELEMENT[dtype])
     for g, w in zip(got[0], want):
         assert np.abs(w).max() > 0

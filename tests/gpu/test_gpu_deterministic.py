@@ -54,11 +54,15 @@ def test_backward_runs_give_the_same_bits(name, dtype):
         _tensor(s, seed=n, dtype=dtype) if s else torch.tensor(alibi_slopes(8), device="cuda", dtype=dtype)
         for n, s in enumerate(shapes)
     ]
-    deterministic = ac.compile(spec, backend="cuda", deterministic=True).to_torch()
+    compiled = ac.compile(spec, backend="cuda", deterministic=True)
+    deterministic = compiled.to_torch()
     default = ac.compile(spec, backend="cuda").to_torch()
     d_out = _tensor(deterministic(*inputs).shape, seed=99, dtype=dtype)
     runs = [_gradients(deterministic, inputs, d_out) for _ in range(RUNS)]
     want = _gradients(default, inputs, d_out)
+    # bf16 on tensor cores (``mma/flash_deterministic.py``) but for the table indexed per element
+    (kernels,) = compiled.backward.compilation.program.backward
+    assert kernels.choice_for(64, 64).mma == (dtype == torch.bfloat16 and name != "relative_bias")
     for k, first in enumerate(runs[0]):
         for again in runs[1:]:
             assert torch.equal(first.view(BITS[dtype]), again[k].view(BITS[dtype])), f"argument {k}"

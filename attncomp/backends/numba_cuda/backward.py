@@ -9,11 +9,11 @@ else on the scalar kernel (``simt/backward_kernel.py``).  The driver zeroes the
 outputs (every kernel adds into them) and launches one thread block per
 query batch position, IR key block and part of a key block.
 
-A grid marked ``deterministic = true`` runs the scalar kernels of
-``simt/deterministic_backward.py`` instead, whatever the element type: a key-major
-kernel per key/value batch position (dK, dV and the sites' per-block sums), a
-query-major dQ kernel, and the sum of the sites' per-block slices, with no
-floating-point atomics.
+A grid marked ``deterministic = true`` runs kernels with no floating-point atomics: a key-major
+kernel (dK, dV and the sites' per-block sums), a query-major dQ kernel, the sum of each key/value
+head's query positions and of the sites' per-block slices.  On tensor cores
+(``mma/flash_deterministic.py``) where the asynchronous-copy plan fits and every site is uniform,
+else the scalar kernels of ``simt/deterministic_backward.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, ar
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward
 from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
-from attncomp.backends.numba_cuda.mma.flash_backward_plan import plan_flash_backward
+from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPlan, plan_flash_backward
+from attncomp.backends.numba_cuda.mma.flash_deterministic import (
+    DeterministicFlashWriter,
+    FlashDqWriter,
+    write_flash_deterministic,
+)
 from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.simt.deterministic_backward import (
@@ -133,11 +138,14 @@ class BackwardKernels:
         return plan_dq(self.tiled.block_q, self.tiled.block_k, head_dim, value_dim, self.acc_bytes)
 
     def mma_plan(self, head_dim: int, value_dim: int, dense: bool = True) -> MmaBackwardPlan | None:
-        """The tensor-core plan for these head dims, if the kernel has one (a deterministic grid's
-        choice has no atom): asynchronous copies where the call's rows are ``dense`` and the plan fits
-        (``plan_flash_backward``), else the staged one."""
+        """The tensor-core plan for these head dims, if the kernel has one: asynchronous copies where
+        the call's rows are ``dense`` and the plan fits (``plan_flash_backward``), else the staged one.
+        A deterministic grid's only where the asynchronous-copy plan fits and every site is uniform
+        (``mma/flash_deterministic.py``)."""
         t = self.tiled
         flash = plan_flash_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice) if dense else None
+        if self.deterministic:
+            return flash if len(self.uniform) == len(t.site_ranks) else None
         return flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
 
     def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
@@ -152,13 +160,17 @@ class BackwardKernels:
 
     def source(self, head_dim: int, value_dim: int, dense: bool = True) -> str:
         mma = self.mma_plan(head_dim, value_dim, dense)
+        parts = (self.tiled, self.captured, self.dims, mma)
+        if mma is not None and self.deterministic:
+            keys, dq = DeterministicFlashWriter(self.name, *parts), FlashDqWriter(f"{self.name}_dq", *parts)
+            return write_flash_deterministic(self.name, self.func_name, keys, dq, self.acc_dtype)
         if mma is not None:
             writer = FlashBackwardWriter if mma.choice.async_copies else MmaBackwardKernelWriter
-            return writer(self.name, self.tiled, self.captured, self.dims, mma).write(self.func_name)
+            return writer(self.name, *parts).write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim), self.choice.scalar()
         if choice.deterministic:
             dq = self.dq_plan(head_dim, value_dim)
-            args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype, choice)
+            args = (self.tiled, self.captured, self.dims, plan, dq, self.uniform, self.acc_dtype, choice, self.bits)
             return write_deterministic_backward(self.name, self.func_name, *args)
         args = (self.tiled, self.captured, self.dims, plan, choice, self.bits)
         return write_backward_kernel(self.name, self.func_name, *args)
@@ -196,7 +208,7 @@ class BackwardKernels:
         if not self.deterministic:
             return []
         rows, row = array_type(self.acc_dtype, 2, contiguous=True), array_type(self.acc_dtype, 1, contiguous=True)
-        choice = self.choice_for(head_dim, value_dim)
+        choice = self.choice_for(head_dim, value_dim)  # the kernels of a call with dense rows
         return [
             ("_dq", self.kernel(head_dim, value_dim, "_dq"), self.signature(), choice.dq()),
             ("_heads", self.kernel(head_dim, value_dim, "_heads"), f"void({rows}, int64[:, ::1], {rows})", choice),
@@ -225,7 +237,10 @@ class BackwardKernels:
         """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch
         rows per query batch position where several share a key/value head), the dQ kernel, then the
         sums: of each key/value head's positions, and of the sites' slices, in a fixed order."""
-        plan, dq = self.plan(head_dim, value_dim), self.dq_plan(head_dim, value_dim)
+        dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
+        plan = self.launch_plan(head_dim, value_dim, dense)
+        dq = plan if isinstance(plan, FlashBackwardPlan) else self.dq_plan(head_dim, value_dim)
+        query_parts = plan.block_q // plan.rows if isinstance(plan, FlashBackwardPlan) else dq.parts
         n_sites = len(self.grid.results) - 3
         outputs, rest = list(args[: 3 + n_sites]), args[3 + n_sites :]
         out_dq, out_dk, out_dv = outputs[:3]
@@ -239,17 +254,18 @@ class BackwardKernels:
         slices = [arrays.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
         launched = [*outputs[:3], *slices, *rest]
         if key_blocks > 0:
-            launches.launch(self.kernel(head_dim, value_dim), key_blocks, plan.threads, *launched)
-        query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * dq.parts
+            launches.launch(self.kernel(head_dim, value_dim, dense=dense), key_blocks, plan.threads, *launched)
+        query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * query_parts
         if query_blocks > 0:
-            launches.launch(self.kernel(head_dim, value_dim, "_dq"), query_blocks, dq.threads, *launched)
+            launches.launch(self.kernel(head_dim, value_dim, "_dq", dense), query_blocks, dq.threads, *launched)
         if shared and key_blocks > 0:
-            heads, table = self.kernel(head_dim, value_dim, "_heads"), arrays.from_host(members, members.shape)
+            heads = self.kernel(head_dim, value_dim, "_heads", dense)
+            table = arrays.from_host(members, members.shape)
             for out, part in ((out_dk, outputs[1]), (out_dv, outputs[2])):
                 size = int(out.size) // members.shape[0]
                 flat_out, flat_part = out.reshape(members.shape[0], size), part.reshape(positions, size)
                 launches.launch_map(heads, int(out.size), flat_part, table, flat_out)
-        sums = self.kernel(head_dim, value_dim, "_sites")
+        sums = self.kernel(head_dim, value_dim, "_sites", dense)
         for site, part in zip(outputs[3:], slices):
             size = int(site.size)
             launches.launch_map(sums, size, part.reshape(part.shape[0], size), site.reshape(size))

@@ -67,6 +67,9 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
     mp: FlashBackwardPlan
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
 
+    #: whether the kernel adds dQ (a deterministic backward's key-major kernel does not: its dQ pass
+    #: is query-major, ``mma/flash_deterministic.py``)
+    ADDS_DQ = True
     BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
     ROW_TYPE = "np.int32"  # a tile's rows, as its positions: one register each
 
@@ -164,13 +167,7 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         w.line("cp_async_wait(0)")
         w.line("cuda.syncthreads()")
         split = p.split > 1
-        b_d, b_e = ("b_dw", "b_ew") if split else ("b_d", "b_e")
-        for group in range(p.warp_rows // p.live_rows):  # S^T, dP^T of these rows, their elements, packed
-            pairs = range(group * p.live_rows // 16, (group + 1) * p.live_rows // 16)
-            w.line(f"# S^T = K Q^T, dP^T = V dO^T, the warp's rows {16 * pairs.start} .. {16 * pairs.stop - 1}")
-            self.row_products("s", "k", "kw_a", "q", b_d, p.head_dim, p.k_pitch, pairs)
-            self.row_products("ds", "v", "vw_a", "o", b_e, p.value_dim, p.v_pitch, pairs)
-            self.elements(tile, masked, hoisted, range(2 * pairs.start, 2 * pairs.stop))
+        self.score_products(tile, masked, hoisted)
         if split:  # every warp's P^T and dS^T to shared memory first: dV and dK sum over all the rows
             w.line("# P^T, dS^T -> shared")
             self.store_words("p", "pw")
@@ -182,12 +179,27 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         else:
             w.line("# dV += P^T dO")
             self.column_products("dv", "o", "a_e", p.v_pitch, p.value_dim, "pw")
-            w.line("# dS^T -> shared, dK += dS^T Q")
-            self.store_words("ds", "dw")
+            w.line("# dS^T -> shared, dK += dS^T Q" if self.ADDS_DQ else "# dK += dS^T Q")
+            if self.ADDS_DQ:
+                self.store_words("ds", "dw")
             self.column_products("dk", "q", "a_d", p.k_pitch, p.head_dim, "dw")
-            w.line("cuda.syncthreads()  # dS seen by every warp")
-        w.line("# dQ += dS K")
-        self.dq_products()
+            if self.ADDS_DQ:
+                w.line("cuda.syncthreads()  # dS seen by every warp")
+        if self.ADDS_DQ:
+            w.line("# dQ += dS K")
+            self.dq_products()
+
+    def score_products(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """``S^T`` and ``dP^T`` of the warp's keys and rows, ``live_rows`` rows at a time, each group's
+        elements and packed words (``pw``, ``dw``) after its products."""
+        p, w = self.mp, self.w
+        b_d, b_e = ("b_dw", "b_ew") if p.split > 1 else ("b_d", "b_e")
+        for group in range(p.warp_rows // p.live_rows):
+            pairs = range(group * p.live_rows // 16, (group + 1) * p.live_rows // 16)
+            w.line(f"# S^T = K Q^T, dP^T = V dO^T, the warp's rows {16 * pairs.start} .. {16 * pairs.stop - 1}")
+            self.row_products("s", "k", "kw_a", "q", b_d, p.head_dim, p.k_pitch, pairs)
+            self.row_products("ds", "v", "vw_a", "o", b_e, p.value_dim, p.v_pitch, pairs)
+            self.elements(tile, masked, hoisted, range(2 * pairs.start, 2 * pairs.stop))
 
     def row_products(
         self, out: str, a_tile: str, a_lane: str, b_tile: str, b_lane: str, width: int, pitch: int, pairs: range
@@ -282,8 +294,9 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
                         for e in registers:
                             w.line(f"red_add_f32(dq_rows, at + {n * atom.n + c.offsets[e][1]}, dq_{n}_{e})")
 
-    def dq_pass(self, rows: int, columns: range) -> None:
-        """``dq_{n}_{e}`` of the 8-column fragments ``columns`` of the warp's 16 rows from ``rows``."""
+    def dq_pass(self, rows: int, columns: range, name: str = "dq", add: bool = False) -> None:
+        """``{name}_{n}_{e}`` of the 8-column fragments ``columns`` of the warp's 16 rows from ``rows``
+        (``add``: added to their values, else made)."""
         p, w, atom, c = self.mp, self.w, self.atom, self.atom.c
         for kk in range(p.keys // atom.k):
             at = p.tile_at["ds"] + kk * atom.k * p.ds_pitch + rows * 2
@@ -292,8 +305,8 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
                 at = p.tile_at["k"] + kk * atom.k * p.k_pitch + pair * 2 * CHUNK_BYTES
                 w.line(f"{FB} = ldmatrix_x4_trans(sh, dq_b{plus(at)})")
                 for n, b in ((2 * pair, "fb_0, fb_1"), (2 * pair + 1, "fb_2, fb_3")):
-                    fragment = ", ".join(f"dq_{n}_{e}" for e in range(c.registers))
-                    acc = fragment if kk else "ZERO, ZERO, ZERO, ZERO"
+                    fragment = ", ".join(f"{name}_{n}_{e}" for e in range(c.registers))
+                    acc = fragment if kk or add else "ZERO, ZERO, ZERO, ZERO"
                     w.line(f"{fragment} = {self.operands.mma}({FA}, {b}, {acc})")
 
     def store(self) -> None:

@@ -22,7 +22,7 @@ The scalar kernels run it whatever the element type: the tensor-core kernel adds
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
-from attncomp.backends.codegen import NUMPY_SCALAR
+from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import split_invariant
@@ -45,6 +45,7 @@ import numpy as np
 from numba import cuda
 
 {device_math}
+from attncomp.backends.numba_cuda.warp import widen_bf16
 """
 
 
@@ -157,25 +158,7 @@ class DeterministicBackwardWriter(BackwardKernelWriter):
 
     def flush_uniform_sites(self) -> None:
         """Each uniform site's per-thread sums, added in thread order into the block's slice."""
-        p, w = self.plan, self.w
-        for k in sorted(self.uniform):
-            rank, acc, current = self.sites[k]
-            w.line(f"sums[tid] = {acc}")
-            w.line("cuda.syncthreads()")
-            w.line("if tid == 0:")
-            with w.indent():
-                w.line("total = ACC(0.0)")
-                w.line(f"for t in range({p.threads}):")
-                with w.indent():
-                    w.line("total += sums[t]")
-                if rank == 0:
-                    w.line(f"site_{k}[blk, 0] += total")
-                else:
-                    inside = " and ".join(f"0 <= {x} < site_{k}.shape[{a + 1}]" for a, x in enumerate(current))
-                    w.line(f"if {inside}:")
-                    with w.indent():
-                        w.line(f"site_{k}[blk, {', '.join(current)}] += total")
-            w.line("cuda.syncthreads()")
+        block_sums(self.w, self.sites, self.uniform, self.plan.threads)
 
     # the kernel ----------------------------------------------------------------------
     def declare_site_arrays(self) -> None:
@@ -233,6 +216,30 @@ class DeterministicBackwardWriter(BackwardKernelWriter):
         return self.w.text()
 
 
+def block_sums(w: SourceWriter, sites: list[tuple[int, str, list[str]]], uniform: set[int], threads: int) -> None:
+    """The uniform ``sites``' per-thread sums (their sum names, ``acc``), added in thread order into
+    the block's slice (``site_k[blk, ...]``, its index the site's ``current`` names): through the
+    shared ``sums``, by thread 0; every thread passes both barriers."""
+    for k in sorted(uniform):
+        rank, acc, current = sites[k]
+        w.line(f"sums[tid] = {acc}")
+        w.line("cuda.syncthreads()")
+        w.line("if tid == 0:")
+        with w.indent():
+            w.line("total = ACC(0.0)")
+            w.line(f"for t in range({threads}):")
+            with w.indent():
+                w.line("total += sums[t]")
+            if rank == 0:
+                w.line(f"site_{k}[blk, 0] += total")
+            else:
+                inside = " and ".join(f"0 <= {x} < site_{k}.shape[{a + 1}]" for a, x in enumerate(current))
+                w.line(f"if {inside}:")
+                with w.indent():
+                    w.line(f"site_{k}[blk, {', '.join(current)}] += total")
+        w.line("cuda.syncthreads()")
+
+
 def site_sums_source(name: str, acc: str) -> str:
     """The kernel adding the blocks' slices up, block after block: ``out[e] = sum_b parts[b, e]``."""
     scalar = NUMPY_SCALAR[acc]
@@ -274,14 +281,16 @@ def write_deterministic_backward(
     uniform: set[int],
     acc: str,
     choice: KernelChoice | None = None,
+    bits: frozenset[Value] = frozenset(),
 ) -> str:
     """The module of a deterministic backward: the key-major kernel ``name``, the dQ kernel
     ``name_dq``, the sum over the query positions of a key/value head ``name_heads`` and the sum of
     the sites' slices ``name_sites``; ``choice`` (the key-major kernel's) and its dQ pass's head
-    the source."""
-    keys = DeterministicBackwardWriter(name, tiled, captured, dims, plan, uniform).write(func_name)
-    dq = DqKernelWriter(f"{name}_dq", tiled, captured, dims, dq_plan).write(func_name)
+    the source; ``bits``: the tile sources held as bf16 patterns (widened as they are staged)."""
+    keys = DeterministicBackwardWriter(name, tiled, captured, dims, plan, uniform)
+    dq = DqKernelWriter(f"{name}_dq", tiled, captured, dims, dq_plan)
+    keys.bits = dq.bits = bits
     lines = kernel_line(choice) + kernel_line(choice.dq() if choice is not None else None)
     header = "\n".join([*lines, HEADER.format(func=func_name, p=plan, q=dq_plan, device_math=IMPORT)])
     sums = [head_sums_source(f"{name}_heads", acc), site_sums_source(f"{name}_sites", acc)]
-    return "\n\n".join([header, keys, dq, *sums])
+    return "\n\n".join([header, keys.write(func_name), dq.write(func_name), *sums])

@@ -32,7 +32,6 @@ from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan
-from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
 
 
@@ -45,21 +44,6 @@ class DqKernelWriter(BackwardKernelWriter):
 
     def site_add(self, k: int, contribution: str, index: list[str]) -> None:
         """Nothing: the key-major kernel sums the sites (this kernel takes their slices, unused)."""
-
-    def emit_needed(self, values: list[Value], ops: list[Op]) -> None:
-        """Emit the ops of ``ops`` that ``values`` are computed from (the query rows' indices, before
-        the key loop); they may read only what is known there: batch indices, ``qb``, captured values."""
-        needed, chosen = set(values), []
-        for op in reversed(ops):
-            if any(r in needed for r in op.results):
-                chosen.append(op)
-                needed.update(op.operands)
-        made = {r for op in chosen for r in op.results}
-        unknown = [v for v in needed if v not in made and v not in self.names and v not in self.captured]
-        if unknown:
-            raise LoweringError("cuda backward dq: the query rows' indices depend on the key block")
-        for op in reversed(chosen):
-            self.scalar().op(op)
 
     def query_block(self) -> None:
         """This thread block's query rows: ``nr`` (at most ``rows``) from ``i0 + r0``, part ``r0 / rows`` of
