@@ -247,14 +247,19 @@ def writer_classes() -> dict[str, tuple[str, list[str]]]:
 def test_no_kernel_writer_per_precision():
     """A float32 precision (TF32, 3xTF32) or a 16-bit type is an operand policy the one forward and the
     one backward tensor-core writer take (``mma/operands.py``), not a writer subclass: no tensor-core
-    writer derives from another but the asynchronous-copy variants (forward and backward), and no
-    writer is named for a type."""
+    writer derives from another but the asynchronous-copy variants (forward and backward) and the
+    deterministic backward's two kernels over each backward design (``mma/deterministic.py``: a
+    key-major and a query-major mixin), and no writer is named for a type."""
     classes = writer_classes()
     names = re.compile(r"(Tf32|F16|Bf16|Half|Float32|Exact)", re.I)
     assert not [n for n in classes if "Writer" in n and names.search(n)], "a writer named for an operand type"
     mma_writers = {n for n, (module, _) in classes.items() if module.startswith("mma/") and n.endswith("Writer")}
     derived = {n: [b for b in bases if b in mma_writers] for n, (_, bases) in classes.items() if n in mma_writers}
     flash = {"FlashKernelWriter": ["MmaKernelWriter"], "FlashBackwardWriter": ["MmaBackwardKernelWriter"]}
+    for design, writer in (("Flash", "FlashBackwardWriter"), ("Staged", "MmaBackwardKernelWriter")):
+        for kernel, mixin in (("Deterministic", "DeterministicKeys"), ("Dq", "QueryMajorDq")):
+            flash[f"{design}{kernel}Writer"] = [writer]
+            assert classes[f"{design}{kernel}Writer"] == ("mma/deterministic.py", [mixin, writer])
     assert {n: b for n, b in derived.items() if b} == flash
     assert "Operands" in classes and classes["Operands"][0] == "mma/operands.py"
 

@@ -79,17 +79,17 @@ def test_precision_ieee_runs_the_scalar_kernels():
 @pytest.mark.parametrize(
     "dtype,kind",
     [
-        ("f32", "fma, storage f32"),
+        ("f32", "mma m16n8k8 3xtf32, storage f32"),
         ("f16", "mma m16n8k16 f16, async copies, storage f16"),
         ("bf16", "mma m16n8k16 bf16, async copies, storage bf16 bits"),
     ],
 )
 def test_a_deterministic_backward_runs_a_key_major_kernel_and_a_dq_pass(dtype, kind):
-    """float32 on the scalar kernels; f16 and bf16 on tensor cores (``mma/flash_deterministic.py``),
-    bf16 from its 16-bit patterns."""
+    """On tensor cores (``mma/deterministic.py``): f16 and bf16 on the asynchronous-copy design (bf16
+    from its 16-bit patterns), float32 on the staged one (3xTF32)."""
     (kernels,) = _build(_spec(dtype), backward=True, deterministic=True).backward
     choice = kernels.choice_for(64, 64)
-    assert choice.deterministic and (choice.atom is None) == (dtype == "f32")
+    assert choice.deterministic and choice.mma and choice.async_copies == (dtype != "f32")
     first, second = kernels.source(64, 64).splitlines()[:2]
     assert first == f"# kernel: backward, {kind}, accumulate f32, deterministic"
     assert second == f"# kernel: dq pass, {kind}, accumulate f32, deterministic"

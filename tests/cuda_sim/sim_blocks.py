@@ -119,7 +119,10 @@ def install() -> None:
                 self.running, self.job = False, None
                 barrier.leave(self)
 
-    def start_part(self, target, barrier, manager, grid_point, block_point, debug) -> None:
+    def assign_part(self, target, barrier, manager, grid_point, block_point, debug) -> None:
+        """This thread's part of a block: its indices, and running (not ended) from now on, before
+        any thread of the block starts: a warp instruction's waiting lane (``mma/warp_sim.py``) finds
+        every lane of its block by its id and alive, started or not."""
         self._manager, self.debug = manager, debug
         self.blockIdx, self.threadIdx = Dim3(*grid_point), Dim3(*block_point)
         size = Dim3(*manager._block_dim)
@@ -128,7 +131,6 @@ def install() -> None:
         self.syncthreads_event.clear()
         self.__dict__.pop("_warp_sim_lane", None)  # mma/warp_sim.py's cache: a warp of the last block
         self._barrier, self.running, self.job = barrier, True, (target, barrier)
-        self.woken.set()
 
     def syncthreads(self) -> None:
         self._barrier.arrive(self)
@@ -153,7 +155,9 @@ def install() -> None:
                 self._f(*args)
 
         for thread, block_point in zip(threads, shape):
-            start_part(thread, target, barrier, self, grid_point, block_point, self._debug)
+            assign_part(thread, target, barrier, self, grid_point, block_point, self._debug)
+        for thread in threads:
+            thread.woken.set()
         with barrier.condition:
             while barrier.live and barrier.failed is None:
                 barrier.condition.wait()

@@ -1,7 +1,7 @@
 """The deterministic backward (``flash-tiling{deterministic=true}``) under the simulator: gradients
 against the interpreter's float64 ones, the same bits from run to run, and no floating-point atomics
 (the scalar kernels of ``simt/deterministic_backward.py`` for float32; f16 and bf16 on tensor cores,
-``tests/cuda_sim/test_sim_flash_deterministic.py``).
+``tests/cuda_sim/test_sim_deterministic_tensor_cores.py``).
 
 Blocks of 16 at sizes that are not multiples of them make skipped, masked and full tiles, padded
 query rows and padded keys; GQA and a broadcast key batch axis make several query batch positions
@@ -142,7 +142,7 @@ def test_key_and_query_blocks_split_over_thread_blocks_in_float64():
 @pytest.mark.parametrize("name,dtype", [("alibi.causal_alibi", "bf16"), ("gqa.grouped_query_attention", "f16")])
 def test_16_bit_gradients_run_tensor_cores_at_small_blocks(name, dtype):
     """f16 and bf16 at blocks of 32 x 16 and D = 16: the deterministic grid runs tensor cores
-    (``mma/flash_deterministic.py``, one warp of 16 keys, a dQ block of 32 rows); against the float64
+    (``mma/deterministic.py``, one warp of 16 keys, a dQ block of 32 rows); against the float64
     interpreter from the same saved residuals, the same bits twice."""
     from tests.cuda_sim.helpers import retyped
 
@@ -167,7 +167,8 @@ def test_16_bit_gradients_run_tensor_cores_at_small_blocks(name, dtype):
     "example,name", [("gqa", "grouped_query_attention"), ("alibi", "causal_alibi"), ("relative_bias", "relative_bias")]
 )
 def test_deterministic_kernels_add_with_no_atomics(example, name):
-    """The default kernels add dq, shared dk/dv and the sites with atomics; the deterministic ones store."""
+    """The default kernels add dq, shared dk/dv and the sites with atomics; the deterministic ones store:
+    on tf32 tensor cores (3xTF32) where every site is uniform, else on the scalar kernels."""
     spec = getattr(load_example(example), name)
     default = ac.compile(spec, backend="cuda", pipeline=PIPELINE.replace(",deterministic=true", ""))
     fn = ac.compile(spec, backend="cuda", pipeline=PIPELINE)
@@ -175,8 +176,12 @@ def test_deterministic_kernels_add_with_no_atomics(example, name):
     (after,) = fn.backward.compilation.program.backward
     assert "cuda.atomic.add(out_dq" in before.source(16, 16)
     source = after.source(16, 16)
-    assert "cuda.atomic" not in source
-    for out, at in (("dq", "i0 + r0 + rr"), ("dk", "j0 + koff + c"), ("dv", "j0 + koff + c")):
-        assert f"out_{out}[bi_0, bi_1, {at}, " in source
+    assert "cuda.atomic" not in source and "red_add_f32(" not in source
+    assert (after.mma_plan(16, 16) is None) == (name == "relative_bias")
+    if name == "relative_bias":  # a site indexed per element: the scalar kernels
+        for out, at in (("dq", "i0 + r0 + rr"), ("dk", "j0 + koff + c"), ("dv", "j0 + koff + c")):
+            assert f"out_{out}[bi_0, bi_1, {at}, " in source
+    else:  # each lane's places, from its row's first column
+        assert all(f"{out}_lane[" in source for out in ("dq", "dk", "dv"))
     names = [k.name for k in fn.backward.compilation.program.kernels(16, 16) if "backward" in k.name]
     assert names == [f"attention_backward_kernel_0{s}[D=16,E=16]" for s in ("", "_dq", "_heads", "_sites")]

@@ -60,7 +60,7 @@ def test_backward_runs_give_the_same_bits(name, dtype):
     d_out = _tensor(deterministic(*inputs).shape, seed=99, dtype=dtype)
     runs = [_gradients(deterministic, inputs, d_out) for _ in range(RUNS)]
     want = _gradients(default, inputs, d_out)
-    # bf16 on tensor cores (``mma/flash_deterministic.py``) but for the table indexed per element
+    # bf16 on tensor cores (``mma/deterministic.py``) but for the table indexed per element
     (kernels,) = compiled.backward.compilation.program.backward
     assert kernels.choice_for(64, 64).mma == (dtype == torch.bfloat16 and name != "relative_bias")
     for k, first in enumerate(runs[0]):

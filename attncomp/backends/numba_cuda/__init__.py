@@ -7,7 +7,8 @@ mask-elimination decided), or the tensor-core kernels of ``mma/``.  Each tiled b
 (``ac.key_grid``) a kernel with one thread block per batch position and key block that adds its
 gradients in with atomics (``simt/backward_kernel.py``, ``mma/backward_kernel.py``; a grid marked
 ``deterministic = true`` runs kernels without floating-point atomics instead,
-``simt/deterministic_backward.py``); which kernel runs is ``choice.py``'s.  Every other op becomes
+``mma/deterministic.py`` or ``simt/deterministic_backward.py``); which kernel runs is
+``choice.py``'s.  Every other op becomes
 a small generated kernel (``host/graph_kernels.py``) launched by the generated driver
 (``host/driver.py``); :func:`build` makes the function (``program.py``).  Needs the ``cuda`` extra
 (numba-cuda); runs on a GPU or under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before

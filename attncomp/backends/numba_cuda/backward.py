@@ -12,8 +12,9 @@ query batch position, IR key block and part of a key block.
 A grid marked ``deterministic = true`` runs kernels with no floating-point atomics: a key-major
 kernel (dK, dV and the sites' per-block sums), a query-major dQ kernel, the sum of each key/value
 head's query positions and of the sites' per-block slices.  On tensor cores
-(``mma/flash_deterministic.py``) where the asynchronous-copy plan fits and every site is uniform,
-else the scalar kernels of ``simt/deterministic_backward.py``.
+(``mma/deterministic.py``: f16 and bf16 on the asynchronous-copy design, float32 on the staged one)
+where every site is uniform and the plan fits, else the scalar kernels of
+``simt/deterministic_backward.py``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,10 @@ from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
-from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, dq_pass_plan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma.deterministic import write_deterministic_mma
 from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
-from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPlan, plan_flash_backward
-from attncomp.backends.numba_cuda.mma.flash_deterministic import (
-    DeterministicFlashWriter,
-    FlashDqWriter,
-    write_flash_deterministic,
-)
+from attncomp.backends.numba_cuda.mma.flash_backward_plan import plan_flash_backward
 from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.simt.deterministic_backward import (
@@ -73,9 +70,10 @@ class BackwardKernels:
         self.lanes = lanes
         #: the kernel the grid asks for (``choice.choose``, made from the IR before ``widen-bf16``,
         #: ``numba_cuda.build``): its atom (None: the scalar kernel), how the device holds the query,
-        #: key, value and output gradient ("f16", or "f32": bf16 widened), and whether it is
-        #: deterministic (the scalar kernels of ``simt/deterministic_backward.py``, no floating-point
-        #: atomics); by default the grid's ``deterministic`` on the scalar kernels
+        #: key, value and output gradient ("f16", "bits": bf16 patterns, "f32"), and whether it is
+        #: deterministic (no floating-point atomics: ``mma/deterministic.py`` or
+        #: ``simt/deterministic_backward.py``); by default the grid's ``deterministic`` on the scalar
+        #: kernels
         if choice is None:
             deterministic = bool(grid.attrs.get("deterministic", False))
             choice = KernelChoice(BACKWARD, accumulate=self.acc_dtype, deterministic=deterministic)
@@ -140,13 +138,16 @@ class BackwardKernels:
     def mma_plan(self, head_dim: int, value_dim: int, dense: bool = True) -> MmaBackwardPlan | None:
         """The tensor-core plan for these head dims, if the kernel has one: asynchronous copies where
         the call's rows are ``dense`` and the plan fits (``plan_flash_backward``), else the staged one.
-        A deterministic grid's only where the asynchronous-copy plan fits and every site is uniform
-        (``mma/flash_deterministic.py``)."""
+        A deterministic grid's (``mma/deterministic.py``) only where every site is uniform: 16-bit
+        operands on the asynchronous-copy plan, float32 on the staged one whose dQ pass fits."""
         t = self.tiled
         flash = plan_flash_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice) if dense else None
-        if self.deterministic:
-            return flash if len(self.uniform) == len(t.site_ranks) else None
-        return flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+        if self.deterministic and (flash is None and not self.choice.tf32 or len(self.uniform) < len(t.site_ranks)):
+            return None
+        plan = flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+        if self.deterministic and plan is not None and not plan.choice.async_copies and dq_pass_plan(plan) is None:
+            return None
+        return plan
 
     def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
         """The kernel a launch with these head dims (and ``dense`` rows or not) runs: the grid's choice
@@ -162,8 +163,7 @@ class BackwardKernels:
         mma = self.mma_plan(head_dim, value_dim, dense)
         parts = (self.tiled, self.captured, self.dims, mma)
         if mma is not None and self.deterministic:
-            keys, dq = DeterministicFlashWriter(self.name, *parts), FlashDqWriter(f"{self.name}_dq", *parts)
-            return write_flash_deterministic(self.name, self.func_name, keys, dq, self.acc_dtype)
+            return write_deterministic_mma(self.name, self.func_name, *parts, self.acc_dtype)
         if mma is not None:
             writer = FlashBackwardWriter if mma.choice.async_copies else MmaBackwardKernelWriter
             return writer(self.name, *parts).write(self.func_name)
@@ -239,8 +239,8 @@ class BackwardKernels:
         sums: of each key/value head's positions, and of the sites' slices, in a fixed order."""
         dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
         plan = self.launch_plan(head_dim, value_dim, dense)
-        dq = plan if isinstance(plan, FlashBackwardPlan) else self.dq_plan(head_dim, value_dim)
-        query_parts = plan.block_q // plan.rows if isinstance(plan, FlashBackwardPlan) else dq.parts
+        dq = plan if isinstance(plan, MmaBackwardPlan) else self.dq_plan(head_dim, value_dim)
+        query_parts = plan.block_q // plan.rows if isinstance(plan, MmaBackwardPlan) else dq.parts
         n_sites = len(self.grid.results) - 3
         outputs, rest = list(args[: 3 + n_sites]), args[3 + n_sites :]
         out_dq, out_dk, out_dv = outputs[:3]

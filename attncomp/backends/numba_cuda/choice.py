@@ -140,8 +140,7 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     Tensor cores where these are one type: f16 or bf16 on ``m16n8k16``; float32 on ``m16n8k8`` in
     tf32, exact (3xTF32) or not by the grid's ``precision`` ("ieee": the scalar kernels).  The
     scalar kernels where the types differ, where ``fixed_lanes`` (a layout of the scalar kernels
-    asked for: float32 forwards and every backward), for a ``deterministic`` backward of float32
-    operands (its tensor-core kernels, ``mma/flash_deterministic.py``, take f16 and bf16), and where keys
+    asked for: float32 forwards and every backward), and where keys
     and values are read from a decoder's 8-bit cache or 8-bit pages (``KernelChoice.cache``: the
     tensor-core kernels do not decode codes).  ``storage`` is how the device holds the operands ("bits" where the module
     keeps bf16 arguments 16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
@@ -184,9 +183,8 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     quantized = [dtype for dtype in quantized if dtype in CACHE_DTYPES]
     if quantized:  # an 8-bit cache or 8-bit pages: the scalar kernels decode the codes as they stage them
         return replace(choice.scalar(), cache=quantized[0])
-    if family == BACKWARD and (fixed_lanes or deterministic and operands not in HALF_ELEMENTS):
-        # lanes are the scalar kernel's; a deterministic backward's tensor-core kernels take 16-bit operands
-        return choice.scalar()
+    if family == BACKWARD and fixed_lanes:
+        return choice.scalar()  # lanes are the scalar kernel's
     return choice
 
 

@@ -74,6 +74,10 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
     type (``operands``); the sites' sums, the key block's decoding and the key/value head's rows are
     the scalar writer's."""
 
+    #: whether the kernel adds dQ (a deterministic backward's key-major kernel does not: its dQ pass
+    #: is query-major, ``mma/deterministic.py``)
+    ADDS_DQ = True
+
     def __init__(
         self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: MmaBackwardPlan
     ):
@@ -219,8 +223,8 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
         at = kk * atom.step_words
         return [self.sh("ds", f"(m16 + g + {row}) * {p.kt_pitch} + tq + {at + word}") for row, word in atom.a_words]
 
-    def dq_step(self, kk: int, acc: str) -> None:
-        """``dq_{e} = dS K + acc`` over key step ``kk``: B from the transposed keys (float32: from the
+    def dq_step(self, kk: int, acc: str, out: str = "dq") -> None:
+        """``{out}_{e} = dS K + acc`` over key step ``kk``: B from the transposed keys (float32: from the
         key rows)."""
         p, atom = self.mp, self.atom
         a, b_frag = self.ds_words(kk), atom.b
@@ -232,7 +236,7 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
             self.from_words(a, self.ds_words(kk))
             rows = (f"({kk * atom.k + row} + {b_frag.row_term})" for row, _ in b_frag.offsets)
             self.from_words(b, [self.sh("k", f"{row} * {p.k_pitch} + n8 + {b_frag.col_term}") for row in rows])
-        self.products("dq_0, dq_1, dq_2, dq_3", a, b, acc)
+        self.products(", ".join(f"{out}_{e}" for e in range(atom.c.registers)), a, b, acc)
 
     # the elements --------------------------------------------------------------------
 
@@ -283,6 +287,8 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
         self.key_products("dv", "o", p.v_pitch, p.value_dim)
         self.feed_rows("ds")
         self.key_products("dk", "q", p.k_pitch, p.head_dim)
+        if not self.ADDS_DQ:
+            return
         w.line("cuda.syncthreads()  # every warp has read the query rows: dS goes over them")
         self.store_ds()
         w.line("cuda.syncthreads()")

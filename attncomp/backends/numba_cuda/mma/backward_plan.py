@@ -35,7 +35,7 @@ multiples of 16, and ``block_q`` and ``block_k`` multiples of 16; others run the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from attncomp.backends.numba_cuda.block_plan import WarpPlan
 from attncomp.backends.numba_cuda.choice import KernelChoice
@@ -141,6 +141,25 @@ class MmaBackwardPlan(WarpPlan):
     def dq_tiles(self) -> int:
         """The m x n fragments of a chunk's dQ (shared out among the warps)."""
         return self.rows // self.atom.m * (self.d_share // self.atom.n)
+
+
+@dataclass(frozen=True)
+class DqPassPlan(MmaBackwardPlan):
+    """A deterministic backward's query-major dQ pass on the staged tiles (``mma/deterministic.py``):
+    the same tiles, ``ds`` never over ``q``, whose rows stay for the whole kernel."""
+
+    def _placed(self, sizes: dict[str, int]) -> dict[str, int]:
+        offsets = super()._placed(sizes)
+        if offsets["ds"] == offsets["q"]:
+            offsets["ds"] = offsets["words"]
+            offsets["words"] += self.rows * self.kt_pitch
+        return offsets
+
+
+def dq_pass_plan(plan: MmaBackwardPlan) -> DqPassPlan | None:
+    """``plan``'s tiles for the query-major dQ pass, or None where they exceed the shared memory."""
+    found = DqPassPlan(*(getattr(plan, f.name) for f in fields(plan)))
+    return found if found.fits else None
 
 
 #: float32 on tf32 tensor cores: (keys, rows) up to head dims of 64 (whole float32 words in shared

@@ -67,9 +67,6 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
     mp: FlashBackwardPlan
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
 
-    #: whether the kernel adds dQ (a deterministic backward's key-major kernel does not: its dQ pass
-    #: is query-major, ``mma/flash_deterministic.py``)
-    ADDS_DQ = True
     BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
     ROW_TYPE = "np.int32"  # a tile's rows, as its positions: one register each
 

@@ -1,4 +1,4 @@
-"""The deterministic backward on tensor cores (``mma/flash_deterministic.py``) against the float64 interpreter.
+"""The deterministic backward on tensor cores (``mma/deterministic.py``) against the float64 interpreter.
 
 A deterministic grid of f16 or bf16 operands runs the asynchronous-copy kernels without atomics: a
 key-major kernel storing dK and dV and summing the sites in a fixed order, a query-major dQ kernel
@@ -16,15 +16,17 @@ from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPl
 from tests.cuda_sim.test_sim_flash import _strided, no_conflicts
 from tests.cuda_sim.test_sim_tensor_core_backward import attention_cases, check, gradients_and_args
 
+#: blocks of 32: at the sizes below, two query blocks and two key blocks (skipped, masked and full
+#: tiles), each key block one thread block of 32 keys, each query block one dQ thread block of 32 rows
 PIPELINE = (
-    "cse,softmax-fusion,flash-tiling{block_q=64,block_k=64,deterministic=true},mask-elimination,canonicalize,cse,dce"
+    "cse,softmax-fusion,flash-tiling{block_q=32,block_k=32,deterministic=true},mask-elimination,canonicalize,cse,dce"
 )
 CASES = dict(attention_cases())
 
 
 def deterministic_gradients(name: str, d: int, dtype: str, sizes: dict | None = None):
     """(the cuda function, its arguments, its gradients, the interpreter's) of an example at D = E = ``d``."""
-    sizes = {"B": 1, "H": 2, "KV": 1, "T": 70, "S": 75, "D": d, "E": d, "R": 33, **(sizes or {})}
+    sizes = {"B": 1, "H": 2, "KV": 1, "T": 40, "S": 45, "D": d, "E": d, "R": 33, **(sizes or {})}
     return gradients_and_args(CASES[name], dtype, PIPELINE, sizes)
 
 
@@ -41,7 +43,7 @@ def same_bits(first, second) -> None:
         ("causal.causal", "f16", 64),
         ("gqa.grouped_query_attention", "bf16", 32),  # each query head's dK, dV rows, summed in head order
         ("alibi.causal_alibi", "bf16", 64),  # the slopes: lane sums, then thread order, then block order
-        ("alibi.causal_alibi", "f16", 128),  # two warps a key group; two dQ warps a 16-row tile
+        ("alibi.causal_alibi", "f16", 128),  # two warps a key group
     ],
 )
 def test_gradients_on_tensor_cores_are_the_same_bits_twice(name, dtype, d, banks):
@@ -80,3 +82,23 @@ def test_strided_rows_run_the_scalar_kernels():
     strided = [_strided(x) if x.ndim == 4 and x.shape[-2] == 30 else x for x in args]
     again = [copy_to_host(g) for g in fn.backward(*strided)]
     check(again, want, "f16")
+
+
+@pytest.mark.parametrize("precision,tolerance", [("exact", "f32"), ("tf32", "f16")])
+def test_float32_gradients_on_tf32_tensor_cores(precision, tolerance):
+    """float32 on the staged design's ``m16n8k8``: 3xTF32 (float32's tolerance) or one tf32 product
+    (f16's: tf32 keeps its 11 bits); the dQ pass's tiles keep dS beside the query rows."""
+    from attncomp.backends.numba_cuda.mma.backward_plan import DqPassPlan, dq_pass_plan
+
+    pipeline = PIPELINE.replace("deterministic=true", f"deterministic=true,precision={precision}")
+    sizes = {"B": 1, "H": 2, "KV": 1, "T": 40, "S": 45, "D": 16, "E": 16}
+    fn, args, got, want = gradients_and_args(CASES["alibi.causal_alibi"], "f32", pipeline, sizes)
+    (kernels,) = fn.backward.compilation.program.backward
+    choice = kernels.choice_for(16, 16)
+    assert choice.deterministic and not choice.async_copies
+    assert choice.products == {"exact": "3xtf32"}.get(precision, "tf32")
+    plan = dq_pass_plan(kernels.mma_plan(16, 16))
+    assert isinstance(plan, DqPassPlan) and plan.layout["ds"] >= plan.layout["o"] + plan.rows * plan.v_pitch
+    assert "red_add_f32(" not in kernels.source(16, 16) and "cuda.atomic" not in kernels.source(16, 16)
+    check(got, want, tolerance)
+    same_bits(got, fn.backward(*args))
