@@ -160,9 +160,11 @@ def worker_timings(args: argparse.Namespace) -> None:
 
 
 def sanitized_workload() -> str:
-    """A small bf16 forward and backward, and a decoding step with its keys split (the in-kernel merge):
-    what compute-sanitizer watches (its kernels compiled ahead by the compile phase's ``sanitize`` job,
-    so that the tools' time goes to running them)."""
+    """A small bf16 forward and backward (the asynchronous-copy backward with atomics, and the
+    deterministic one at D = 128: two warps a key group, the query-major dQ kernel; rows past the end
+    copied as zeros), and a decoding step with its keys split (the in-kernel merge): what
+    compute-sanitizer watches (its kernels compiled ahead by the compile phase's ``sanitize`` job, so
+    that the tools' time goes to running them)."""
     import ml_dtypes
     import numpy as np
 
@@ -173,6 +175,9 @@ def sanitized_workload() -> str:
     q, k, v = (rng.standard_normal((1, 2, 128, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
     fn = ac.compile(specs.causal_any, backend="cuda")
     out, pullback = fn.vjp(q, k, v)
+    pullback(np.ones(np.shape(out), ml_dtypes.bfloat16))
+    q, k, v = (rng.standard_normal((1, 2, 100, 128)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    out, pullback = ac.compile(specs.causal_any, backend="cuda", deterministic=True).vjp(q, k, v)
     pullback(np.ones(np.shape(out), ml_dtypes.bfloat16))
     qd = rng.standard_normal((1, 8, 512, 64)).astype(np.float32)
     kd, vd = (rng.standard_normal((1, 2, 512, 64)).astype(np.float32) for _ in range(2))
