@@ -142,12 +142,14 @@ class BackwardKernels:
         operands on the asynchronous-copy plan, float32 on the staged one whose dQ pass fits."""
         t = self.tiled
         flash = plan_flash_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice) if dense else None
-        if self.deterministic and (flash is None and not self.choice.tf32 or len(self.uniform) < len(t.site_ranks)):
+        if not self.deterministic:
+            return flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+        if len(self.uniform) < len(t.site_ranks):  # a site indexed per element: thread 0's ordered sum
             return None
-        plan = flash or plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
-        if self.deterministic and plan is not None and not plan.choice.async_copies and dq_pass_plan(plan) is None:
-            return None
-        return plan
+        if flash is not None or not self.choice.tf32:
+            return flash
+        staged = plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
+        return staged if staged is not None and dq_pass_plan(staged) is not None else None
 
     def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
         """The kernel a launch with these head dims (and ``dense`` rows or not) runs: the grid's choice
@@ -240,7 +242,7 @@ class BackwardKernels:
         dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
         plan = self.launch_plan(head_dim, value_dim, dense)
         dq = plan if isinstance(plan, MmaBackwardPlan) else self.dq_plan(head_dim, value_dim)
-        query_parts = plan.block_q // plan.rows if isinstance(plan, MmaBackwardPlan) else dq.parts
+        query_parts = dq.query_parts if isinstance(dq, MmaBackwardPlan) else dq.parts
         n_sites = len(self.grid.results) - 3
         outputs, rest = list(args[: 3 + n_sites]), args[3 + n_sites :]
         out_dq, out_dk, out_dv = outputs[:3]

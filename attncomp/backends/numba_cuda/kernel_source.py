@@ -18,7 +18,6 @@ from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.device_math import FUNCTIONS
 from attncomp.backends.numba_cuda.fp8_codes import DECODE, quantized_append
 from attncomp.backends.numba_cuda.host.launches import jit_decorator
-from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.types import is_float
 
@@ -74,21 +73,6 @@ class CudaKernelSource(KernelSource):
         self.w.line()
         self.w.line(jit_decorator(threads))
         self.w.line(f"def {self.name}({', '.join(self.params())}):")
-
-    def emit_needed(self, values: list[Value], ops: list[Op]) -> None:
-        """Emit the ops of ``ops`` that ``values`` are computed from (the query rows' indices, before
-        the key loop); they may read only what is known there: batch indices, ``qb``, captured values."""
-        needed, chosen = set(values), []
-        for op in reversed(ops):
-            if any(r in needed for r in op.results):
-                chosen.append(op)
-                needed.update(op.operands)
-        made = {r for op in chosen for r in op.results}
-        unknown = [v for v in needed if v not in made and v not in self.names and v not in self.captured]
-        if unknown:
-            raise LoweringError("cuda backward dq: the query rows' indices depend on the key block")
-        for op in reversed(chosen):
-            self.scalar().op(op)
 
     def read(self, load: Op, element: str) -> str:
         """An element of a tile load's source as the accumulation type (bf16 patterns widened)."""

@@ -58,6 +58,12 @@ class MmaBackwardPlan(WarpPlan):
     halves: int = 1  # thread blocks sharing the keys, each the dK, dV and dQ columns of its share
 
     @property
+    def query_parts(self) -> int:
+        """Thread blocks an IR query block of a query-major pass over this plan's tiles (a
+        deterministic backward's dQ kernel, ``mma/deterministic.py``): ``rows`` rows each."""
+        return self.block_q // self.rows
+
+    @property
     def d_share(self) -> int:
         """The dK and dQ columns a thread block computes (of D)."""
         return self.head_dim // self.halves

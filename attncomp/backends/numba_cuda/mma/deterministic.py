@@ -26,12 +26,12 @@ make five).  Other deterministic grids run the scalar kernels of ``simt/determin
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
-from attncomp.backends.codegen import dim_expr
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K16, plus
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, dq_pass_plan
 from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
+from attncomp.backends.numba_cuda.query_major import QueryMajor
 from attncomp.backends.numba_cuda.simt.deterministic_backward import block_sums, head_sums_source, site_sums_source
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Op, Value
@@ -95,57 +95,10 @@ class DeterministicKeys:
         block_sums(w, self.sites, set(range(len(self.sites))), p.threads)
 
 
-class QueryMajorDq:
+class QueryMajorDq(QueryMajor):
     """The query-major dQ kernel of a deterministic tensor-core backward, over a tensor-core writer
-    (see the module): its rows staged once, every key block in order, dQ in registers.  A design
-    gives :meth:`stage_query_rows`, :meth:`key_chunk`, :meth:`zero_dq` and :meth:`store_dq`."""
-
-    def site_add(self, k: int, contribution: str, index: list[str]) -> None:
-        """Nothing: the key-major kernel sums the sites (this kernel takes their slices, unused)."""
-
-    @property
-    def parts(self) -> int:
-        """Thread blocks an IR query block: ``rows`` rows each."""
-        return self.mp.block_q // self.mp.rows
-
-    def query_block(self) -> None:
-        """This thread block's rows: ``nr`` (at most ``rows``) from ``i0 + r0``, part ``r0 / rows`` of
-        IR query block ``qb`` of batch position ``bi_...``; the indices of its rows' loads."""
-        t, p, w = self.t, self.mp, self.w
-        tile = t.masked
-        w.line(f"n_rows = {dim_expr(tile.q_load.operands[0].type.shape[-2])}")
-        w.line(f"n_keys = {dim_expr(t.k_load.operands[0].type.shape[-2])}")
-        w.line(f"n_kb = (n_keys + {p.block_k - 1}) // {p.block_k}")
-        w.line(f"n_qb = {self.BLOCK_INDEX}((n_rows + {p.block_q - 1}) // {p.block_q})")
-        w.line(f"task = {self.BLOCK_INDEX}(cuda.blockIdx.x)")
-        w.line(f"r0 = {self.ROW_TYPE}((task % {self.parts}) * {p.rows})")
-        w.line(f"qb = np.int64((task // {self.parts}) % n_qb)")
-        self.batch = self.batch_indices(self.nb, f"task // {self.parts} // n_qb", "out_dq", integers=self.BLOCK_INDEX)
-        for arg, name in zip(t.batch_args, self.batch):
-            self.names[arg] = name
-        self.names[t.loop.regions[0].args[0]] = "qb"
-        loads = (tile.q_load, tile.d_out_load, tile.lse_load, tile.delta_load)
-        self.emit_needed([v for load in loads for v in load.operands[1:]], tile.scalar_ops)
-        w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = {self.ROW_TYPE}(min({p.block_q}, n_rows - i0))")
-        w.line(f"nr = {self.ROW_TYPE}(min({p.rows}, nq - r0))")
-        w.line("if nr <= 0:  # a part past the last row: the whole block returns")
-        with w.indent():
-            w.line("return")
-
-    def key_loop(self, hoisted: dict[Op, list[Op]]) -> None:
-        """Every key block in order; the IR's query-loop bounds for it say whether it reaches ``qb``."""
-        t, w = self.t, self.w
-        w.line("for kb in range(n_kb):")
-        with w.indent():
-            w.line(f"j0 = kb * {t.block_k}")
-            self.names[t.j0] = "j0"
-            for op in t.prologue:
-                self.scalar().op(op)
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"if {lo} <= qb and qb < {hi}:")
-            with w.indent():
-                self.by_tile_class(t, lambda tile, mask_when: self.key_tile(tile, mask_when, hoisted), one_copy=True)
+    (see the module): its rows staged once (the design's ``stage_rows``), every key block in order,
+    dQ in registers.  A design gives :meth:`key_chunk`, :meth:`zero_dq` and :meth:`store_dq`."""
 
     def key_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """One (query block, key block) tile, ``keys`` keys (``nk`` from ``j0 + koff``) at a time."""
@@ -167,9 +120,9 @@ class QueryMajorDq:
         self.def_line(self.mp.threads)
         with w.indent():
             self.lane_terms()
-            self.query_block()
+            self.query_block(self.mp.rows, self.mp.query_parts)
             self.shared_arrays()
-            self.stage_query_rows(self.t.masked)
+            self.stage_rows(self.t.masked)  # the design's: the block's rows, once
             hoisted = self.hoist_regions()
             self.zero_dq()
             self.key_loop(hoisted)
@@ -187,15 +140,6 @@ class FlashDeterministicWriter(DeterministicKeys, FlashBackwardWriter):
 class FlashDqWriter(QueryMajorDq, FlashBackwardWriter):
     """The dQ kernel on the asynchronous-copy design: rows and keys by ``cp.async``, operands by
     ``ldmatrix``, each warp its 16-row tiles' ``dq_columns`` (``dq{i}_{n}_{e}``)."""
-
-    def stage_query_rows(self, tile: BackwardTile) -> None:
-        p, w = self.mp, self.w
-        w.line(f"q_rows = {self.slice_of(tile.q_load)}")
-        w.line(f"o_rows = {self.slice_of(tile.d_out_load)}")
-        self.copies("q", "q_rows", "i0 + r0", "nr", p.rows, "d")
-        self.copies("o", "o_rows", "i0 + r0", "nr", p.rows, "e")
-        w.line("cp_async_commit()")
-        self.stage_row_sums(tile)
 
     def key_chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]], first: str) -> None:
         p, w = self.mp, self.w
@@ -240,9 +184,6 @@ class StagedDqWriter(QueryMajorDq, MmaBackwardKernelWriter):
     """The dQ kernel on the staged design (``backward_plan.DqPassPlan``: dS beside the query rows):
     each warp ``dq_fragments`` 16 x 8 fragments of the rows' dQ (``dq{i}_{e}``), fragment ``warp + i
     warps`` of the row-major order."""
-
-    def stage_query_rows(self, tile: BackwardTile) -> None:
-        self.stage_rows(tile)
 
     def key_chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]], first: str) -> None:
         p, w = self.mp, self.w

@@ -150,17 +150,23 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         self.copies("v", "v_rows", first, "nk", p.keys, "e")
         w.line("cp_async_commit()")
 
-    # one chunk ---------------------------------------------------------------------
-    def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
-        """The ``nr`` query rows from ``i0 + r0``: copied, the five products, the elements between."""
+    def stage_rows(self, tile: BackwardTile) -> None:
+        """The ``nr`` query and output-gradient rows from ``i0 + r0``, one group of copies, and their
+        log-sum-exp and delta."""
         p, w = self.mp, self.w
-        w.line("cuda.syncthreads()  # every warp is done with the previous chunk's tiles")
         w.line(f"q_rows = {self.slice_of(tile.q_load)}")
         w.line(f"o_rows = {self.slice_of(tile.d_out_load)}")
         self.copies("q", "q_rows", "i0 + r0", "nr", p.rows, "d")
         self.copies("o", "o_rows", "i0 + r0", "nr", p.rows, "e")
         w.line("cp_async_commit()")
         self.stage_row_sums(tile)
+
+    # one chunk ---------------------------------------------------------------------
+    def chunk(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
+        """The ``nr`` query rows from ``i0 + r0``: copied, the five products, the elements between."""
+        p, w = self.mp, self.w
+        w.line("cuda.syncthreads()  # every warp is done with the previous chunk's tiles")
+        self.stage_rows(tile)
         w.line("cp_async_wait(0)")
         w.line("cuda.syncthreads()")
         split = p.split > 1

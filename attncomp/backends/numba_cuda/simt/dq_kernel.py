@@ -29,46 +29,18 @@ costs a few integer operations per key block and keeps the tile classes exact.
 from __future__ import annotations
 
 from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
-from attncomp.backends.codegen import dim_expr
+from attncomp.backends.numba_cuda.query_major import QueryMajor
 from attncomp.backends.numba_cuda.simt.backward_kernel import BackwardKernelWriter
 from attncomp.backends.numba_cuda.simt.dq_plan import DqPlan
 from attncomp.ir.core import Op, Value
 
 
-class DqKernelWriter(BackwardKernelWriter):
+class DqKernelWriter(QueryMajor, BackwardKernelWriter):
     """Writes the dQ kernel of one deterministic ``ac.key_grid`` for one plan (the kernel function
     only: it joins the key-major kernel's module)."""
 
     def __init__(self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], plan: DqPlan):
         super().__init__(name, tiled, captured, dims, plan)  # type: ignore[arg-type]
-
-    def site_add(self, k: int, contribution: str, index: list[str]) -> None:
-        """Nothing: the key-major kernel sums the sites (this kernel takes their slices, unused)."""
-
-    def query_block(self) -> None:
-        """This thread block's query rows: ``nr`` (at most ``rows``) from ``i0 + r0``, part ``r0 / rows`` of
-        IR query block ``qb`` of batch position ``bi_...``."""
-        t, p, w = self.t, self.plan, self.w
-        tile = t.masked
-        w.line(f"n_rows = {dim_expr(tile.q_load.operands[0].type.shape[-2])}")
-        w.line(f"n_keys = {dim_expr(t.k_load.operands[0].type.shape[-2])}")
-        w.line(f"n_kb = (n_keys + {p.block_k - 1}) // {p.block_k}")
-        w.line(f"n_qb = (n_rows + {p.block_q - 1}) // {p.block_q}")
-        w.line("task = cuda.blockIdx.x")
-        w.line(f"r0 = (task % {p.parts}) * {p.rows}")
-        w.line(f"qb = (task // {p.parts}) % n_qb")
-        self.batch = self.batch_indices(self.nb, f"task // {p.parts} // n_qb", "out_dq")
-        for arg, name in zip(t.batch_args, self.batch):
-            self.names[arg] = name
-        self.names[t.loop.regions[0].args[0]] = "qb"
-        loads = (tile.q_load, tile.d_out_load)
-        self.emit_needed([v for load in loads for v in load.operands[1:]], tile.scalar_ops)
-        w.line(f"i0 = {self.ref(tile.q_load.operands[-1])}")
-        w.line(f"nq = min({p.block_q}, n_rows - i0)")
-        w.line(f"nr = min({p.rows}, nq - r0)")
-        w.line("if nr <= 0:  # a part past the last row: the whole block returns")
-        with w.indent():
-            w.line("return")
 
     def key_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """One (query block, key block) tile: its keys a chunk at a time; dq slices += ds_raw k."""
@@ -97,21 +69,6 @@ class DqKernelWriter(BackwardKernelWriter):
                     for k in range(p.head_slice):
                         w.line(f"dq_{k} += dw * k_tile[cc, {self.feature(k)}]")
 
-    def key_loop(self, hoisted: dict[Op, list[Op]]) -> None:
-        """Every key block in order; the IR's query-loop bounds for it say whether it reaches ``qb``."""
-        t, p, w = self.t, self.plan, self.w
-        w.line("for kb in range(n_kb):")
-        with w.indent():
-            w.line(f"j0 = kb * {p.block_k}")
-            self.names[t.j0] = "j0"
-            for op in t.prologue:
-                self.scalar().op(op)
-            lo, hi = (self.ref(v) for v in t.loop.operands[:2])
-            w.line(f"if {lo} <= qb and qb < {hi}:")
-            with w.indent():
-                emit = lambda tile, mask_when: self.key_tile(tile, mask_when, hoisted)  # noqa: E731
-                self.by_tile_class(t, emit, one_copy=True)
-
     def store(self) -> None:
         """The dq slices into this thread block's rows of out_dq."""
         p, w = self.plan, self.w
@@ -124,7 +81,7 @@ class DqKernelWriter(BackwardKernelWriter):
     def write(self, func_name: str = "") -> str:
         t, p, w = self.t, self.plan, self.w
         with self.kernel_body(p.lanes, "rr"):
-            self.query_block()
+            self.query_block(p.rows, p.parts)
             w.line(f"q_tile = cuda.shared.array(({p.rows}, {p.head_pitch}), {self.acc})")
             w.line(f"o_tile = cuda.shared.array(({p.rows}, {p.value_pitch}), {self.acc})")
             w.line(f"k_tile = cuda.shared.array(({p.keys}, {p.head_pitch}), {self.acc})")
