@@ -24,10 +24,10 @@ PIPELINE = (
 CASES = dict(attention_cases())
 
 
-def deterministic_gradients(name: str, d: int, dtype: str, sizes: dict | None = None):
+def deterministic_gradients(name: str, d: int, dtype: str, sizes: dict | None = None, pipeline: str = PIPELINE):
     """(the cuda function, its arguments, its gradients, the interpreter's) of an example at D = E = ``d``."""
     sizes = {"B": 1, "H": 2, "KV": 1, "T": 40, "S": 45, "D": d, "E": d, "R": 33, **(sizes or {})}
-    return gradients_and_args(CASES[name], dtype, PIPELINE, sizes)
+    return gradients_and_args(CASES[name], dtype, pipeline, sizes)
 
 
 def same_bits(first, second) -> None:
@@ -61,6 +61,17 @@ def test_gradients_on_tensor_cores_are_the_same_bits_twice(name, dtype, d, banks
     same_bits(got, fn.backward(*args))
 
 
+def test_the_dq_pass_takes_64_rows_up_to_d64():
+    """Query blocks of 64 at D = 64: the dQ pass's thread block takes all 64 rows (twice the products
+    for each chunk of keys it copies), the key-major kernel 32 at a time."""
+    pipeline = PIPELINE.replace("block_q=32", "block_q=64")
+    fn, args, got, want = deterministic_gradients("alibi.causal_alibi", 64, "bf16", {"T": 70}, pipeline)
+    (kernels,) = fn.backward.compilation.program.backward
+    plan = kernels.mma_plan(64, 64)
+    assert (plan.rows, kernels.dq_pass_plan(plan).rows) == (32, 64)
+    check(got, want, "bf16")
+
+
 def test_a_site_indexed_per_element_runs_the_scalar_kernels():
     """A relative-bias table (an index per element): thread 0 sums it element by element, on the
     scalar kernels, from the bf16 patterns."""
@@ -88,7 +99,7 @@ def test_strided_rows_run_the_scalar_kernels():
 def test_float32_gradients_on_tf32_tensor_cores(precision, tolerance):
     """float32 on the staged design's ``m16n8k8``: 3xTF32 (float32's tolerance) or one tf32 product
     (f16's: tf32 keeps its 11 bits); the dQ pass's tiles keep dS beside the query rows."""
-    from attncomp.backends.numba_cuda.mma.backward_plan import DqPassPlan, dq_pass_plan
+    from attncomp.backends.numba_cuda.mma.backward_plan import DqPassPlan
 
     pipeline = PIPELINE.replace("deterministic=true", f"deterministic=true,precision={precision}")
     sizes = {"B": 1, "H": 2, "KV": 1, "T": 40, "S": 45, "D": 16, "E": 16}
@@ -97,7 +108,7 @@ def test_float32_gradients_on_tf32_tensor_cores(precision, tolerance):
     choice = kernels.choice_for(16, 16)
     assert choice.deterministic and not choice.async_copies
     assert choice.products == {"exact": "3xtf32"}.get(precision, "tf32")
-    plan = dq_pass_plan(kernels.mma_plan(16, 16))
+    plan = kernels.dq_pass_plan(kernels.mma_plan(16, 16))
     assert isinstance(plan, DqPassPlan) and plan.layout["ds"] >= plan.layout["o"] + plan.rows * plan.v_pitch
     assert "red_add_f32(" not in kernels.source(16, 16) and "cuda.atomic" not in kernels.source(16, 16)
     check(got, want, tolerance)

@@ -30,10 +30,10 @@ from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
-from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, dq_pass_plan, plan_mma_backward
+from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward, staged_dq_plan
 from attncomp.backends.numba_cuda.mma.deterministic import write_deterministic_mma
 from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
-from attncomp.backends.numba_cuda.mma.flash_backward_plan import plan_flash_backward
+from attncomp.backends.numba_cuda.mma.flash_backward_plan import FlashBackwardPlan, plan_flash_backward, plan_flash_dq
 from attncomp.backends.numba_cuda.simt.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan, plan_backward
 from attncomp.backends.numba_cuda.simt.deterministic_backward import (
@@ -149,7 +149,18 @@ class BackwardKernels:
         if flash is not None or not self.choice.tf32:
             return flash
         staged = plan_mma_backward(t.block_q, t.block_k, head_dim, value_dim, self.choice)
-        return staged if staged is not None and dq_pass_plan(staged) is not None else None
+        return staged if staged is not None and staged_dq_plan(staged) is not None else None
+
+    def dq_pass_plan(self, plan: BackwardPlan | MmaBackwardPlan) -> DqPlan | MmaBackwardPlan:
+        """The plan of a deterministic grid's dQ pass beside its key-major kernel's ``plan``: on tensor
+        cores, that plan's design (``plan_flash_dq``, ``staged_dq_plan``), else the scalar one."""
+        if isinstance(plan, FlashBackwardPlan):
+            return plan_flash_dq(plan)
+        if isinstance(plan, MmaBackwardPlan):
+            found = staged_dq_plan(plan)
+            assert found is not None, "mma_plan checks the dQ pass's tiles"
+            return found
+        return self.dq_plan(plan.head_dim, plan.value_dim)
 
     def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
         """The kernel a launch with these head dims (and ``dense`` rows or not) runs: the grid's choice
@@ -165,7 +176,7 @@ class BackwardKernels:
         mma = self.mma_plan(head_dim, value_dim, dense)
         parts = (self.tiled, self.captured, self.dims, mma)
         if mma is not None and self.deterministic:
-            return write_deterministic_mma(self.name, self.func_name, *parts, self.acc_dtype)
+            return write_deterministic_mma(self.name, self.func_name, *parts, self.dq_pass_plan(mma), self.acc_dtype)
         if mma is not None:
             writer = FlashBackwardWriter if mma.choice.async_copies else MmaBackwardKernelWriter
             return writer(self.name, *parts).write(self.func_name)
@@ -241,7 +252,7 @@ class BackwardKernels:
         sums: of each key/value head's positions, and of the sites' slices, in a fixed order."""
         dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
         plan = self.launch_plan(head_dim, value_dim, dense)
-        dq = plan if isinstance(plan, MmaBackwardPlan) else self.dq_plan(head_dim, value_dim)
+        dq = self.dq_pass_plan(plan)
         query_parts = dq.query_parts if isinstance(dq, MmaBackwardPlan) else dq.parts
         n_sites = len(self.grid.results) - 3
         outputs, rest = list(args[: 3 + n_sites]), args[3 + n_sites :]

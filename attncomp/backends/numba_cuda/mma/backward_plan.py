@@ -162,7 +162,7 @@ class DqPassPlan(MmaBackwardPlan):
         return offsets
 
 
-def dq_pass_plan(plan: MmaBackwardPlan) -> DqPassPlan | None:
+def staged_dq_plan(plan: MmaBackwardPlan) -> DqPassPlan | None:
     """``plan``'s tiles for the query-major dQ pass, or None where they exceed the shared memory."""
     found = DqPassPlan(*(getattr(plan, f.name) for f in fields(plan)))
     return found if found.fits else None

@@ -12,11 +12,13 @@ with dense rows on the asynchronous-copy design (``mma/flash_backward.py``), flo
   sites' contributions in a register, the block adds its lanes' sums in thread order into its own
   slice, and ``_sites`` adds the slices in block order.
 - the query-major dQ kernel ``_dq`` (:class:`QueryMajorDq`): one thread block per ``rows`` query rows
-  of an IR query block, its rows (query, output gradient, log-sum-exp, delta) staged once; for every
-  key block in order, where the IR's bounds for it reach the query block, each ``keys`` keys: their
-  keys and values staged, ``S^T`` and ``dP^T`` with the key-major kernel's products and elements (the
-  warp's 16 keys on the fragments' rows), dS to shared memory and ``dQ += dS K`` into fragments kept
-  in registers for the whole kernel, stored once at the end.
+  of an IR query block (``BackwardKernels.dq_pass_plan``: up to D = 64 on the asynchronous-copy
+  design 64 rows, with no dK and dV fragments beside its own), its rows (query, output gradient,
+  log-sum-exp, delta) staged once; for every key block in order, where the IR's bounds for it
+  reach the query block, each ``keys`` keys: their keys and values staged, ``S^T`` and ``dP^T``
+  with the key-major kernel's products and elements (the warp's 16 keys on the fragments' rows),
+  dS to shared memory and ``dQ += dS K`` into fragments kept in registers for the whole kernel,
+  stored once at the end.
 
 Every sum runs in an order the code fixes, so the gradients are the same bits from run to run; the
 price is the dQ kernel's second ``S^T`` and ``dP^T`` (seven products a tile where the atomic kernels
@@ -29,7 +31,7 @@ from attncomp.backends.backward_tiles import BackwardTile, TiledBackward
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
 from attncomp.backends.numba_cuda.mma.atoms import M16N8K16, plus
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
-from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, dq_pass_plan
+from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan
 from attncomp.backends.numba_cuda.mma.flash_backward import FlashBackwardWriter
 from attncomp.backends.numba_cuda.query_major import QueryMajor
 from attncomp.backends.numba_cuda.simt.deterministic_backward import block_sums, head_sums_source, site_sums_source
@@ -233,18 +235,16 @@ def write_deterministic_mma(
     captured: dict[Value, str],
     dims: list[str],
     plan: MmaBackwardPlan,
+    dq_plan: MmaBackwardPlan,
     acc: str,
 ) -> str:
     """The module of a deterministic tensor-core backward of ``plan`` (its design by
-    ``choice.async_copies``): the key-major kernel ``name``, the dQ kernel ``name_dq``, and the scalar
-    module's sums ``name_heads`` and ``name_sites``."""
+    ``choice.async_copies``) and ``dq_plan`` (its dQ pass's, ``BackwardKernels.dq_pass_plan``): the key-major kernel
+    ``name``, the dQ kernel ``name_dq``, and the scalar module's sums ``name_heads`` and ``name_sites``."""
     if plan.choice.async_copies:
         keys, dq = FlashDeterministicWriter, FlashDqWriter
-        dq_plan = plan
     else:
         keys, dq = StagedDeterministicWriter, StagedDqWriter
-        dq_plan = dq_pass_plan(plan)
-        assert dq_plan is not None, "BackwardKernels.mma_plan checks the dQ pass's tiles"
     kernels = [keys(name, tiled, captured, dims, plan), dq(f"{name}_dq", tiled, captured, dims, dq_plan)]
     sums = [head_sums_source(f"{name}_heads", acc), site_sums_source(f"{name}_sites", acc)]
     return "\n\n".join([kernels[0].write(func_name), kernels[1].write(func_name), *sums])

@@ -39,6 +39,10 @@ PAD_BYTES = CHUNK_BYTES
 #: group, each half the rows' scores and half the dK and dV columns (a lane's whole columns,
 #: D / 2 + E / 2 float32, leave too few registers), 40,192 bytes
 FLASH_BACKWARD_SHAPES = ((64, (64, 32, 1)), (128, (32, 32, 2)))
+#: (widest head dim served, query rows a thread block) of a deterministic backward's dQ pass
+#: (``mma/deterministic.py``): no dK and dV fragments beside its own, so up to D = 64 a block takes
+#: 64 rows (twice the products for each chunk of keys copied); past it, the key-major kernel's 32
+FLASH_DQ_ROWS = ((64, 64), (128, 32))
 #: consecutive threads that copy one 16-byte chunk of as many consecutive rows (a quarter-warp)
 COPY_GROUP = 8
 #: query rows of float32 scores a lane holds at once (``FlashBackwardPlan.live_rows``)
@@ -216,3 +220,18 @@ def plan_flash_backward(
     if not (even and pairs) or any(plan.copies(*c) is None for c in copied):
         return None
     return plan if plan.threads <= MAX_THREADS and plan.fits else None
+
+
+def plan_flash_dq(plan: FlashBackwardPlan) -> FlashBackwardPlan:
+    """The plan of a deterministic backward's dQ pass over ``plan``'s keys: ``plan`` with the rows of
+    :data:`FLASH_DQ_ROWS` where they divide the IR's query block and the copies, warps and shared
+    memory allow, else ``plan`` itself."""
+    widest = max(plan.head_dim, plan.value_dim)
+    rows = next(rows for most, rows in FLASH_DQ_ROWS if widest <= most)
+    wider = replace(plan, rows=rows)
+    even = wider.m_tiles % wider.warps == 0 or wider.warps % wider.m_tiles == 0
+    pairs = wider.dq_columns % (2 * M16N8K16.n) == 0
+    copied = all(wider.copies(rows, dim) is not None for dim in (plan.head_dim, plan.value_dim))
+    if rows <= plan.rows or plan.block_q % rows or not (even and pairs and copied and wider.fits):
+        return plan
+    return wider
