@@ -102,6 +102,10 @@ class QueryMajorDq(QueryMajor):
     (see the module): its rows staged once (the design's ``stage_rows``), every key block in order,
     dQ in registers.  A design gives :meth:`key_chunk`, :meth:`zero_dq` and :meth:`store_dq`."""
 
+    def zeroed(self, fragment: list[str]) -> None:
+        """A dQ fragment's registers at zero, before the key loop."""
+        self.w.line(f"{', '.join(fragment)} = {', '.join('ZERO' for _ in fragment)}")
+
     def key_tile(self, tile: BackwardTile, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """One (query block, key block) tile, ``keys`` keys (``nk`` from ``j0 + koff``) at a time."""
         p, w = self.mp, self.w
@@ -159,8 +163,7 @@ class FlashDqWriter(QueryMajorDq, FlashBackwardWriter):
         p, c = self.mp, self.atom.c
         for i in range(p.dq_row_tiles):
             for n in range(p.dq_columns // c.cols):
-                fragment = [f"dq{i}_{n}_{e}" for e in range(c.registers)]
-                self.w.line(f"{', '.join(fragment)} = {', '.join('ZERO' for _ in fragment)}")
+                self.zeroed([f"dq{i}_{n}_{e}" for e in range(c.registers)])
 
     def store_dq(self) -> None:
         """The rows' copies landed (where no key block reached them), then the warp's dQ fragments into
@@ -211,8 +214,7 @@ class StagedDqWriter(QueryMajorDq, MmaBackwardKernelWriter):
         for i in range(p.dq_fragments):
             w.line(f"m16_{i} = ((warp + {i * p.warps}) // {per_row}) * {atom.m}")
             w.line(f"n8_{i} = ((warp + {i * p.warps}) % {per_row}) * {atom.n}")
-            fragment = [f"dq{i}_{e}" for e in range(atom.c.registers)]
-            w.line(f"{', '.join(fragment)} = {', '.join('ZERO' for _ in fragment)}")
+            self.zeroed([f"dq{i}_{e}" for e in range(atom.c.registers)])
 
     def store_dq(self) -> None:
         p, w, c = self.mp, self.w, self.atom.c
