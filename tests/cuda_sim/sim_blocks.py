@@ -17,7 +17,8 @@ What the rest of the simulator and ``mma/warp_sim.py`` read is kept: each thread
 ``syncthreads_blocked`` while it waits, ``abort`` once another thread has raised,
 ``is_alive()`` false once its part of the block has ended, and the block's threads as the local
 ``threads`` of ``BlockManager.run``. The first exception a thread raises is raised from the
-launch, the other threads stopped at their next barrier.
+launch once the block's other threads have stopped at their next barrier or warp instruction:
+the next launch never starts beside a thread of the last.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+#: seconds a failed block's launch waits for each of its other threads to stop
+_STRAGGLERS = 10.0
 
 
 class BlockBarrier:
@@ -161,6 +165,11 @@ def install() -> None:
         with barrier.condition:
             while barrier.live and barrier.failed is None:
                 barrier.condition.wait()
+            # A failed block's other threads stop at their next barrier or warp instruction: wait for
+            # them, so that none is still inside a device function (whose ``cuda`` global the
+            # simulator swaps for this launch's) when the next launch starts.
+            while barrier.live and barrier.condition.wait(timeout=_STRAGGLERS):
+                pass
         if barrier.failed is not None:
             error, trace = barrier.failed.exception
             raise error.with_traceback(trace)

@@ -73,6 +73,28 @@ def test_an_exception_in_one_thread_is_raised_from_the_launch_and_the_next_launc
 
 
 @cuda.jit
+def _raise_while_others_work(out, rounds):
+    t = cuda.threadIdx.x
+    if t == 0:
+        raise ValueError("planted")
+    total = 0
+    for i in range(rounds):
+        total += i
+    cuda.syncthreads()
+    out[t] = total
+
+
+def test_a_failed_launch_returns_once_its_other_threads_have_stopped():
+    """Else a thread of the failed launch, still inside a device function, would hold that function's
+    ``cuda`` global at its launch's while the next launch's threads call it (``mma/warp_sim.py`` finds
+    a launch's warps by it)."""
+    out = np.zeros(32, np.int64)
+    with pytest.raises(ValueError, match="planted"):
+        _raise_while_others_work[1, 32](out, 100_000)
+    assert not any(t.is_alive() for t in simulator_threads())
+
+
+@cuda.jit
 def _counts(out):
     t = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
     out[0, t] = cuda.syncthreads_count(t % 3 == 0)
