@@ -9,6 +9,7 @@ processes sharing the directory never see a partial file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -116,7 +118,32 @@ def load_source(source: str, prefix: str) -> ModuleType:
     with _LOCK:
         if name in sys.modules:
             return sys.modules[name]
-        return _import(source, name)
+        with one_compiler(name):
+            return _import(source, name)
+
+
+@contextlib.contextmanager
+def one_compiler(name: str) -> Iterator[None]:
+    """Hold the cache entry ``name`` for this process while it imports (and so compiles) it.
+
+    Processes that share the cache directory (the ranks of a distributed job, a test run's workers)
+    often import the same kernel at once; each would compile it.  With the entry's lock file
+    (``locks/NAME.lock``, locked by ``flock``), the first compiles and writes Numba's cache, and the
+    others wait, then load what it wrote.  A process that dies releases its lock; where ``fcntl`` is
+    missing (Windows) every process compiles, as without the lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    folder = cache_dir() / "locks"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _import(source: str, name: str, again: bool = False) -> ModuleType:

@@ -143,8 +143,13 @@ class ScalarEmitter:
         functions: dict[Any, str] | None = None,
         reciprocals: dict[Value, str] | None = None,
         integers: str | None = None,
+        select: str | None = None,
     ):
         self.writer = writer
+        #: a function ``select(c, a, b)`` of the generated code (both values computed, no branch) for
+        #: ``ac.where``, ``ac.maximum`` and ``ac.minimum``, with ``&`` and ``|`` for ``ac.and`` and
+        #: ``ac.or``; None: conditional expressions and ``and``/``or`` (see :func:`select_min`)
+        self.select = select
         #: the type of integer results and sizes (None: ``NUMPY_SCALAR``'s, 64-bit); ``np.int32`` where
         #: a kernel's positions are 32-bit (a sequence is shorter than 2^31): one register, one compare
         self.integers = integers
@@ -166,6 +171,12 @@ class ScalarEmitter:
         if self.integers is not None and dtype in ("i32", "i64"):
             return f"{self.integers}({expr})"
         return f"{NUMPY_SCALAR[dtype]}({expr})"
+
+    def choose(self, cond: str, a: str, b: str) -> str:
+        """``a`` where ``cond`` holds, else ``b`` (both already computed: names or constants)."""
+        if self.select is not None:
+            return f"{self.select}({cond}, {a}, {b})"
+        return f"({a} if {cond} else {b})"
 
     def op(self, op: Op) -> None:
         if op.name in ("ac.yield", "ac.return"):
@@ -194,21 +205,19 @@ class ScalarEmitter:
         elif name == "ac.rsqrt":
             expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
         elif name in ("ac.maximum", "ac.minimum"):
-            pick = select_max(a[0], a[1]) if name == "ac.maximum" else select_min(a[0], a[1])
+            pick = self.choose(f"{a[0]} {'>' if name == 'ac.maximum' else '<'} {a[1]}", a[0], a[1])
             if is_float(dtype):  # NaN propagates, as in np.maximum
-                expr = self.typed(f"({a[0]} if {a[0]} != {a[0]} else {pick})", dtype)
-            else:
-                expr = self.typed(pick, dtype)
+                pick = self.choose(f"{a[0]} != {a[0]}", a[0], pick)
+            expr = self.typed(pick, dtype)
         elif name == "ac.cmp":
             expr = f"({a[0]} {COMPARE[op.attrs['pred']]} {a[1]})"
-        elif name == "ac.and":
-            expr = f"({a[0]} and {a[1]})"
-        elif name == "ac.or":
-            expr = f"({a[0]} or {a[1]})"
+        elif name in ("ac.and", "ac.or"):  # of booleans: without a branch where ``select`` is given
+            word = {"ac.and": ("and", "&"), "ac.or": ("or", "|")}[name][self.select is not None]
+            expr = f"({a[0]} {word} {a[1]})"
         elif name == "ac.not":
             expr = f"(not {a[0]})"
         elif name == "ac.where":
-            expr = self.typed(f"({a[1]} if {a[0]} else {a[2]})", dtype)
+            expr = self.typed(self.choose(a[0], a[1], a[2]), dtype)
         elif name == "ac.cast":
             expr = f"({a[0]} != 0)" if dtype == "i1" else self.typed(a[0], dtype)
         elif name == "ac.gather":

@@ -117,14 +117,16 @@ def read_tiled_attention(grid: Op) -> TiledAttention:
     return TiledAttention(grid, prologue, q_loads[0], loop, [], None, default, compute, None)
 
 
-def element_expr(value: Value, names: dict[Value, str], row: str, col: str) -> str:
-    """An index tile's element ``[row, col]`` as a scalar expression."""
+def element_expr(value: Value, names: dict[Value, str], row: str, col: str, select: str | None = None) -> str:
+    """An index tile's element ``[row, col]`` as a scalar expression (``select``: the generated code's
+    branch-free choice for ``minimum`` and ``maximum``, ``ScalarEmitter``'s; None: a conditional
+    expression)."""
     if value in names:
         return names[value]
     op = producer(value)
     if op is None:
         raise LoweringError(f"no element expression for block argument {value}")
-    sub = [element_expr(v, names, row, col) for v in op.operands]
+    sub = [element_expr(v, names, row, col, select) for v in op.operands]
     if op.name == "ac.iota":
         return row if op.attrs["axis"] == 0 else col
     if op.name == "ac.constant":
@@ -134,6 +136,8 @@ def element_expr(value: Value, names: dict[Value, str], row: str, col: str) -> s
     binary = {"ac.add": "+", "ac.sub": "-", "ac.mul": "*", "ac.floordiv": "//", "ac.mod": "%"}
     if op.name in binary:
         return f"({sub[0]} {binary[op.name]} {sub[1]})"
+    if op.name in ("ac.minimum", "ac.maximum") and select is not None:
+        return f"{select}({sub[0]} {'<' if op.name == 'ac.minimum' else '>'} {sub[1]}, {sub[0]}, {sub[1]})"
     if op.name in ("ac.minimum", "ac.maximum"):
         return (select_min if op.name == "ac.minimum" else select_max)(sub[0], sub[1])
     raise LoweringError(f"cannot lower {op.name} on an index tile")

@@ -128,3 +128,73 @@ def test_every_rt_call_a_driver_writes_is_in_the_runtime_a_driver_imports():
     assert "launch_map" in called and "kernel_scalar" in called
     assert sorted(called - set(runtime.__all__)) == []
     assert all(hasattr(runtime, name) for name in runtime.__all__)
+
+
+#: casts of a computed value: choosing between such values needs no branch
+CASTS = {"ACC", "U", "np.int32", "np.uint32", "np.int64", "np.float32"}
+#: the per-row choices of a merge or finish (``lse_merge.py``, shared with the CPU kernels): two a row
+MERGE_NAMES = {"denominator", "top_safe"}
+
+
+def _computed(node) -> bool:
+    """Whether evaluating ``node`` reads no memory and calls nothing but casts."""
+    import ast
+
+    if isinstance(node, ast.Name | ast.Constant):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _computed(node.value)
+    if isinstance(node, ast.BinOp | ast.UnaryOp | ast.Compare | ast.BoolOp):
+        return all(_computed(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
+    if isinstance(node, ast.Call):
+        return ast.unparse(node.func) in CASTS and all(_computed(a) for a in node.args)
+    return False
+
+
+def _branches_between_values(source: str) -> list[str]:
+    """The lines that choose between computed values by a branch: a conditional expression, an
+    ``and``/``or`` of comparisons, or an ``if`` that only reassigns one value."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in MERGE_NAMES for t in node.targets):
+            continue
+        if isinstance(node, ast.Assign | ast.Expr):
+            for inner in ast.walk(node.value):
+                if isinstance(inner, ast.IfExp | ast.BoolOp) and _computed(inner):
+                    found.append(ast.unparse(node))
+        elif isinstance(node, ast.If) and not node.orelse and len(node.body) == 1:
+            (only,) = node.body
+            assigns = isinstance(only, ast.Assign) and all(isinstance(t, ast.Name) for t in only.targets)
+            if assigns and _computed(only.value) and _computed(node.test):
+                found.append(ast.unparse(node).replace("\n", " "))
+    return found
+
+
+@pytest.mark.parametrize(
+    "example,name,dtype,head_dim,gradients",
+    [
+        ("alibi", "causal_alibi", "bf16", 128, False),
+        ("sliding_window", "causal_sliding_window", "f16", 64, False),
+        ("alibi", "causal_alibi", "bf16", 64, True),
+        ("document_mask", "causal_document_mask", "f32", 64, True),
+    ],
+)
+def test_kernels_choose_between_values_without_branches(example, name, dtype, head_dim, gradients):
+    """A mask, a bound, a copy's size: choices between computed values are ``select`` calls, never a
+    conditional expression or an ``if`` around one assignment.  Each of those is a branch and a join
+    in Numba's IR, whose front end takes time per block and per variable assigned more than once:
+    written as branches, they took most of a tensor-core kernel's compile."""
+    from attncomp.backends import numba_cuda
+    from tests.cuda_sim.helpers import retyped
+
+    spec = getattr(load_example(example), name)
+    fn = ac.compile(retyped(spec, dtype) if dtype != "f32" else spec, backend="interp")
+    impl = numba_cuda.build(fn.backward.module if gradients else fn.module)
+    kernel = "attention_backward_kernel_0" if gradients else "attention_kernel_0"
+    sources = {k.name: k.source for k in impl.kernels(head_dim, head_dim) if k.name.startswith(kernel)}
+    assert sources
+    for kernel, source in sources.items():
+        assert "select(" in source, kernel
+        assert _branches_between_values(source) == [], kernel

@@ -28,9 +28,11 @@ def windowed(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "T", "D"], v: ac
 
 window = int(sys.argv[1])
 x = np.random.default_rng(0).standard_normal((1, 2, 37, 8)).astype(np.float32)
-out = ac.compile(windowed, backend="cpu", window=window)(x, x, x)
+fn = ac.compile(windowed, backend="cpu", window=window)
+out = fn(x, x, x)
 error = float(np.abs(out - ac.interpret(windowed, x, x, x, window=window)).max())
 print("error", error)
+print("loaded", sum(fn.compilation.program.kernels[0].stats.cache_hits.values()))
 assert error < 1e-5
 """
 
@@ -94,9 +96,13 @@ def test_two_processes_share_one_cache_directory(tmp_path):
         )
         for _ in range(2)
     ]
+    loaded = []
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
+        loaded.append(int(out.split("loaded")[1]))
+    # the two imported the module at once: one compiled it, the other waited and loaded what it wrote
+    assert sorted(x > 0 for x in loaded) == [False, True], loaded
     assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
     again = run_probe(tmp_path, window)  # a third process finds a valid cache
     assert again.returncode == 0, again.stderr

@@ -7,6 +7,9 @@ themselves, so a kernel means the same in both places (a compare and a
 select on the GPU).  They are inlined into the calling kernel by Numba
 (``inline="always"``): a separately compiled device function would need a
 GPU to learn its target, and kernels must compile to PTX without one.
+
+``select(c, a, b)`` is the kernels' choice between two computed values without a branch: an LLVM
+``select`` on the GPU, a conditional expression in the simulator.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import math
 
 from numba import cuda
+
+from attncomp.backends.numba_cuda.warp import SIMULATED
 
 #: op name -> helper, for ``ScalarEmitter(functions=...)``
 FUNCTIONS = {
@@ -24,7 +29,8 @@ FUNCTIONS = {
     "ac.sin": "ac_sin",
     "ac.cos": "ac_cos",
 }
-IMPORT = f"from attncomp.backends.numba_cuda.device_math import {', '.join(sorted(FUNCTIONS.values()))}"
+#: a generated kernel's import of these and of ``select``
+IMPORT = f"from attncomp.backends.numba_cuda.device_math import {', '.join(sorted([*FUNCTIONS.values(), 'select']))}"
 
 
 @cuda.jit(device=True, inline="always")
@@ -71,3 +77,36 @@ def ac_cos(x):
     if math.isinf(x):
         return math.nan
     return math.cos(x)
+
+
+if SIMULATED:
+
+    def select(c, a, b):
+        """``a`` where ``c`` holds, else ``b`` (as the GPU's below)."""
+        return a if c else b
+
+else:
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+    from numba.cuda.typing import signature
+
+    @intrinsic
+    def select(typingctx, c, a, b):
+        """``a`` where ``c`` holds, else ``b``: both already computed, one LLVM ``select`` (``selp``).
+
+        The kernels' choices between values (a mask, a bound, a copy's size): a conditional
+        expression would be a branch and a join in Numba's IR, whose front end spends time per block
+        and per variable assigned more than once; written so, a tensor-core kernel's few hundred
+        choices took most of its compile.  LLVM made selects of them anyway: the SASS is the same."""
+        result = typingctx.unify_types(types.unliteral(a), types.unliteral(b))
+        if result is None:
+            return None
+        sig = signature(result, types.boolean, types.unliteral(a), types.unliteral(b))
+
+        def codegen(context, builder, sig, args):
+            cond = context.cast(builder, args[0], c, types.boolean)
+            x = context.cast(builder, args[1], sig.args[1], result)
+            y = context.cast(builder, args[2], sig.args[2], result)
+            return builder.select(cond, x, y)
+
+        return sig, codegen

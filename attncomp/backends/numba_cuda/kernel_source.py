@@ -82,8 +82,11 @@ class CudaKernelSource(KernelSource):
         return self.scalar().ref(value)
 
     def scalar(self, integers: str | None = None) -> ScalarEmitter:
-        """The emitter of 0-d ops; ``integers``: the type of their integer results (``ScalarEmitter``)."""
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals, integers)
+        """The emitter of 0-d ops; ``integers``: the type of their integer results (``ScalarEmitter``);
+        choices between values by ``select`` (``device_math.IMPORT``), without a branch."""
+        return ScalarEmitter(
+            self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals, integers, "select"
+        )
 
     def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
         """Bind the region's batch arguments, emit its position-independent ops; return the others."""

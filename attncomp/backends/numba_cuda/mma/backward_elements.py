@@ -50,9 +50,9 @@ class BackwardElements:
         for n in range(self.mp.rows // c.cols):
             for b in c.columns():
                 row = f"(r0 + {self.ROW_BASE}{n * c.cols + b} + {c.col_term})"
-                rows[n, b] = element_expr(index[0], self.names, row, "0")
+                rows[n, b] = element_expr(index[0], self.names, row, "0", "select")
         for h, (offset, _) in enumerate(c.by_row()):
-            cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})")
+            cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})", "select")
         return rows, cols
 
     def elements(
@@ -90,7 +90,7 @@ class BackwardElements:
             # each element's validity just before its use: eight flags live at once cost registers
             # beside the dK and dV fragments
             h, b = c.row_index(e), c.offsets[e][1]
-            w.line(f"v_{n}_{e} = key_ok_{h} and {left.format(n * c.cols + b)}")
+            w.line(f"v_{n}_{e} = key_ok_{h} & ({left.format(n * c.cols + b)})")
             if with_mask:
                 w.line(f"if v_{n}_{e} and {masked}:")
                 with w.indent():

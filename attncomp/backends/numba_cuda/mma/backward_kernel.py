@@ -188,9 +188,9 @@ class MmaBackwardKernelWriter(BackwardStaging, BackwardElements, BackwardKernelW
         for n in range(p.rows // c.cols):
             for offset, (e0, e1) in c.by_row():
                 x0, x1 = f"ds_{n}_{e0}", f"ds_{n}_{e1}"
-                w.line(f"got = shuffle_xor({x1} if odd == 0 else {x0}, {c.next_row_mask()})")
+                w.line(f"got = shuffle_xor(select(odd == 0, {x1}, {x0}), {c.next_row_mask()})")
                 pack = self.operands.pack
-                w.line(f"word = {pack}(got, {x1}) if odd else {pack}({x0}, got)")
+                w.line(f"word = select(odd == 0, {pack}({x0}, got), {pack}(got, {x1}))")
                 at = f"({n * c.cols} + {c.col_term} + odd) * {p.kt_pitch} + w8 + {offset // per_word} + (g >> 1)"
                 w.line(f"{self.sh('ds', at)} = word")
 

@@ -137,7 +137,7 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         w.line(f"src_at = np.int32(({first} + c_row_{dim}) * {elements} + c_col_{dim} * {COPY_ELEMENTS})")
         w.line(f"past = np.int32({count} - c_row_{dim})")
         for at, chunk in p.copy_steps(rows, elements):
-            size = f"{CHUNK_BYTES} if {at} < past else 0"
+            size = f"select({at} < past, {CHUNK_BYTES}, 0)"
             dst = f"c_dst_{dim}{plus(p.tile_at[tile] + at * pitch + chunk * CHUNK_BYTES)}"
             w.line(f"cp_async16(sh, {dst}, {src}, src_at{plus(at * elements + chunk * COPY_ELEMENTS)}, {size})")
 

@@ -124,7 +124,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             w.line(f"past = np.int32(n_keys - ({jc}) - {name}_row)")
         for at, row in rows:
             dst = self.copy_destination(name, dim, at, row)
-            size = str(CHUNK_BYTES) if full else f"{CHUNK_BYTES} if {at} < past else 0"
+            size = str(CHUNK_BYTES) if full else f"select({at} < past, {CHUNK_BYTES}, 0)"
             w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {size})")
         w.line("cp_async_commit()")
 
@@ -230,10 +230,9 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
                 visible = inside[n, c.offsets[e][1]]
                 if mask is not None:
                     at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
-                    visible = f"{visible} and {self.apply(mask, hoisted[mask], at)}"
-                w.line(f"if not ({visible}):")
-                with w.indent():
-                    w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
+                    visible = f"{visible} & ({self.apply(mask, hoisted[mask], at)})"
+                s = f"{tile_name('s', t)}_{n}_{e}"
+                w.line(f"{s} = select({visible}, {s}, NEG_INF)")
 
     # fragments from shared memory ---------------------------------------------------
     def score_products(self) -> None:

@@ -205,8 +205,9 @@ class FlashKeyLoop:
             masked = "True" if t.default_class == 1 and compute.mask is not None else None
         self.scores(compute, masked, hoisted)
         w.line("# the next chunk: of this tile, else the next computed tile")
-        w.line(f"nkb = kb if c0 + {p.chunk} < {p.block_k} and jc + {p.chunk} < n_keys else np.int32(kb + 1)")
-        w.line(f"nc0 = np.int32(c0 + {p.chunk}) if nkb == kb else np.int32(0)")
+        inside = f"(c0 + {p.chunk} < {p.block_k}) & (jc + {p.chunk} < n_keys)"
+        w.line(f"nkb = select({inside}, kb, np.int32(kb + 1))")
+        w.line(f"nc0 = select(nkb == kb, np.int32(c0 + {p.chunk}), np.int32(0))")
         w.line("ncls = cls")
         w.line("if nkb != kb:")
         with w.indent():

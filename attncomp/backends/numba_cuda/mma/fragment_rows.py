@@ -58,7 +58,7 @@ class FragmentRows:
         p, w, c = self.mp, self.w, self.atom.c
 
         def position(value: Value, row: str, col: str) -> str:
-            expr = element_expr(value, self.names, row, col)
+            expr = element_expr(value, self.names, row, col, "select")
             return f"{cast}({expr})" if cast else expr
 
         rows = {f"r{letter}": self.fresh("i") for *_, letter in self.lane_rows()}
@@ -89,15 +89,13 @@ class FragmentRows:
                 for t, n, e in elements:
                     at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
                     visible = self.apply(compute.mask, hoisted[compute.mask], at)
-                    w.line(f"if not {visible}:")
-                    with w.indent():
-                        w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
+                    s = f"{tile_name('s', t)}_{n}_{e}"
+                    w.line(f"{s} = select({visible}, {s}, NEG_INF)")
         w.line(f"if jc + {p.chunk} > n_keys:  # the last chunk: keys past the end")
         with w.indent():
             for t, n, e in elements:
-                w.line(f"if jc + {n * c.cols + c.offsets[e][1]} + {c.col_term} >= n_keys:")
-                with w.indent():
-                    w.line(f"{tile_name('s', t)}_{n}_{e} = NEG_INF")
+                s = f"{tile_name('s', t)}_{n}_{e}"
+                w.line(f"{s} = select(jc + {n * c.cols + c.offsets[e][1]} + {c.col_term} < n_keys, {s}, NEG_INF)")
 
     def softmax_update(self, scale: str | None = None) -> None:
         """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m).
@@ -116,7 +114,7 @@ class FragmentRows:
                 w.line(f"m_new_{row} = max(m_{row}, quad_max(mx_{row}) * {scale})")
             else:
                 w.line(f"m_new_{row} = quad_max(mx_{row})")
-            w.line(f"m_safe_{row} = ACC(0.0) if m_new_{row} == NEG_INF else m_new_{row}")
+            w.line(f"m_safe_{row} = select(m_new_{row} == NEG_INF, ACC(0.0), m_new_{row})")
             # ex2.approx as P's: exact 1 where the max stays, 0 from no key yet (m = -inf)
             w.line(f"alpha_{row} = exp2_approx((m_{row} - m_safe_{row}) * LOG2E)")
             w.line(f"m_{row} = m_new_{row}")

@@ -67,5 +67,5 @@ class PageCopies:
                 f" + np.int64((jp - pq * {name}_size) * {dim} + {name}_col * {COPY_ELEMENTS})"
             )
             dst = f"jr * {2 * dim} + {swizzled('jr', f'{name}_col')}"
-            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, {CHUNK_BYTES} if jj < n_keys else 0)")
+            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, {src}, select(jj < n_keys, {CHUNK_BYTES}, 0))")
         w.line("cp_async_commit()")

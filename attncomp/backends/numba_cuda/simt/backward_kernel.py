@@ -113,7 +113,7 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         index = map_op.operands[len(map_op.operands) - n_index :][:2]
         names = []
         for value, (row, col), hint in zip(index, (("(r0 + rr)", "0"), ("0", "(koff + c)")), ("i", "j")):
-            text = element_expr(value, self.names, row, col)
+            text = element_expr(value, self.names, row, col, "select")
             if text not in self.at:
                 self.at[text] = self.fresh(hint)
                 self.w.line(f"{self.at[text]} = {text}")
