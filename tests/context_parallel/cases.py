@@ -82,6 +82,11 @@ def inputs(case: dict) -> list[np.ndarray]:
     return args
 
 
+def spec_of(case: dict) -> ac.Spec:
+    """The spec a case calls."""
+    return _spec(case["spec"])
+
+
 def build(case: dict, world: int):
     """The compiled function, its whole inputs and the output's cotangent."""
     fn = ac.compile(_spec(case["spec"]), backend="cpu", **case.get("constants", {}))
