@@ -113,16 +113,24 @@ UNARY_MATH = {
 }
 
 
-def select_min(a: str, b: str) -> str:
-    """``min(a, b)`` as a conditional expression (a NaN ``b`` is taken): a select, with no call
-    or branch for LLVM's loop vectoriser to refuse, where Numba's builtin ``min`` of two scalars
-    is a loop over its arguments (as cheap on a GPU)."""
-    return f"({a} if {a} < {b} else {b})"
+def choose(cond: str, a: str, b: str, select: str | None = None) -> str:
+    """``a`` where ``cond`` holds, else ``b`` (both already computed): ``select(cond, a, b)`` where the
+    generated code has such a function (no branch), else a conditional expression."""
+    if select is not None:
+        return f"{select}({cond}, {a}, {b})"
+    return f"({a} if {cond} else {b})"
 
 
-def select_max(a: str, b: str) -> str:
-    """``max(a, b)`` as a conditional expression (see :func:`select_min`)."""
-    return f"({a} if {a} > {b} else {b})"
+def select_min(a: str, b: str, select: str | None = None) -> str:
+    """``min(a, b)`` as a choice (a NaN ``b`` is taken): a select, with no call or branch for LLVM's
+    loop vectoriser to refuse, where Numba's builtin ``min`` of two scalars is a loop over its
+    arguments (as cheap on a GPU); ``select``: :func:`choose`'s."""
+    return choose(f"{a} < {b}", a, b, select)
+
+
+def select_max(a: str, b: str, select: str | None = None) -> str:
+    """``max(a, b)`` as a choice (see :func:`select_min`)."""
+    return choose(f"{a} > {b}", a, b, select)
 
 
 class ScalarEmitter:
@@ -172,12 +180,6 @@ class ScalarEmitter:
             return f"{self.integers}({expr})"
         return f"{NUMPY_SCALAR[dtype]}({expr})"
 
-    def choose(self, cond: str, a: str, b: str) -> str:
-        """``a`` where ``cond`` holds, else ``b`` (both already computed: names or constants)."""
-        if self.select is not None:
-            return f"{self.select}({cond}, {a}, {b})"
-        return f"({a} if {cond} else {b})"
-
     def op(self, op: Op) -> None:
         if op.name in ("ac.yield", "ac.return"):
             return
@@ -205,9 +207,9 @@ class ScalarEmitter:
         elif name == "ac.rsqrt":
             expr = self.typed(f"1.0 / math.sqrt({a[0]})", dtype)
         elif name in ("ac.maximum", "ac.minimum"):
-            pick = self.choose(f"{a[0]} {'>' if name == 'ac.maximum' else '<'} {a[1]}", a[0], a[1])
+            pick = (select_max if name == "ac.maximum" else select_min)(a[0], a[1], self.select)
             if is_float(dtype):  # NaN propagates, as in np.maximum
-                pick = self.choose(f"{a[0]} != {a[0]}", a[0], pick)
+                pick = choose(f"{a[0]} != {a[0]}", a[0], pick, self.select)
             expr = self.typed(pick, dtype)
         elif name == "ac.cmp":
             expr = f"({a[0]} {COMPARE[op.attrs['pred']]} {a[1]})"
@@ -217,7 +219,7 @@ class ScalarEmitter:
         elif name == "ac.not":
             expr = f"(not {a[0]})"
         elif name == "ac.where":
-            expr = self.typed(self.choose(a[0], a[1], a[2]), dtype)
+            expr = self.typed(choose(a[0], a[1], a[2], self.select), dtype)
         elif name == "ac.cast":
             expr = f"({a[0]} != 0)" if dtype == "i1" else self.typed(a[0], dtype)
         elif name == "ac.gather":

@@ -119,8 +119,7 @@ def read_tiled_attention(grid: Op) -> TiledAttention:
 
 def element_expr(value: Value, names: dict[Value, str], row: str, col: str, select: str | None = None) -> str:
     """An index tile's element ``[row, col]`` as a scalar expression (``select``: the generated code's
-    branch-free choice for ``minimum`` and ``maximum``, ``ScalarEmitter``'s; None: a conditional
-    expression)."""
+    branch-free choice for ``minimum`` and ``maximum``, as ``codegen.choose`` takes it)."""
     if value in names:
         return names[value]
     op = producer(value)
@@ -136,8 +135,6 @@ def element_expr(value: Value, names: dict[Value, str], row: str, col: str, sele
     binary = {"ac.add": "+", "ac.sub": "-", "ac.mul": "*", "ac.floordiv": "//", "ac.mod": "%"}
     if op.name in binary:
         return f"({sub[0]} {binary[op.name]} {sub[1]})"
-    if op.name in ("ac.minimum", "ac.maximum") and select is not None:
-        return f"{select}({sub[0]} {'<' if op.name == 'ac.minimum' else '>'} {sub[1]}, {sub[0]}, {sub[1]})"
     if op.name in ("ac.minimum", "ac.maximum"):
-        return (select_min if op.name == "ac.minimum" else select_max)(sub[0], sub[1])
+        return (select_min if op.name == "ac.minimum" else select_max)(sub[0], sub[1], select)
     raise LoweringError(f"cannot lower {op.name} on an index tile")

@@ -29,8 +29,10 @@ FUNCTIONS = {
     "ac.sin": "ac_sin",
     "ac.cos": "ac_cos",
 }
+#: the name of the kernels' choice between computed values (``codegen.choose``), defined below
+SELECT = "select"
 #: a generated kernel's import of these and of ``select``
-IMPORT = f"from attncomp.backends.numba_cuda.device_math import {', '.join(sorted([*FUNCTIONS.values(), 'select']))}"
+IMPORT = f"from attncomp.backends.numba_cuda.device_math import {', '.join(sorted([*FUNCTIONS.values(), SELECT]))}"
 
 
 @cuda.jit(device=True, inline="always")

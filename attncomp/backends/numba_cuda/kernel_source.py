@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, ScalarEmitter
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
-from attncomp.backends.numba_cuda.device_math import FUNCTIONS
+from attncomp.backends.numba_cuda.device_math import FUNCTIONS, SELECT
 from attncomp.backends.numba_cuda.fp8_codes import DECODE, quantized_append
 from attncomp.backends.numba_cuda.host.launches import jit_decorator
+from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.types import is_float
 
@@ -85,8 +86,13 @@ class CudaKernelSource(KernelSource):
         """The emitter of 0-d ops; ``integers``: the type of their integer results (``ScalarEmitter``);
         choices between values by ``select`` (``device_math.IMPORT``), without a branch."""
         return ScalarEmitter(
-            self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals, integers, "select"
+            self.w, self.names, self.fresh, self.array_ref, self.functions, self.reciprocals, integers, SELECT
         )
+
+    def index_element(self, value: Value, row: str, col: str) -> str:
+        """An index tile's element ``[row, col]`` as a scalar expression (``tiles.element_expr``), its
+        minima and maxima by ``select``."""
+        return element_expr(value, self.names, row, col, SELECT)
 
     def hoist(self, map_op: Op, n_variant: int) -> list[Op]:
         """Bind the region's batch arguments, emit its position-independent ops; return the others."""

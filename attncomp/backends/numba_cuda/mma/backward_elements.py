@@ -14,7 +14,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from attncomp.backends.backward_tiles import BackwardTile
-from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op
 
 
@@ -50,9 +49,9 @@ class BackwardElements:
         for n in range(self.mp.rows // c.cols):
             for b in c.columns():
                 row = f"(r0 + {self.ROW_BASE}{n * c.cols + b} + {c.col_term})"
-                rows[n, b] = element_expr(index[0], self.names, row, "0", "select")
+                rows[n, b] = self.index_element(index[0], row, "0")
         for h, (offset, _) in enumerate(c.by_row()):
-            cols[h] = element_expr(index[1], self.names, "0", f"(koff + w16 + {c.row_term} + {offset})", "select")
+            cols[h] = self.index_element(index[1], "0", f"(koff + w16 + {c.row_term} + {offset})")
         return rows, cols
 
     def elements(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from attncomp.backends.lse_merge import write_finish
 from attncomp.backends.numba_cuda.mma.atoms import ACCUMULATOR
-from attncomp.backends.tiles import TileCompute, element_expr
+from attncomp.backends.tiles import TileCompute
 from attncomp.ir.core import Op, Value
 
 #: the two rows of a lane in one tile (``ra = warp * 16 + g``, ``rb = ra + 8``): their letter by offset in a fragment
@@ -58,7 +58,7 @@ class FragmentRows:
         p, w, c = self.mp, self.w, self.atom.c
 
         def position(value: Value, row: str, col: str) -> str:
-            expr = element_expr(value, self.names, row, col, "select")
+            expr = self.index_element(value, row, col)
             return f"{cast}({expr})" if cast else expr
 
         rows = {f"r{letter}": self.fresh("i") for *_, letter in self.lane_rows()}

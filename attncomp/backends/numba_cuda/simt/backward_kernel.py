@@ -55,7 +55,6 @@ from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.backward_plan import BackwardPlan
 from attncomp.backends.numba_cuda.simt.site_runs import SiteRuns
-from attncomp.backends.tiles import element_expr
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.types import accumulation_dtype
@@ -113,7 +112,7 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
         index = map_op.operands[len(map_op.operands) - n_index :][:2]
         names = []
         for value, (row, col), hint in zip(index, (("(r0 + rr)", "0"), ("0", "(koff + c)")), ("i", "j")):
-            text = element_expr(value, self.names, row, col, "select")
+            text = self.index_element(value, row, col)
             if text not in self.at:
                 self.at[text] = self.fresh(hint)
                 self.w.line(f"{self.at[text]} = {text}")

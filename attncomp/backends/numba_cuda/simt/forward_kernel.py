@@ -50,7 +50,7 @@ from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.fp8_codes import IMPORT as FP8_IMPORT
 from attncomp.backends.numba_cuda.kernel_source import CudaKernelSource
 from attncomp.backends.numba_cuda.simt.forward_plan import AttentionPlan
-from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
+from attncomp.backends.tiles import TileCompute, TiledAttention
 from attncomp.ir.core import Op, Value
 from attncomp.ir.types import accumulation_dtype
 
@@ -170,7 +170,7 @@ class AttentionKernelWriter(CudaKernelSource):
             else:
                 w.line(f"{s} = {self.dot('c')}")
             j = self.fresh("j")
-            w.line(f"{j} = {element_expr(compute.score.operands[-2], self.names, '0', '(c0 + c)', 'select')}")
+            w.line(f"{j} = {self.index_element(compute.score.operands[-2], '0', '(c0 + c)')}")
             x = self.apply(compute.score, hoisted[compute.score], [rows, j, s])
             w.line(f"scores[c, r] = ACC({x})")
             if masked is not None and compute.mask is not None:
@@ -208,7 +208,7 @@ class AttentionKernelWriter(CudaKernelSource):
             self.scalar().op(op)
         j0 = self.ref(compute.k_load.operands[-1])
         rows = self.fresh("i")
-        w.line(f"{rows} = {element_expr(compute.score.operands[-3], self.names, 'r', '0', 'select')}")
+        w.line(f"{rows} = {self.index_element(compute.score.operands[-3], 'r', '0')}")
         w.line(f"for c0 in range(0, {p.block_k}, {p.chunk}):")
         with w.indent():
             w.line(f"jc = {j0} + c0")
