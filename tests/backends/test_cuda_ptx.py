@@ -728,3 +728,32 @@ def test_the_backward_delta_kernel(example, name, dtype):
     _check(impl, 64, [k for k in impl.kernels(64, 64) if k.name == "k0_reduce"], texts)
     for ptx in texts.values():
         assert "ld.global.u16" in ptx or "ld.global.b16" in ptx
+
+
+def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeypatch):
+    """``lowering_fix``: while a tensor-core kernel and a scalar one lower, the one-pass search finds,
+    for every function, the set numba-cuda's own method finds."""
+    from numba.cuda import lowering
+
+    from attncomp.backends.numba_cuda import lowering_fix
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for
+    from tests.cuda_sim.helpers import retyped
+
+    assert lowering_fix.install()
+    replaced = lowering_fix.original()
+    assert replaced is not None  # numba-cuda's own, kept
+    compared = []
+
+    def both(self):
+        replaced(self)
+        theirs = self._singly_assigned_vars
+        ours = lowering_fix.singly_assigned(self)
+        compared.append((len(ours), ours == theirs))
+
+    monkeypatch.setattr(lowering.Lower, "_find_singly_assigned_variable", both)
+    for spec, dtype in ((load_example("causal").causal, "bf16"), (load_example("alibi").causal_alibi, None)):
+        impl = _build(retyped(spec, dtype) if dtype else spec)
+        kernel = next(k for k in impl.kernels(64, 64) if k.name.startswith("attention_kernel_0["))
+        compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
+    assert len(compared) >= 2 and all(same for _, same in compared), compared
+    assert sum(n for n, _ in compared) > 1000  # kernels with many register-held variables

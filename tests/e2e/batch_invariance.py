@@ -9,7 +9,8 @@ import numpy as np
 
 import attncomp as ac
 
-#: the batch sizes a sequence is placed in, beside its run alone
+#: the batch sizes a sequence is placed in, beside its run alone (the simulator's tests take smaller
+#: ones: ``tests/cuda_sim/test_sim_batch_invariant.py``)
 BATCHES = (1, 3, 17)
 
 
@@ -60,7 +61,7 @@ def tokens(rng: np.random.Generator, n: int, heads=(2, 1, 1), dims=(8, 8, 8), dt
     return [rng.standard_normal((1, h, n, d)).astype(dtype) for h, d in zip(heads, dims)]
 
 
-def plain_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list[np.ndarray]]:
+def plain_calls(fn, host, rows: int, keys: int, seed: int = 0, batches=BATCHES) -> dict[int, list[np.ndarray]]:
     """``fn(q, k, v, key_count)`` of ``ragged_gqa``: one sequence (``keys`` keys, ``rows`` queries)
     alone, then at a different place in batches of other sequences with random key counts; its
     output row of each call, by batch size (0: alone)."""
@@ -68,7 +69,7 @@ def plain_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list
     mine = tokens(rng, keys)
     q = rng.standard_normal((1, 2, rows, 8)).astype(np.float32)
     seen = {0: [host(fn(q, mine[1], mine[2], np.array([keys], np.int64)))[0]]}
-    for n in BATCHES:
+    for n in batches:
         at = (5 * n) // 7  # the sequence's place in the batch
         qs = rng.standard_normal((n, 2, rows, 8)).astype(np.float32)
         ks, vs = (rng.standard_normal((n, 1, keys, 8)).astype(np.float32) for _ in range(2))
@@ -78,13 +79,13 @@ def plain_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list
     return seen
 
 
-def decoder_steps(fn, host, prompt: int, seed: int = 0) -> dict[int, list[np.ndarray]]:
+def decoder_steps(fn, host, prompt: int, seed: int = 0, batches=BATCHES) -> dict[int, list[np.ndarray]]:
     """``fn.decoder`` steps of ``causal_gqa``: one sequence's prefill of ``prompt`` tokens and two
     single-token steps, alone and in batches of sequences of its length; its outputs of each step."""
     rng = np.random.default_rng(seed)
     mine = [tokens(rng, prompt), tokens(rng, 1), tokens(rng, 1)]
     seen = {}
-    for n in (0, *BATCHES):
+    for n in (0, *batches):
         at, width = (5 * n) // 7, max(n, 1)
         dec = fn.decoder(max_len=prompt + 4)
         outs = []
@@ -110,17 +111,18 @@ def paged_steps(
     steps: int = 8,
     cache: str | None = None,
     dtype=np.float32,
+    batches=BATCHES,
 ) -> dict[int, list[np.ndarray]]:
     """``fn.paged_decoder`` steps of ``causal_gqa`` (``heads`` and ``dims`` of q, k, v: four query
     heads a key/value head, 32 value features by default, as its CPU loops take four rows at a time):
     one sequence's prefill of ``prompt`` tokens and ``steps`` single-token steps (each moving the
-    width of its last key tile), alone in a fresh pool, and in steps with 2 or 16 other sequences of
-    ragged lengths (one as long as it, whose prefill shares its ragged batch; one longer; the rest
-    short), in a pool whose pages were handed out first to a sequence freed after, so that the
-    sequence's pages lie elsewhere, among the others'.  In the batch of 17 a fork of the sequence
-    decodes beside it (their shared prompt would be read once, in cascade, by default).  Its outputs
-    of each step, by batch size (0: alone).  ``cache``: pools of 8-bit pages of that type; ``dtype``:
-    the tokens' element type."""
+    width of its last key tile), alone in a fresh pool, and in steps with the other sequences of each
+    of ``batches`` (2 and 16 by default), of ragged lengths (one as long as it, whose prefill shares
+    its ragged batch; one longer; the rest short), in a pool whose pages were handed out first to a
+    sequence freed after, so that the sequence's pages lie elsewhere, among the others'.  In the
+    largest batch a fork of the sequence decodes beside it (their shared prompt would be read once,
+    in cascade, by default).  Its outputs of each step, by batch size (0: alone).  ``cache``: pools
+    of 8-bit pages of that type; ``dtype``: the tokens' element type."""
     rng = np.random.default_rng(seed)
 
     def tokens_of(n):
@@ -131,7 +133,7 @@ def paged_steps(
     srv = fn.paged_decoder(page_size=page_size, num_pages=pages, cache=cache)
     me = srv.new()
     seen = {0: [host(srv.step({me: tuple(chunk)})[me]) for chunk in mine]}
-    for n in BATCHES:
+    for n in batches:
         srv = fn.paged_decoder(page_size=page_size, num_pages=pages, cache=cache)
         scratch = srv.new()
         srv.step({scratch: tuple(tokens_of(3 * page_size + 5))})
@@ -140,7 +142,7 @@ def paged_steps(
         me = srv.new()
         outs = [srv.step({**others, me: tuple(mine[0])})[me]]
         srv.free(scratch)
-        fork = srv.fork(me) if n == max(BATCHES) else None
+        fork = srv.fork(me) if n == max(batches) else None
         for chunk in mine[1:]:
             batch = {s: tuple(tokens_of(1)) for s in others}
             if fork is not None:
@@ -158,7 +160,8 @@ def differing(seen: dict[int, list[np.ndarray]]) -> list[str]:
     alone = seen[0]
     return [
         f"batch of {n}, output {s}"
-        for n in BATCHES
+        for n in sorted(seen)
+        if n
         for s, (a, b) in enumerate(zip(alone, seen[n]))
         if not same_bits(a, b)
     ]
@@ -171,7 +174,7 @@ def gradient_inputs(rng: np.random.Generator, rows: int, keys: int) -> list[np.n
     return [q, k, v, d_out]
 
 
-def gradient_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, list[np.ndarray]]:
+def gradient_calls(fn, host, rows: int, keys: int, seed: int = 0, batches=BATCHES) -> dict[int, list[np.ndarray]]:
     """``fn.vjp`` of ``ragged_gqa``: one sequence's output and its dq, dk, dv for one cotangent,
     alone and at a place in batches of other sequences with random key counts, by batch size."""
     rng = np.random.default_rng(seed)
@@ -182,7 +185,7 @@ def gradient_calls(fn, host, rows: int, keys: int, seed: int = 0) -> dict[int, l
         return [host(x)[at] for x in (out, *pullback(cotangent)[:3])]
 
     seen = {0: run(q, k, v, np.array([keys], np.int64), d_out, 0)}
-    for n in BATCHES:
+    for n in batches:
         at = (5 * n) // 7
         qs, cot = (rng.standard_normal((n, 2, rows, 8)).astype(np.float32) for _ in range(2))
         ks, vs = (rng.standard_normal((n, 1, keys, 8)).astype(np.float32) for _ in range(2))

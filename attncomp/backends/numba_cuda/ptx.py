@@ -38,6 +38,9 @@ def compile_ptx_for(
     """
     from numba import cuda
 
+    from attncomp.backends.numba_cuda import lowering_fix
+
+    lowering_fix.install()
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
