@@ -731,7 +731,7 @@ def test_the_backward_delta_kernel(example, name, dtype):
 
 
 def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeypatch):
-    """``lowering_fix``: while a tensor-core kernel and a scalar one lower, the one-pass search finds,
+    """``lowering_fix``: while a tensor-core kernel lowers (bf16, D = 32), the one-pass search finds,
     for every function, the set numba-cuda's own method finds."""
     from numba.cuda import lowering
 
@@ -751,9 +751,8 @@ def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeyp
         compared.append((len(ours), ours == theirs))
 
     monkeypatch.setattr(lowering.Lower, "_find_singly_assigned_variable", both)
-    for spec, dtype in ((load_example("causal").causal, "bf16"), (load_example("alibi").causal_alibi, None)):
-        impl = _build(retyped(spec, dtype) if dtype else spec)
-        kernel = next(k for k in impl.kernels(64, 64) if k.name.startswith("attention_kernel_0["))
-        compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
-    assert len(compared) >= 2 and all(same for _, same in compared), compared
-    assert sum(n for n, _ in compared) > 1000  # kernels with many register-held variables
+    impl = _build(retyped(load_example("causal").causal, "bf16"))
+    kernel = next(k for k in impl.kernels(32, 32) if k.name.startswith("attention_kernel_0["))
+    compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
+    assert compared and all(same for _, same in compared), compared
+    assert sum(n for n, _ in compared) > 500  # a kernel with many register-held variables
