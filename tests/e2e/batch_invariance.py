@@ -129,7 +129,7 @@ def paged_steps(
         return tokens(rng, n, heads, dims, dtype)
 
     mine = [tokens_of(prompt)] + [tokens_of(1) for _ in range(steps)]
-    pages = 4 * 17 * (-(-(2 * prompt + 8 + steps) // page_size))
+    pages = 4 * max(batches) * (-(-(2 * prompt + 8 + steps) // page_size))
     srv = fn.paged_decoder(page_size=page_size, num_pages=pages, cache=cache)
     me = srv.new()
     seen = {0: [host(srv.step({me: tuple(chunk)})[me]) for chunk in mine]}

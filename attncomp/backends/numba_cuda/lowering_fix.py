@@ -5,8 +5,8 @@ variables defined once, in one block, and used only there (they live in register
 slots).  For each candidate it lists every assignment of its block again, so a block of ``n``
 statements costs ``n`` times the block: the tensor-core kernels' straight-line blocks are thousands
 of statements long, and the scan was some 14% of compiling a bf16 forward kernel (9.1 s against
-7.8 s for the D = 128 one).  Numba's own CPU lowering has counted the assignments once per block
-since 0.61; :func:`install` gives numba-cuda's lowering that version.  The set it finds is the same
+7.8 s for the D = 128 one).  Numba's own CPU lowering (0.68) counts the assignments once per
+block; :func:`install` gives numba-cuda's lowering that version.  The set it finds is the same
 (``tests/backends/test_cuda_ptx.py`` compares both on a kernel), so the PTX is too.
 
 Installed when the backend builds a program or compiles PTX, and only where numba-cuda's method is
