@@ -107,14 +107,19 @@ def stamp_helpers_by_runtime() -> None:
     caching.CacheImpl._locator_classes[:0] = stamped
 
 
+def module_name(source: str, prefix: str) -> str:
+    """The module ``load_source(source, prefix)`` imports: named by the text and
+    :func:`runtime_digest`, so a driver can import the kernels' module by name."""
+    return f"attncomp_{prefix}_{source_key(runtime_digest(), source)}"
+
+
 def load_source(source: str, prefix: str) -> ModuleType:
     """Import ``source`` from the cache directory (writing it if needed), under a name from its text
     and :func:`runtime_digest`.
 
     Threads compiling the same spec share one module, so Numba compiles once.
     """
-    key = source_key(runtime_digest(), source)
-    name = f"attncomp_{prefix}_{key}"
+    name = module_name(source, prefix)
     with _LOCK:
         if name in sys.modules:
             return sys.modules[name]

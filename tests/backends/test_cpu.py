@@ -45,6 +45,28 @@ def test_shape_generic_no_recompile():
     assert len(kernel.signatures) == 1
 
 
+@ac.spec
+def causal_twice(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"]):
+    """``pass_specs.causal`` under another name, its output doubled outside the attention."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = ac.where(j <= i, s, -ac.inf)
+    return (ac.softmax(s, axis=-1) @ v) * 2.0
+
+
+def test_specs_that_lower_to_the_same_kernels_share_their_module():
+    """The kernels' text names no spec: another spec with the same attention imports the module the
+    first compiled (one compile), and its own driver does the rest."""
+    first = ac.compile(pass_specs.causal, backend="cpu")
+    second = ac.compile(causal_twice, backend="cpu")
+    x = np.random.default_rng(3).standard_normal((1, 2, 9, 8)).astype(np.float32)
+    assert worst_error([second(x, x, x)], [2.0 * first(x, x, x)]) < 1e-6
+    one, two = first.compilation.program, second.compilation.program
+    assert one.kernels_module is two.kernels_module and one.module is not two.module
+    assert "@causal_twice" in second.source and "@causal" not in one.generated.kernels
+    assert f"from {one.kernels_module.__name__} import ATTENTION_KERNEL_0_TASKS, attention_kernel_0" in second.source
+
+
 def test_generated_source_and_llvm_are_inspectable():
     fn = ac.compile(pass_specs.causal, backend="cpu")
     assert "parallel=True" in fn.source and "prange" in fn.source

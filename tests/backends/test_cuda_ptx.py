@@ -756,3 +756,36 @@ def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeyp
     compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
     assert compared and all(same for _, same in compared), compared
     assert sum(n for n, _ in compared) > 500  # a kernel with many register-held variables
+
+
+def test_the_per_block_ssa_rewrite_makes_numba_cudas_blocks(monkeypatch):
+    """``ssa_fix``: while a tensor-core kernel compiles (bf16, D = 32), each function's SSA form is,
+    statement for statement and phi for phi, the one numba-cuda's own reconstruction makes."""
+    import copy
+
+    from numba.cuda.core import ssa
+
+    from attncomp.backends.numba_cuda import ssa_fix
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for
+    from tests.cuda_sim.helpers import retyped
+
+    assert ssa_fix.install()
+    replaced = ssa_fix.original()
+    assert replaced is not None  # numba-cuda's own, kept
+    compared = []
+
+    def text(blocks):
+        return [(label, [str(stmt) for stmt in block.body]) for label, block in blocks.items()]
+
+    def both(blocks):
+        theirs = text(replaced(copy.deepcopy(blocks)))  # a copy of the blocks, with its own scope
+        ours = ssa_fix.run_ssa(ssa_fix.pieces(), blocks)
+        compared.append((sum(len(b) for _, b in theirs), text(ours) == theirs))
+        return ours
+
+    monkeypatch.setattr(ssa, "_run_ssa", both)
+    impl = _build(retyped(load_example("causal").causal, "bf16"))
+    kernel = next(k for k in impl.kernels(32, 32) if k.name.startswith("attention_kernel_0["))
+    compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
+    assert compared and all(same for _, same in compared), compared
+    assert max(n for n, _ in compared) > 2000  # the kernel itself: thousands of statements

@@ -74,12 +74,13 @@ def build(
     """
     _require_numba_cuda()
     from attncomp.backends.cache import load_source
-    from attncomp.backends.numba_cuda import lowering_fix
+    from attncomp.backends.numba_cuda import lowering_fix, ssa_fix
     from attncomp.backends.numba_cuda.attention import AttentionKernels
     from attncomp.backends.numba_cuda.backward import BackwardKernels
     from attncomp.backends.numba_cuda.host.driver import generate_driver
 
     lowering_fix.install()  # before any kernel of the program is compiled
+    ssa_fix.install()
 
     declared = [r.type.dtype for r in module.main.results]
     choices, bits, backward_chosen = tensor_core_types(module, lanes is not None, backward_lanes is not None)

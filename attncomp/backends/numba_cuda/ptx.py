@@ -38,9 +38,10 @@ def compile_ptx_for(
     """
     from numba import cuda
 
-    from attncomp.backends.numba_cuda import lowering_fix
+    from attncomp.backends.numba_cuda import lowering_fix, ssa_fix
 
     lowering_fix.install()
+    ssa_fix.install()
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
