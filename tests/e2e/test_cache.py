@@ -46,6 +46,15 @@ def run_probe(cache: Path, window: int) -> subprocess.CompletedProcess:
     )
 
 
+def entries(cache: Path) -> tuple[Path, Path]:
+    """A cpu spec's two cache entries: its kernels' module (Numba's code beside it) and its driver."""
+    files = sorted(cache.glob("attncomp_cpu_*.py"))
+    kernels = [f for f in files if "@njit(" in f.read_text(errors="replace")]
+    drivers = [f for f in files if f not in kernels]
+    assert len(kernels) == 1 and len(drivers) == 1, files
+    return kernels[0], drivers[0]
+
+
 def unique_window() -> int:
     return 1000 + uuid.uuid4().int % 100_000  # a spec no earlier run has compiled
 
@@ -79,7 +88,7 @@ def test_eight_threads_compile_once_and_agree(tmp_path, monkeypatch):
     assert all(np.abs(r - want).max() < 1e-5 for r in results)
     assert len({id(fn.compilation.program.module) for fn in functions}) == 1  # one module, so one Numba compile
     assert len(functions[0].compilation.program.kernels[0].signatures) == 1
-    assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
+    entries(tmp_path)
 
 
 def test_two_processes_share_one_cache_directory(tmp_path):
@@ -103,7 +112,7 @@ def test_two_processes_share_one_cache_directory(tmp_path):
         loaded.append(int(out.split("loaded")[1]))
     # the two imported the module at once: one compiled it, the other waited and loaded what it wrote
     assert sorted(x > 0 for x in loaded) == [False, True], loaded
-    assert len(list(tmp_path.glob("attncomp_cpu_*.py"))) == 1
+    entries(tmp_path)
     again = run_probe(tmp_path, window)  # a third process finds a valid cache
     assert again.returncode == 0, again.stderr
     assert "damaged" not in again.stderr and "corrupted" not in again.stderr
@@ -112,7 +121,7 @@ def test_two_processes_share_one_cache_directory(tmp_path):
 def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
     window = unique_window()
     assert run_probe(tmp_path, window).returncode == 0
-    (source,) = tmp_path.glob("attncomp_cpu_*.py")
+    source, _ = entries(tmp_path)
     data = list((tmp_path / "__pycache__").glob(f"{source.stem}.*.nbc"))
     assert data, "Numba wrote no cache"
     for entry in data:
@@ -128,13 +137,14 @@ def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe not text", b""])
-def test_unreadable_source_entry(tmp_path, bad):
+@pytest.mark.parametrize("entry", [0, 1], ids=["kernels", "driver"])
+def test_unreadable_source_entry(tmp_path, bad, entry):
     window = unique_window()
     assert run_probe(tmp_path, window).returncode == 0
-    (source,) = tmp_path.glob("attncomp_cpu_*.py")
-    source.write_bytes(bad)
+    entries(tmp_path)[entry].write_bytes(bad)
     result = run_probe(tmp_path, window)
     assert result.returncode == 0, result.stderr
+    assert "was corrupted; rebuilding it" in result.stderr
 
 
 def test_a_changed_backend_helper_gets_new_cache_entries(tmp_path, monkeypatch):
