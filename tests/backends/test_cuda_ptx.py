@@ -758,9 +758,13 @@ def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeyp
     assert sum(n for n, _ in compared) > 500  # a kernel with many register-held variables
 
 
-def test_the_per_block_ssa_rewrite_makes_numba_cudas_blocks(monkeypatch):
-    """``ssa_fix``: while a tensor-core kernel compiles (bf16, D = 32), each function's SSA form is,
-    statement for statement and phi for phi, the one numba-cuda's own reconstruction makes."""
+@pytest.mark.parametrize(
+    "example, name, dtype, head_dim", [("causal", "causal", "bf16", 32), ("alibi", "causal_alibi", "f32", 64)]
+)
+def test_the_one_pass_ssa_reconstruction_makes_numba_cudas_blocks(monkeypatch, example, name, dtype, head_dim):
+    """``ssa_fix``: while an attention kernel compiles (bf16 on tensor cores; float32 on the scalar
+    FMA kernel), each function's SSA form is, statement for statement and phi for phi, the one
+    numba-cuda's own reconstruction makes."""
     import copy
 
     from numba.cuda.core import ssa
@@ -780,12 +784,14 @@ def test_the_per_block_ssa_rewrite_makes_numba_cudas_blocks(monkeypatch):
     def both(blocks):
         theirs = text(replaced(copy.deepcopy(blocks)))  # a copy of the blocks, with its own scope
         ours = ssa_fix.run_ssa(ssa_fix.pieces(), blocks)
-        compared.append((sum(len(b) for _, b in theirs), text(ours) == theirs))
+        phis = sum(str(stmt).count("phi(") for _, body in theirs for stmt in body)
+        compared.append((sum(len(b) for _, b in theirs), phis, text(ours) == theirs))
         return ours
 
     monkeypatch.setattr(ssa, "_run_ssa", both)
-    impl = _build(retyped(load_example("causal").causal, "bf16"))
-    kernel = next(k for k in impl.kernels(32, 32) if k.name.startswith("attention_kernel_0["))
+    spec = getattr(load_example(example), name)
+    impl = _build(retyped(spec, dtype) if dtype != "f32" else spec)
+    kernel = next(k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0["))
     compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
-    assert compared and all(same for _, same in compared), compared
-    assert max(n for n, _ in compared) > 2000  # the kernel itself: thousands of statements
+    assert compared and all(same for _, _, same in compared), [c[:2] for c in compared if not c[2]]
+    assert max(n for n, _, _ in compared) > 1000 and sum(p for _, p, _ in compared) > 50  # the kernel: many phis
