@@ -142,14 +142,14 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
         chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, jit))
         kernels[op] = (name, captured)
     driver = [DRIVER_HEADER.format(name=func.name)]
-    if not chunks:
-        return CpuSource(None, "\n".join(driver) + "\n\n" + DriverWriter(func, kernels).write())
-    header = KERNELS_HEADER.format(
-        fastmath=sorted(fastmath), shared=SHARED_CODE, few_rows=FEW_ROWS, serial_work=SERIAL_WORK
-    )
-    text = "\n\n".join([header, *chunks])
-    names = sorted(n for name, _ in kernels.values() for n in (name, f"{name.upper()}_TASKS"))
-    driver.append(f"from {module_name(text, 'cpu')} import {', '.join(names)}\n")
+    text = None
+    if chunks:
+        header = KERNELS_HEADER.format(
+            fastmath=sorted(fastmath), shared=SHARED_CODE, few_rows=FEW_ROWS, serial_work=SERIAL_WORK
+        )
+        text = "\n\n".join([header, *chunks])
+        names = sorted(n for name, _ in kernels.values() for n in (name, f"{name.upper()}_TASKS"))
+        driver.append(f"from {module_name(text, 'cpu')} import {', '.join(names)}\n")
     return CpuSource(text, "\n".join(driver) + "\n\n" + DriverWriter(func, kernels).write())
 
 

@@ -21,6 +21,7 @@ only over a ``_run_ssa`` that calls the helpers this one calls.
 from __future__ import annotations
 
 from collections import defaultdict
+from copy import copy
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -87,8 +88,6 @@ def run_ssa(ssa: Pass, blocks: dict) -> dict:
     where the other variables' work falls changes.  A statement is looked up by its own position
     (Numba finds the copy an earlier variable made at the same place), and each block's phis end
     up as Numba leaves them: the last variable's first."""
-    from copy import copy
-
     if not blocks:
         return {}
     cfg = ssa.compute_cfg(blocks)
@@ -104,8 +103,8 @@ def run_ssa(ssa: Pass, blocks: dict) -> dict:
         state["cfg"] = cfg
         state["phi_locations"] = ssa.phi_locations(df_plus, state["defmap"])
     order = {v: n for n, v in enumerate(violators)}
-    fix = ssa.fix_uses(ssa.list_vars_cache())
     cache = ssa.list_vars_cache()
+    fix = ssa.fix_uses(cache)
     ir = ssa.ir
     out = {}
     for label, blk in blocks.items():
