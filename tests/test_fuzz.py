@@ -7,6 +7,7 @@ pytest.importorskip("hypothesis")
 from attncomp.fuzz import Case, fuzz, run_case  # noqa: E402
 
 
+@pytest.mark.long
 def test_fixed_seed_slice_has_no_mismatch():
     assert fuzz(cases=300, seed=20261121, cpu_every=100) == 300
 

@@ -158,6 +158,7 @@ def _missing() -> str | None:
 
 
 @pytest.mark.skipif(_missing() is not None, reason=f"kernel report toolchain: {_missing()}")
+@pytest.mark.long
 def test_report_of_the_bf16_causal_forward_at_d64():
     from benchmarks.kernel_report.cli import run
     from benchmarks.kernel_report.kernels import Case

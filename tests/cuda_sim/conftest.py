@@ -2,10 +2,10 @@
 
 They need ``NUMBA_ENABLE_CUDASIM=1`` set before Numba is imported, so they
 run in their own process: ``tests/backends/test_cuda_simulator.py`` starts
-``python -m pytest tests/cuda_sim`` with it set.  In any other pytest process
-this directory is not collected (importing its modules would start Numba's
-CUDA target without the simulator), unless ``ATTNCOMP_TEST_GPU=1`` asks for
-the same tests on the GPU::
+``python -m pytest tests/cuda_sim`` with it set (on one core, as a batch
+process: see why there).  In any other pytest process this directory is not
+collected (importing its modules would start Numba's CUDA target without the
+simulator), unless ``ATTNCOMP_TEST_GPU=1`` asks for the same tests on the GPU::
 
     ATTNCOMP_TEST_GPU=1 python -m pytest tests/cuda_sim tests/gpu
 """

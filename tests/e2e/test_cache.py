@@ -91,6 +91,7 @@ def test_eight_threads_compile_once_and_agree(tmp_path, monkeypatch):
     entries(tmp_path)
 
 
+@pytest.mark.long
 def test_two_processes_share_one_cache_directory(tmp_path):
     window = unique_window()
     env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(tmp_path)}
@@ -118,6 +119,7 @@ def test_two_processes_share_one_cache_directory(tmp_path):
     assert "damaged" not in again.stderr and "corrupted" not in again.stderr
 
 
+@pytest.mark.long
 def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
     window = unique_window()
     assert run_probe(tmp_path, window).returncode == 0

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="the cuda extra (numba-cuda) is absent")
+@pytest.mark.long
 def test_the_dry_run_writes_its_summary_and_logs(tmp_path):
     out = tmp_path / "check"
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "ATTNCOMP_TEST_GPU")}
