@@ -36,17 +36,13 @@ def rng() -> np.random.Generator:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The simulator's test (a pytest run of its own, minutes long) first, then the other long ones
-    (marked ``long``, and the context-parallel group behind its minute-long fixture): with one worker
-    per core (``-n auto``), the rest of the suite runs beside them instead of after them. At the
-    end of the list, the fixed-seed fuzz slice (a minute) kept one worker busy while the other sat
-    idle (40-44 s a run on the 2-core machine)."""
+    """The long tests first (marked ``long``, the simulator's process first among them, and the
+    context-parallel group behind its minute-long fixture): with one worker per core (``-n auto``),
+    the rest of the suite runs beside them instead of after them. At the end of the list, the
+    fixed-seed fuzz slice (a minute) kept one worker busy while the other sat idle (40-44 s a run
+    on the 2-core machine)."""
 
-    def rank(item) -> int:
-        if item.nodeid.startswith("tests/backends/test_cuda_simulator.py"):
-            return 0
-        if item.get_closest_marker("long") is not None or item.get_closest_marker("xdist_group") is not None:
-            return 1
-        return 2
+    def later(item) -> bool:
+        return item.get_closest_marker("long") is None and item.get_closest_marker("xdist_group") is None
 
-    items.sort(key=rank)
+    items.sort(key=later)

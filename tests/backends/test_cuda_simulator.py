@@ -3,16 +3,10 @@
 ``NUMBA_ENABLE_CUDASIM`` must be set before Numba is imported, which this
 process has already done, so the simulator tests get a fresh interpreter.
 
-The process runs on one core, as a batch process. The simulator runs each CUDA thread as a
-Python thread, and a warp instruction or a barrier hands the interpreter lock from thread to
-thread hundreds of times a block. Spread over two cores, every hand-off woke a thread on the
-other core; and a thread woken on the same core preempts the one that woke it, which still holds
-the lock, so the two switch back and forth before either runs on. Pinned (``sched_setaffinity``)
-and with ``SCHED_BATCH`` (a woken thread waits for the running one's turn to end), the kernel's
-time in those switches falls below the interpreter's. Measured on the 2-core machine, a decoder's
-batch-invariance steps and ``test_sim_flash.py``: 64 s on both cores (34 s user, 39 s system);
-42 s pinned (25 s, 17 s); 29 s pinned as a batch process (22 s, 7 s), the other core left to
-the rest of the suite.
+The process runs on one core, as a batch process (``SCHED_BATCH``): its Python threads hand
+the interpreter lock to each other at every barrier and warp instruction, and on two cores, or
+woken with priority over the lock's holder, they spend more time switching than running
+(measured in docs/performance.md, "The test suite").
 """
 
 import importlib.util
@@ -41,6 +35,7 @@ def one_batch_core() -> Callable[[], None] | None:
     return pin
 
 
+@pytest.mark.long
 def test_cuda_backend_under_the_simulator():
     if importlib.util.find_spec("numba_cuda") is None:
         pytest.skip("the cuda extra (numba-cuda) is not installed: pip install -e '.[cuda]'")
