@@ -69,7 +69,8 @@ def test_specs_that_lower_to_the_same_kernels_share_their_module():
 
 def test_generated_source_and_llvm_are_inspectable():
     fn = ac.compile(pass_specs.causal, backend="cpu")
-    assert "parallel=True" in fn.source and "prange" in fn.source
+    # the shared parallel launch runs the tasks: no parallel loop is compiled with the kernel
+    assert "launch(task_at, n_workers, pack_at)" in fn.source and "prange" not in fn.source
     x = np.ones((1, 1, 20, 8), np.float32)
     fn(x, x, x)
     llvm = fn.inspect_llvm()
@@ -129,16 +130,17 @@ def test_read_only_inputs_forward_and_backward():
 
 
 def test_tasks_are_called_at_their_address_with_their_exact_types():
-    """The parallel driver calls the spec's task through ``task_caller``; arguments of other types
-    than the task's signature are a typing error, never a call with the wrong layout."""
+    """The driver calls the spec's task through ``task_caller`` (``launch.call_task``); arguments of
+    other types than the task's signature are a typing error, never a call with the wrong layout."""
     from numba import njit, types
     from numba.core.errors import TypingError
 
     from attncomp.backends.numba_cpu.intrinsics import task_caller
 
     fn = ac.compile(pass_specs.causal, backend="cpu")
-    assert "def attention_kernel_0_task(worker, n_workers, merging," in fn.source
-    assert "CALL_ATTENTION_KERNEL_0_TASK(task_at, np.int64(worker)" in fn.source
+    assert "def attention_kernel_0_task(worker, n_workers, merging, pack_at):" in fn.source
+    assert "= unpack(pack_at, ATTENTION_KERNEL_0_PACK)" in fn.source
+    assert "call_task(task_at, np.int64(0), np.int64(1), np.int64(0), pack_at)" in fn.source
     call = task_caller(types.void(types.int64, types.float64[::1]))
 
     @njit

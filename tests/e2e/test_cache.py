@@ -31,6 +31,9 @@ x = np.random.default_rng(0).standard_normal((1, 2, 37, 8)).astype(np.float32)
 fn = ac.compile(windowed, backend="cpu", window=window)
 out = fn(x, x, x)
 error = float(np.abs(out - ac.interpret(windowed, x, x, x, window=window)).max())
+# three rows: the few-row path, whose shared tile code a kernel loaded from the cache must find
+few = x[:, :, :3]
+error = max(error, float(np.abs(fn(few, few, few) - ac.interpret(windowed, few, few, few, window=window)).max()))
 print("error", error)
 print("loaded", sum(fn.compilation.program.kernels[0].stats.cache_hits.values()))
 assert error < 1e-5

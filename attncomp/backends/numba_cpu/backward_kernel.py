@@ -155,15 +155,16 @@ class BackwardKernelWriter(KernelSource):
         w.line("n_units = 1" + "".join(f" * out_dk.shape[{a}]" for a in range(nb)))
 
     def write(self, jit: sig.Jit) -> str:
-        """``NAME_slot`` (one parallel task's units) and ``NAME``, whose ``prange`` calls it
-        at its address (as the forward kernel's ``write`` does)."""
+        """``NAME_slot`` (one parallel task's units) and ``NAME``, which runs it on the workers
+        through the shared parallel launch (as the forward kernel's ``write`` does)."""
         t, w, nb = self.t, self.w, self.nb
         params = ", ".join(self.params())
-        signature = f"{self.name.upper()}_SLOT"
-        sig.declare_task(w, signature, [sig.INT, *self.param_types()])
-        w.line(str(jit.typed(signature)))
-        w.line(f"def {self.name}_slot(slot, {params}):")
+        pack = f"{self.name.upper()}_PACK"
+        sig.declare_pack(w, pack, self.param_types())
+        w.line(str(jit.typed("TASK")))
+        w.line(f"def {self.name}_slot(slot, n_workers, merging, pack_at):")
         with w.indent():
+            w.line(f"{params}, = unpack(pack_at, {pack})")
             self.header()
             for name, shape in (
                 ("s", "(BQ, BK)"),
@@ -190,28 +191,36 @@ class BackwardKernelWriter(KernelSource):
                     w.line("dk_acc[:] = ACC(0.0)")
                     w.line("dv_acc[:] = ACC(0.0)")
                     self.positions()
-                    w.line(f"out_dk[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dk_acc[:nk]")
-                    w.line(f"out_dv[{''.join(f'kv_{a}, ' for a in range(nb))}j0:j0 + nk] = dv_acc[:nk]")
-        sig.declare_caller(w, signature)
+                    # element by element: a slice assignment checks the shapes and compiles Numba's error
+                    # message for a mismatch (string formatting, half of this module's code)
+                    heads = "".join(f"kv_{a}, " for a in range(nb))
+                    w.line("for c in range(nk):")
+                    with w.indent():
+                        for grad, acc, width in (("out_dk", "dk_acc", "n_d"), ("out_dv", "dv_acc", "n_e")):
+                            w.line(f"for e in range({width}):")
+                            w.line(f"    {grad}[{heads}j0 + c, e] = {acc}[c, e]")
+        w.line()
+        w.line()
         driver_signature = f"types.void(types.intp, {', '.join(self.param_types())})"
-        w.line(str(jit.typed(driver_signature, parallel=True)))
+        w.line(str(jit.typed(driver_signature)))
         w.line(f"def {self.name}(slot_at, {params}):")
         with w.indent():
             w.line("blas_threads = pin_blas_threads()  # the slots' BLAS calls run on their own thread")
+            w.line(f"pack = ({params},)")
+            w.line(f"pack_at = pack_address(pack, {pack})")
             # a small call runs its slots in order on the calling thread (the same sums: each slot
             # adds its units in the same order), without starting the parallel workers
             w.line(f"if n_slots == 1 or out_dq.size * out_dk.shape[{nb}] * 3 < SERIAL_WORK:")
             with w.indent():
                 w.line("for slot in range(n_slots):")
                 with w.indent():
-                    w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+                    w.line("call_task(slot_at, np.int64(slot), n_slots, np.int64(0), pack_at)")
             w.line("else:")
             with w.indent():
-                w.line("for slot in prange(n_slots):")
-                with w.indent():
-                    w.line(f"CALL_{signature}(slot_at, np.int64(slot), {params})")
+                w.line("launch(slot_at, n_slots, pack_at)")
+            w.line("keep_alive(pack)  # the arrays the slots read, held until they are done")
             w.line("restore_blas_threads(blas_threads)")
-        sig.declare_addresses(w, self.name, signature, [f"{self.name}_slot"])
+        sig.declare_addresses(w, self.name, [f"{self.name}_slot"])
         return w.text()
 
     def positions(self) -> None:

@@ -4,8 +4,8 @@ One task per (batch position, query block) -- a unit; with grouped-query
 attention, per (batch, key/value head, query block), the task handling the
 ``G`` query heads that share a key/value head together, so every key and
 value tile is read from memory once and used ``G`` times.  The tasks run in
-``NAME_task``, a plain ``@njit`` function each worker of the driver's
-``prange`` calls at its address (see :meth:`KernelWriter.write`):
+``NAME_task``, a plain ``@njit`` function each worker of the shared parallel
+launch calls at its address (see :meth:`KernelWriter.write`):
 
     for each head g of the group: prologue, load its query tile (and its transpose), m = -inf, l = 0, acc = 0
     for kb in [first, end):                 # the union of the heads' loop bounds (from the IR)
@@ -414,23 +414,23 @@ class KernelWriter(KernelSource):
 
     def write(self, jit: sig.Jit) -> str:
         """Two functions: ``NAME_task`` (a worker's share of the tasks: a unit's query block, or a
-        split of its keys; or with ``merging``, of the split units' merges) and ``NAME``, whose
-        ``prange`` over workers calls it at its address.  The task is a plain ``@njit``
-        function called through a pointer (``intrinsics.task_caller``), so Numba's parallel
-        lowering handles a loop of one call instead of the whole tile code, and nothing is
-        optimised twice: compiling costs about a quarter of the kernel written as one parallel
-        function."""
+        split of its keys; or with ``merging``, of the split units' merges) and ``NAME``, the
+        driver, which runs it on the workers through the shared parallel launch
+        (``launch.launch``).  The task is a plain ``@njit`` function of ``launch.TASK``'s
+        signature, called through a pointer with its arguments packed (``launch.pack_address``),
+        so neither its code nor a parallel loop is compiled with the driver."""
         w = self.w
         nb = len(self.t.batch_args)
         params = ", ".join(self.params())
         shared = f"{params}, n_split, part_m, part_l, part_acc"
         acc = self.acc_dtype
         parts = [sig.INT, sig.array_type(acc, 3), sig.array_type(acc, 3), sig.array_type(acc, 4)]
-        signature = f"{self.name.upper()}_TASK"
-        sig.declare_task(w, signature, [sig.INT, sig.INT, sig.INT, *self.param_types(), *parts])
-        w.line(str(jit.typed(signature)))
-        w.line(f"def {self.name}_task(worker, n_workers, merging, {shared}):")
+        pack = f"{self.name.upper()}_PACK"
+        sig.declare_pack(w, pack, [*self.param_types(), *parts])
+        w.line(str(jit.typed("TASK")))
+        w.line(f"def {self.name}_task(worker, n_workers, merging, pack_at):")
         with w.indent():
+            w.line(f"{shared} = unpack(pack_at, {pack})")
             self.header()
             w.line("if merging:  # a split unit's partial results merged")
             with w.indent():
@@ -446,8 +446,9 @@ class KernelWriter(KernelSource):
                     self.merge(nb)
                 w.line("return")
             self.task()
-        sig.declare_caller(w, signature)
-        w.line(str(jit.typed(f"types.void(types.intp, {', '.join(self.param_types())})", parallel=True)))
+        w.line()
+        w.line()
+        w.line(str(jit.typed(f"types.void(types.intp, {', '.join(self.param_types())})")))
         w.line(f"def {self.name}(task_at, {params}):")
         with w.indent():
             self.header()
@@ -469,24 +470,24 @@ class KernelWriter(KernelSource):
             w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_acc = np.empty((n_parts, G, BQ, n_e), dtype=ACC)")
-            # one worker per thread, each taking every n_workers-th task (balanced for causal masks);
-            # np.int64: prange's index is unsigned in Numba's lowering, the task takes an int64
+            w.line(f"pack = ({shared},)")
+            w.line(f"pack_at = pack_address(pack, {pack})")
+            # one worker per thread, each taking every n_workers-th task (balanced for causal masks)
             w.line("n_workers = min(n_units * n_split, n_threads)")
             w.line("if n_workers == 1:")
             with w.indent():
-                w.line(f"CALL_{signature}(task_at, np.int64(0), np.int64(1), 0, {shared})")
+                w.line("call_task(task_at, np.int64(0), np.int64(1), np.int64(0), pack_at)")
             w.line("else:")
             with w.indent():
-                w.line("for worker in prange(n_workers):")
-                with w.indent():
-                    w.line(f"CALL_{signature}(task_at, np.int64(worker), n_workers, 0, {shared})")
+                w.line("launch(task_at, n_workers, pack_at)")
             # fewer units than threads: their merges are a few rows each, done here (a second
-            # parallel loop would cost a quarter of the driver's compile time)
+            # parallel launch would not pay for itself)
             w.line("if n_split > 1:")
             with w.indent():
-                w.line(f"CALL_{signature}(task_at, np.int64(0), np.int64(1), 1, {shared})")
+                w.line("call_task(task_at, np.int64(0), np.int64(1), np.int64(1), pack_at)")
+            w.line("keep_alive(pack)  # the arrays the tasks read, held until they are done")
             w.line("restore_blas_threads(blas_threads)")
-        sig.declare_addresses(w, self.name, signature, [f"{self.name}_task"])
+        sig.declare_addresses(w, self.name, [f"{self.name}_task"])
         return w.text()
 
     def task(self) -> None:

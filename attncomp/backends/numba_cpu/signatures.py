@@ -3,10 +3,10 @@
 Kernels are compiled with explicit signatures: the driver passes every array
 C-contiguous in a dtype the IR fixes (``runtime.kernel_array``) and every scalar
 as ``runtime.kernel_scalar`` makes it, so the types are known before any call.
-Knowing them lets the parallel driver take its task functions as first-class
-function values (``types.FunctionType``) and call them through a pointer: the
-tasks' code is not linked into the driver and optimised again there, which
-would cost as much as compiling them.
+Knowing them lets the driver pack its arguments as one tuple whose type the tasks
+declare (``launch.unpack``) and call the tasks through a pointer: the tasks' code
+is not linked into the driver and optimised again there, which would cost as much
+as compiling them.
 
 Arrays the kernel only reads are typed read-only, which also accepts writable
 arrays (a read-only memory map, or a Dask chunk, passes as it is).
@@ -120,49 +120,39 @@ def captured_types(grid: Op, captured: dict[Value, str], acc: str) -> list[str]:
 
 
 # The lines a kernel writer emits around its task functions ---------------------------------
-def declare_task(w: SourceWriter, signature: str, arg_types: list[str]) -> None:
-    """``SIGNATURE = types.void(...)``: what the task functions are compiled for."""
-    w.line(f"{signature} = types.void({', '.join(arg_types)})")
+def declare_pack(w: SourceWriter, pack: str, arg_types: list[str]) -> None:
+    """``PACK = types.Tuple(...)``: the arguments a driver hands its tasks (``launch.unpack``);
+    the tasks themselves all have ``launch.TASK``'s signature."""
+    w.line(f"{pack} = types.Tuple(({', '.join(arg_types)},))")
     w.line()
     w.line()
 
 
-def declare_caller(w: SourceWriter, signature: str) -> None:
-    """``CALL_SIGNATURE``: the intrinsic a driver calls its tasks with (``intrinsics.task_caller``)."""
-    w.line()
-    w.line()
-    w.line(f"CALL_{signature} = task_caller({signature})")
-    w.line()
-    w.line()
-
-
-def declare_addresses(w: SourceWriter, kernel: str, signature: str, tasks: list[str]) -> None:
+def declare_addresses(w: SourceWriter, kernel: str, tasks: list[str]) -> None:
     """``KERNEL_TASKS``: the tasks' addresses, which the generated driver passes to the kernel."""
     w.line()
     w.line()
-    w.line(f"{kernel.upper()}_TASKS = rt.task_addresses({signature}, {', '.join(tasks)})")
+    w.line(f"{kernel.upper()}_TASKS = rt.task_addresses(TASK, {', '.join(tasks)})")
 
 
 @dataclass(frozen=True)
 class Jit:
     """An ``@njit`` decorator as data: written from its signature and options, never edited as text.
 
-    Every kernel function is compiled with an explicit signature: the task functions plainly,
-    the driver that calls them with ``parallel=True``.
+    Every kernel function is compiled with an explicit signature: the task functions and the
+    driver that runs them (``launch.launch``, compiled once, is the parallel part).
     """
 
     signature: str | None = None
-    parallel: bool = False
     #: the options every kernel function takes (``FASTMATH`` is a constant of the generated module).
     #: NumPy's error model: a division by zero gives inf or nan, as in NumPy and the interpreter,
     #: rather than a check that raises, whose exit would keep the loop around it from vectorising.
     options: tuple[str, ...] = ("fastmath=set(FASTMATH)", "error_model='numpy'", "cache=True", "nogil=True")
 
-    def typed(self, signature: str, parallel: bool = False) -> Jit:
-        """This decorator with ``signature`` (and ``parallel``)."""
-        return replace(self, signature=signature, parallel=parallel)
+    def typed(self, signature: str) -> Jit:
+        """This decorator with ``signature``."""
+        return replace(self, signature=signature)
 
     def __str__(self) -> str:
         args = [self.signature] if self.signature else []
-        args += ["parallel=True"] if self.parallel else []
         return f"@njit({', '.join([*args, *self.options])})"
