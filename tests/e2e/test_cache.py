@@ -180,3 +180,52 @@ def test_attncomps_compiled_helpers_are_stamped_by_its_code(monkeypatch):
     assert code == cache.runtime_digest()
     monkeypatch.setattr(cache, "_RUNTIME", ["a-different-attncomp"])
     assert locator.get_source_stamp() == (own_file, "a-different-attncomp")  # another stamp: a miss
+
+
+SHIFTED = """
+import sys
+import numpy as np
+from numba import njit
+
+for shift in range(int(sys.argv[2])):  # compiles first: Numba numbers what it compiles next differently
+    njit(lambda x, s=shift: x + s)(1.0)
+import attncomp as ac
+
+@ac.spec
+def windowed(q: ac.f32["H", "T", "D"], k: ac.f32["H", "T", "D"], v: ac.f32["H", "T", "D"], *, window: int = 5):
+    s = q @ k.mT
+    h, i, j = ac.index(s)
+    return ac.softmax(ac.where((j <= i) & (i - j < window), s, -ac.inf)) @ v
+
+window = int(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)  # three rows: the few-row path
+fn = ac.compile(windowed, backend="cpu", window=window)
+error = float(np.abs(fn(x, x, x) - ac.interpret(windowed, x, x, x, window=window)).max())
+print("loaded", sum(fn.compilation.program.kernels[0].stats.cache_hits.values()))
+assert error < 1e-5, error
+"""
+
+
+@pytest.mark.long
+def test_a_cached_kernel_finds_shared_code_another_process_compiled(tmp_path):
+    """A kernel calls the shared tile code by a name of attncomp's own: Numba names what it compiles
+    with a count of the process's compiles, so a kernel cached by one process and the tile code
+    compiled again by another (its cache entry lost, or written by a concurrent process) name the
+    same function differently."""
+    window = unique_window()
+    numba_cache = tmp_path / "numba"
+    env = {**os.environ, "ATTNCOMP_CACHE_DIR": str(tmp_path), "NUMBA_CACHE_DIR": str(numba_cache)}
+
+    def probe(shift: int) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", SHIFTED, str(window), str(shift)]
+        return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    first = probe(7)
+    assert first.returncode == 0, first.stderr
+    shared = list(numba_cache.rglob("tile_math.*"))
+    assert shared, "no cached tile code"
+    for entry in shared:
+        entry.unlink()
+    again = probe(0)  # loads the kernel, compiles the tile code anew
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert int(again.stdout.split("loaded")[1]) > 0

@@ -5,8 +5,8 @@ optimises it and emits its machine code again: in a forward task, the few-row he
 (``tile_math.group_scores`` and ``group_values``) and the two softmax steps were 55% of the
 module's instructions, compiled anew by every kernel (about 0.4 s of a 3.8 s module).  Called
 through :func:`unlinked`, a helper is compiled once a process for each signature (and cached on
-disk, as before); the kernel's module only declares it, and the JIT resolves the declaration to
-that compiled code, as it resolves Numba's own runtime functions.
+disk, as before); the kernel's module only declares it, under a name of attncomp's own, and the
+JIT resolves the declaration to that compiled code, as it resolves Numba's runtime functions.
 
 A kernel loaded from Numba's cache in a new process has not typed its calls, so nothing would
 compile the helpers it declares: each call registers, with the library being lowered, a
@@ -18,6 +18,7 @@ the call was typed with and gives the JIT its address.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 from typing import Any
 
@@ -30,16 +31,24 @@ from attncomp.backends.numba_cpu import launch as launches
 from attncomp.backends.numba_cpu import tile_math
 
 
+def symbol_name(module: str, name: str, args: tuple) -> str:
+    """The name a kernel calls helper ``module.name`` for argument types ``args`` by: the same in
+    every process (Numba's own names for a compiled function number its versions in the order a
+    process compiled them, so a kernel and a helper cached by two processes could disagree)."""
+    digest = hashlib.sha256(repr(tuple(args)).encode()).hexdigest()[:20]
+    return f"attncomp.shared.{module}.{name}.{digest}"
+
+
 def provide(module: str, name: str, args: tuple) -> str:
     """Compile (or load from the cache) helper ``module.name`` for the argument types ``args`` and
-    register its entry point (Numba's calling convention) with the JIT; its symbol's name."""
+    give the JIT its entry point (Numba's calling convention) under :func:`symbol_name`."""
     dispatcher = getattr(importlib.import_module(module), name)
     compiled = dispatcher.overloads.get(args)
     if compiled is None:
         dispatcher.compile(args)
         compiled = dispatcher.overloads[args]
-    symbol = compiled.fndesc.llvm_func_name
-    llvm.add_symbol(symbol, compiled.library.get_pointer_to_function(symbol))
+    symbol = symbol_name(module, name, args)
+    llvm.add_symbol(symbol, compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name))
     return symbol
 
 
