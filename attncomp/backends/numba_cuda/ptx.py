@@ -38,6 +38,7 @@ def compile_ptx_for(
     """
     from numba import cuda
 
+    from attncomp.backends.call_types import remembered
     from attncomp.backends.numba_cuda import lowering_fix, ssa_fix
 
     lowering_fix.install()
@@ -45,22 +46,24 @@ def compile_ptx_for(
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
-        return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
-    library, _ = _compile_pyfunc_with_fixup(
-        py_func,
-        signature,
-        debug=False,
-        lineinfo=False,
-        device=False,
-        fastmath=False,
-        cc=ccs[0],
-        opt=True,
-        abi="numba",
-        abi_info=None,
-        forceinline=False,
-        launch_bounds=launch_bounds,
-        lto=False,
-    )
+        with remembered():
+            return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
+    with remembered():  # the calls Numba types (backends/call_types.py)
+        library, _ = _compile_pyfunc_with_fixup(
+            py_func,
+            signature,
+            debug=False,
+            lineinfo=False,
+            device=False,
+            fastmath=False,
+            cc=ccs[0],
+            opt=True,
+            abi="numba",
+            abi_info=None,
+            forceinline=False,
+            launch_bounds=launch_bounds,
+            lto=False,
+        )
     found = {}
     for cc in ccs:
         (found[cc],) = library.get_asm_strs(cc=cc)
