@@ -5,12 +5,13 @@ Numba's front end recomputes variable lifetimes after most passes that change a 
 ``analysis.compute_live_map`` sweeps every block until no set grows: once forward for the
 definitions that reach a block, then backward for the variables live at its entry.  The
 backward problem swept in block order took some 50 sweeps over a tensor-core backward kernel's
-115 blocks (with sets of thousands of names), 10% of compiling it.  :func:`compute_live_map` solves the same
-equations with a work list, revisiting a block only when a neighbour's set grew.  Both reach
+115 blocks each time.  :func:`compute_live_map` solves the same equations with a work list,
+revisiting a block only when a neighbour's set grew (the bf16 deterministic backward's two
+largest kernels: 8.3 s to 7.1 s to compile).  Both reach
 the least solution of the same monotone equations, so the sets are the same
 (``tests/backends/test_live_variables.py`` compares them on a CPU and a CUDA kernel).
 
-:func:`install` gives Numba's and numba-cuda's analysis modules this version (their post-
+:func:`install` gives Numba's or numba-cuda's analysis module this version (their post-
 processors look it up on the module at each call).
 """
 
@@ -61,17 +62,15 @@ def compute_live_map(cfg: Any, blocks: dict, var_use_map: dict, var_def_map: dic
     return live
 
 
-def install() -> None:
-    """Replace ``compute_live_map`` in Numba's analysis modules that are installed (idempotent)."""
-    for name in MODULES:
-        if name in _REPLACED:
-            continue
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # numba-cuda is an optional extra
-            continue
-        _REPLACED[name] = module.compute_live_map
-        module.compute_live_map = compute_live_map
+def install(module: str) -> None:
+    """Replace ``compute_live_map`` in Numba's analysis module ``module`` (one of :data:`MODULES`;
+    idempotent): the cpu backend installs Numba's, the cuda backend numba-cuda's, so neither
+    imports the other's compiler."""
+    if module in _REPLACED:
+        return
+    found = importlib.import_module(module)
+    _REPLACED[module] = found.compute_live_map
+    found.compute_live_map = compute_live_map
 
 
 def original(module: str) -> Any:

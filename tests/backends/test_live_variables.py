@@ -17,7 +17,7 @@ from tests.passes import specs as pass_specs
 
 def _comparing(monkeypatch, module_name: str) -> list[tuple[int, bool]]:
     """Make ``module_name``'s ``compute_live_map`` compute both and record (blocks, same)."""
-    live_variables.install()
+    live_variables.install(module_name)
     module = importlib.import_module(module_name)
     theirs = live_variables.original(module_name)
     assert theirs is not None and module.compute_live_map is live_variables.compute_live_map
@@ -68,5 +68,22 @@ def test_a_loop_keeps_what_its_next_iteration_reads():
             previous = x
         return total
 
-    live_variables.install()
+    live_variables.install("numba.core.analysis")
     assert running(np.array([1.0, 2.0, -1.0, 3.0])) == 0.0 + 1.0 + -1.0
+
+
+def test_a_cpu_call_imports_no_cuda_compiler():
+    """The cpu backend installs the work list in Numba's analysis only: importing numba-cuda's
+    compiler would add a fifth of a second to every process's first call."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, numpy as np; import attncomp as ac; from tests.passes import specs; "
+        "fn = ac.compile(specs.causal, backend='cpu'); x = np.ones((1, 1, 4, 8), np.float32); fn(x, x, x); "
+        "print(sorted(m for m in sys.modules if m.startswith(('numba.cuda', 'numba_cuda'))))"
+    )
+    root = __file__.rsplit("/tests/", 1)[0]
+    done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

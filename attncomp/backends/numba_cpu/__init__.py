@@ -174,7 +174,7 @@ class CpuFunction(Program):
     def module(self) -> Any:
         """The driver's module, its kernels' imported (and so compiled, or loaded) first."""
         if self.loaded_module is None:
-            live_variables.install()  # before the kernels compile (backends/live_variables.py)
+            live_variables.install("numba.core.analysis")  # before the kernels compile (backends/live_variables.py)
             with remembered():  # the calls Numba types while the kernels compile (backends/call_types.py)
                 if self.generated.kernels is not None:
                     self.kernels_module = load_source(self.generated.kernels, "cpu")

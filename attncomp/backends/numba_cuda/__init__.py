@@ -82,7 +82,7 @@ def build(
 
     lowering_fix.install()  # before any kernel of the program is compiled
     ssa_fix.install()
-    live_variables.install()
+    live_variables.install("numba.cuda.core.analysis")
 
     declared = [r.type.dtype for r in module.main.results]
     choices, bits, backward_chosen = tensor_core_types(module, lanes is not None, backward_lanes is not None)

@@ -44,7 +44,7 @@ def compile_ptx_for(
 
     lowering_fix.install()
     ssa_fix.install()
-    live_variables.install()
+    live_variables.install("numba.cuda.core.analysis")
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
