@@ -7,9 +7,9 @@ definitions that reach a block, then backward for the variables live at its entr
 backward problem swept in block order took some 50 sweeps over a tensor-core backward kernel's
 115 blocks each time.  :func:`compute_live_map` solves the same equations with a work list,
 revisiting a block only when a neighbour's set grew (the bf16 deterministic backward's two
-largest kernels: 8.3 s to 7.1 s to compile).  Both reach
-the least solution of the same monotone equations, so the sets are the same
-(``tests/backends/test_live_variables.py`` compares them on a CPU and a CUDA kernel).
+largest kernels: 8.3 s to 7.1 s to compile).  Both reach the least solution of the same
+monotone equations, so the sets are the same (``tests/backends/test_live_variables.py``
+compares them on a CPU and a CUDA kernel).
 
 :func:`install` gives Numba's or numba-cuda's analysis module this version (their post-
 processors look it up on the module at each call).

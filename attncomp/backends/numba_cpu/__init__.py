@@ -4,8 +4,8 @@ Each tiled attention becomes a task function (``@njit``, explicit signature: a
 worker's share of the batch positions and query blocks) and a driver that runs it
 at its address on Numba's threads through the one parallel launch every kernel
 shares (``kernel.py``, ``launch.py``); what no spec changes is in ``tile_math.py``,
-compiled once and called without a copy in each kernel (``shared_calls.py``).  Everything else runs in a generated
-numpy driver.  The kernels are a module of their own whose text names no spec
+compiled once and called without a copy in each kernel (``shared_calls.py``).
+Everything else runs in a generated numpy driver.  The kernels are a module of their own whose text names no spec
 (``CpuSource``), so specs with the same kernels compile them once; both modules
 are cached on disk by their text, so a new process with the same spec and
 options reuses Numba's compiled code.

@@ -159,12 +159,7 @@ class BackwardKernelWriter(KernelSource):
         through the shared parallel launch (as the forward kernel's ``write`` does)."""
         t, w, nb = self.t, self.w, self.nb
         params = ", ".join(self.params())
-        pack = f"{self.name.upper()}_PACK"
-        sig.declare_pack(w, pack, self.param_types())
-        w.line(str(jit.typed("TASK")))
-        w.line(f"def {self.name}_slot(slot, n_workers, merging, pack_at):")
-        with w.indent():
-            w.line(f"{params}, = unpack(pack_at, {pack})")
+        with sig.packed_task(w, jit, self.name, f"{self.name}_slot", "slot", params, self.param_types()) as pack:
             self.header()
             for name, shape in (
                 ("s", "(BQ, BK)"),
@@ -199,15 +194,12 @@ class BackwardKernelWriter(KernelSource):
                         for grad, acc, width in (("out_dk", "dk_acc", "n_d"), ("out_dv", "dv_acc", "n_e")):
                             w.line(f"for e in range({width}):")
                             w.line(f"    {grad}[{heads}j0 + c, e] = {acc}[c, e]")
-        w.line()
-        w.line()
         driver_signature = f"types.void(types.intp, {', '.join(self.param_types())})"
         w.line(str(jit.typed(driver_signature)))
         w.line(f"def {self.name}(slot_at, {params}):")
         with w.indent():
             w.line("blas_threads = pin_blas_threads()  # the slots' BLAS calls run on their own thread")
-            w.line(f"pack = ({params},)")
-            w.line(f"pack_at = pack_address(pack, {pack})")
+            sig.write_pack(w, pack, params)
             # a small call runs its slots in order on the calling thread (the same sums: each slot
             # adds its units in the same order), without starting the parallel workers
             w.line(f"if n_slots == 1 or out_dq.size * out_dk.shape[{nb}] * 3 < SERIAL_WORK:")

@@ -425,12 +425,8 @@ class KernelWriter(KernelSource):
         shared = f"{params}, n_split, part_m, part_l, part_acc"
         acc = self.acc_dtype
         parts = [sig.INT, sig.array_type(acc, 3), sig.array_type(acc, 3), sig.array_type(acc, 4)]
-        pack = f"{self.name.upper()}_PACK"
-        sig.declare_pack(w, pack, [*self.param_types(), *parts])
-        w.line(str(jit.typed("TASK")))
-        w.line(f"def {self.name}_task(worker, n_workers, merging, pack_at):")
-        with w.indent():
-            w.line(f"{shared} = unpack(pack_at, {pack})")
+        arg_types = [*self.param_types(), *parts]
+        with sig.packed_task(w, jit, self.name, f"{self.name}_task", "worker", shared, arg_types) as pack:
             self.header()
             w.line("if merging:  # a split unit's partial results merged")
             with w.indent():
@@ -446,8 +442,6 @@ class KernelWriter(KernelSource):
                     self.merge(nb)
                 w.line("return")
             self.task()
-        w.line()
-        w.line()
         w.line(str(jit.typed(f"types.void(types.intp, {', '.join(self.param_types())})")))
         w.line(f"def {self.name}(task_at, {params}):")
         with w.indent():
@@ -470,8 +464,7 @@ class KernelWriter(KernelSource):
             w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_acc = np.empty((n_parts, G, BQ, n_e), dtype=ACC)")
-            w.line(f"pack = ({shared},)")
-            w.line(f"pack_at = pack_address(pack, {pack})")
+            sig.write_pack(w, pack, shared)
             # one worker per thread, each taking every n_workers-th task (balanced for causal masks)
             w.line("n_workers = min(n_units * n_split, n_threads)")
             w.line("if n_workers == 1:")

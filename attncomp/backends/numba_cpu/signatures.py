@@ -14,6 +14,8 @@ arrays (a read-only memory map, or a Dask chunk, passes as it is).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from attncomp.backends.codegen import SourceWriter
@@ -120,12 +122,32 @@ def captured_types(grid: Op, captured: dict[Value, str], acc: str) -> list[str]:
 
 
 # The lines a kernel writer emits around its task functions ---------------------------------
-def declare_pack(w: SourceWriter, pack: str, arg_types: list[str]) -> None:
-    """``PACK = types.Tuple(...)``: the arguments a driver hands its tasks (``launch.unpack``);
-    the tasks themselves all have ``launch.TASK``'s signature."""
+@contextlib.contextmanager
+def packed_task(
+    w: SourceWriter, jit: Jit, kernel: str, function: str, worker: str, values: str, arg_types: list[str]
+) -> Iterator[str]:
+    """``KERNEL_PACK = types.Tuple(...)`` (``arg_types``: the arguments a driver hands its tasks),
+    then the task ``function(worker, n_workers, merging, pack_at)`` of ``launch.TASK``'s signature,
+    its body indented under this block from ``values, = unpack(pack_at, KERNEL_PACK)`` on.  Yields
+    the pack's name, for the driver's :func:`write_pack`."""
+    pack = f"{kernel.upper()}_PACK"
     w.line(f"{pack} = types.Tuple(({', '.join(arg_types)},))")
     w.line()
     w.line()
+    w.line(str(jit.typed("TASK")))
+    w.line(f"def {function}({worker}, n_workers, merging, pack_at):")
+    with w.indent():
+        w.line(f"{values}, = unpack(pack_at, {pack})")
+        yield pack
+    w.line()
+    w.line()
+
+
+def write_pack(w: SourceWriter, pack: str, values: str) -> None:
+    """The driver's ``pack_at``: the address of ``values`` packed as ``pack`` on its stack
+    (``launch.pack_address``), for its tasks; ``keep_alive(pack)`` after their last call."""
+    w.line(f"pack = ({values},)")
+    w.line(f"pack_at = pack_address(pack, {pack})")
 
 
 def declare_addresses(w: SourceWriter, kernel: str, tasks: list[str]) -> None:
