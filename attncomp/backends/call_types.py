@@ -63,6 +63,11 @@ def remembered_signatures() -> int:
     return len(_SIGNATURES)
 
 
+def compiling() -> bool:
+    """Whether this thread is inside :func:`remembered`: attncomp compiling its own kernels."""
+    return bool(getattr(_LOCAL, "depth", 0))
+
+
 @contextlib.contextmanager
 def remembered() -> Iterator[None]:
     """Remember the calls Numba types in this thread until the block ends (nested blocks share it)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from attncomp.backends import live_variables
+from attncomp.backends import front_end
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.base import Program
 from attncomp.backends.cache import load_source, module_name
@@ -174,7 +174,7 @@ class CpuFunction(Program):
     def module(self) -> Any:
         """The driver's module, its kernels' imported (and so compiled, or loaded) first."""
         if self.loaded_module is None:
-            live_variables.install("numba.core.analysis")  # before the kernels compile (backends/live_variables.py)
+            front_end.install("cpu")  # before the kernels compile (backends/front_end.py)
             with remembered():  # the calls Numba types while the kernels compile (backends/call_types.py)
                 if self.generated.kernels is not None:
                     self.kernels_module = load_source(self.generated.kernels, "cpu")

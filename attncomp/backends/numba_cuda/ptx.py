@@ -38,13 +38,12 @@ def compile_ptx_for(
     """
     from numba import cuda
 
-    from attncomp.backends import live_variables
+    from attncomp.backends import front_end
     from attncomp.backends.call_types import remembered
-    from attncomp.backends.numba_cuda import lowering_fix, ssa_fix
+    from attncomp.backends.numba_cuda import lowering_fix
 
     lowering_fix.install()
-    ssa_fix.install()
-    live_variables.install("numba.cuda.core.analysis")
+    front_end.install("cuda")
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:

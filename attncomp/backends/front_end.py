@@ -1,0 +1,27 @@
+"""What attncomp changes in Numba's front end while it compiles its kernels, installed in one call.
+
+Numba's CPU compiler (``numba.core``) and numba-cuda's copy of it (``numba.cuda.core``) run the
+same passes; for each, :func:`install` gives the analysis module the work-list live variables
+(``live_variables.py``), the post-processor its lifetimes on demand (``lazy_lifetimes.py``), the
+SSA module its one-pass reconstruction (``ssa_fix.py``) and the error messages their markup
+without colorama's stream set-up (``markup.py``).  Installing one front end never
+imports the other's compiler (a cpu call imports no CUDA compiler).  Each change is idempotent
+and, where it could touch a user's own Numba code, active only inside attncomp's compile window
+(``call_types.remembered``).
+"""
+
+from __future__ import annotations
+
+from attncomp.backends import lazy_lifetimes, live_variables, markup, ssa_fix
+
+#: the package of each target's Numba front end
+PACKAGES = {"cpu": "numba.core", "cuda": "numba.cuda.core"}
+
+
+def install(target: str) -> None:
+    """Install the changes in the front end of ``target`` (a key of :data:`PACKAGES`)."""
+    package = PACKAGES[target]
+    live_variables.install(f"{package}.analysis")
+    lazy_lifetimes.install(f"{package}.postproc")
+    ssa_fix.install(f"{package}.ssa")
+    markup.install(f"{package}.errors")
