@@ -93,6 +93,7 @@ def test_the_softmax_step_prefers_wide_vectors_and_sources_name_the_shared_code(
     fresh(st, 8, 8, m, total, acc, rows[0], rows[1], rows[2], 0)
     (llvm,) = fresh.inspect_llvm().values()
     assert '"prefer-vector-width"="512"' in llvm
+    assert "exp2_f32" in llvm and not re.search(r"call .*exp2_f32", llvm)  # called in Python, inlined by LLVM
     # kernels link this code into their cached machine code: its digest is part of their source (the cache key)
     assert f"shared tile code {numba_cpu.SHARED_CODE}" in ac.compile(pass_specs.causal, backend="cpu").source
 
