@@ -24,21 +24,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from attncomp.backends import call_types
+from attncomp.backends import call_types, replaced
 
-#: the post-processor modules whose ``PostProcessor.run`` is replaced, and the method each had
-_REPLACED: dict[str, Any] = {}
+#: the post-processor modules whose ``PostProcessor.run`` is replaced
 MODULES = ("numba.core.postproc", "numba.cuda.core.postproc")
 
 
 def install(module: str) -> None:
     """Replace ``PostProcessor.run`` in Numba's post-processor module ``module`` (one of
     :data:`MODULES`; idempotent): outside attncomp's compile window it is Numba's own."""
-    if module in _REPLACED:
-        return
     found = importlib.import_module(module)
     transforms = importlib.import_module(f"{module.rsplit('.', 1)[0]}.transforms")
-    original = found.PostProcessor.run
+    replaced.replace(found.PostProcessor, "run", lambda original: _lazy(found, transforms, original))
+
+
+def _lazy(found: Any, transforms: Any, original: Any) -> Any:
+    """``PostProcessor.run`` of the module ``found``, lifetimes left to be computed when read."""
 
     def run(self: Any, emit_dels: bool = False, extend_lifetimes: bool = False) -> None:
         func_ir = self.func_ir
@@ -52,10 +53,10 @@ def install(module: str) -> None:
         if emit_dels:
             self._insert_var_dels(extend_lifetimes=extend_lifetimes)
 
-    _REPLACED[module] = original
-    found.PostProcessor.run = run
+    return run
 
 
 def original(module: str) -> Any:
     """The ``PostProcessor.run`` that :func:`install` replaced in ``module`` (None if it did not)."""
-    return _REPLACED.get(module)
+    found = replaced.module(module)
+    return None if found is None else replaced.original(found.PostProcessor, "run")

@@ -21,8 +21,9 @@ import importlib
 from collections import defaultdict, deque
 from typing import Any
 
-#: the modules whose ``compute_live_map`` is replaced, and the function each had
-_REPLACED: dict[str, Any] = {}
+from attncomp.backends import replaced
+
+#: the modules whose ``compute_live_map`` is replaced
 MODULES = ("numba.core.analysis", "numba.cuda.core.analysis")
 
 
@@ -66,13 +67,9 @@ def install(module: str) -> None:
     """Replace ``compute_live_map`` in Numba's analysis module ``module`` (one of :data:`MODULES`;
     idempotent): the cpu backend installs Numba's, the cuda backend numba-cuda's, so neither
     imports the other's compiler."""
-    if module in _REPLACED:
-        return
-    found = importlib.import_module(module)
-    _REPLACED[module] = found.compute_live_map
-    found.compute_live_map = compute_live_map
+    replaced.replace(importlib.import_module(module), "compute_live_map", lambda _: compute_live_map)
 
 
 def original(module: str) -> Any:
     """The ``compute_live_map`` that :func:`install` replaced in ``module`` (None if it did not)."""
-    return _REPLACED.get(module)
+    return replaced.original(replaced.module(module), "compute_live_map")

@@ -18,24 +18,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from attncomp.backends import call_types
+from attncomp.backends import call_types, replaced
 
-#: the modules whose ``HighlightColorScheme._markup`` is replaced, and the method each had
-_REPLACED: dict[str, Any] = {}
+#: the modules whose ``HighlightColorScheme._markup`` is replaced
 MODULES = ("numba.core.errors", "numba.cuda.core.errors")
 
 
 def install(module: str) -> None:
     """Replace ``HighlightColorScheme._markup`` in Numba's errors module ``module`` (one of
     :data:`MODULES`; idempotent, and nothing where colorama is missing)."""
-    if module in _REPLACED:
-        return
     errors = importlib.import_module(module)
     scheme = getattr(errors, "HighlightColorScheme", None)
-    if scheme is None:  # no colorama: Numba's messages carry no markup
-        _REPLACED[module] = None
-        return
-    original = scheme._markup
+    if scheme is not None:  # else no colorama: Numba's messages carry no markup
+        replaced.replace(scheme, "_markup", lambda original: _plain(errors, original))
+
+
+def _plain(errors: Any, original: Any) -> Any:
+    """``HighlightColorScheme._markup`` of the errors module ``errors``, without the shell inside
+    the window."""
     reset = errors.Style.RESET_ALL
     bright = errors.Style.BRIGHT
 
@@ -44,10 +44,4 @@ def install(module: str) -> None:
             return original(self, msg, color, style)
         return f"{color or ''}{style or ''}{msg}{reset}"
 
-    _REPLACED[module] = original
-    scheme._markup = _markup
-
-
-def original(module: str) -> Any:
-    """The ``_markup`` :func:`install` replaced in ``module`` (None if it did not)."""
-    return _REPLACED.get(module)
+    return _markup

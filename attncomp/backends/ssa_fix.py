@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from attncomp.backends import call_types
+from attncomp.backends import call_types, replaced
 
 #: the SSA modules :func:`install` knows: Numba's (its own replaced inside the compile window only)
 #: and numba-cuda's
@@ -215,8 +215,7 @@ def pieces(module: str = "numba.cuda.core.ssa") -> Pass | None:
 
 def original(module: str = "numba.cuda.core.ssa") -> Any:
     """The ``_run_ssa`` :func:`install` replaced in ``module``, else None."""
-    ssa = _module(module)
-    return None if ssa is None else getattr(ssa, "attncomp_replaced", None)
+    return replaced.original(replaced.module(module), "_run_ssa")
 
 
 def install(module: str = "numba.cuda.core.ssa") -> bool:
@@ -226,9 +225,9 @@ def install(module: str = "numba.cuda.core.ssa") -> bool:
     ssa = _module(module)
     if ssa is None:
         return False
-    current = getattr(ssa, "_run_ssa", None)
-    if getattr(current, "attncomp_ssa", False):
+    if replaced.original(ssa, "_run_ssa") is not None:
         return True
+    current = getattr(ssa, "_run_ssa", None)
     found = pieces(module)
     if current is None or not _CALLS <= set(current.__code__.co_names) or found is None:
         return False
@@ -239,7 +238,5 @@ def install(module: str = "numba.cuda.core.ssa") -> bool:
             return current(blocks)
         return run_ssa(found, blocks)
 
-    replacement.attncomp_ssa = True  # type: ignore[attr-defined]
-    ssa.attncomp_replaced = current
-    ssa._run_ssa = replacement
+    replaced.replace(ssa, "_run_ssa", lambda _: replacement)
     return True

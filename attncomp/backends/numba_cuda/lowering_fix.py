@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from attncomp.backends import replaced
+
 #: the names the scanning method reads, by which :func:`install` recognises it
 _SCANNING = {"find_insts", "compute_use_defs", "must_use_alloca", "assign_types"}
 
@@ -68,7 +70,7 @@ def original() -> Any:
         from numba.cuda import lowering
     except ImportError:
         return None
-    return getattr(lowering.Lower, "attncomp_replaced", None)
+    return replaced.original(lowering.Lower, "_find_singly_assigned_variable")
 
 
 def install() -> bool:
@@ -82,6 +84,5 @@ def install() -> bool:
         return True
     if current is None or not _SCANNING <= set(current.__code__.co_names):
         return False
-    lowering.Lower.attncomp_replaced = current
-    lowering.Lower._find_singly_assigned_variable = _find_singly_assigned_variable
+    replaced.replace(lowering.Lower, "_find_singly_assigned_variable", lambda _: _find_singly_assigned_variable)
     return True
