@@ -3,10 +3,11 @@
 ``NUMBA_ENABLE_CUDASIM`` must be set before Numba is imported, which this
 process has already done, so the simulator tests get a fresh interpreter.
 
-The process runs on one core, as a batch process (``SCHED_BATCH``): its Python threads hand
-the interpreter lock to each other at every barrier and warp instruction, and on two cores, or
-woken with priority over the lock's holder, they spend more time switching than running
-(measured in docs/performance.md, "The test suite").
+The process runs on one core, as a batch process (``SCHED_BATCH``): most of its blocks run as
+generators in one thread (``tests/cuda_sim/sim_lanes.py``), and those on the simulator's threads
+hand the interpreter lock to each other at every barrier and warp instruction, which on two
+cores, or woken with priority over the lock's holder, spends more time switching than running
+(measured in docs/performance.md, "The test suite"); the run's other workers keep the cores.
 """
 
 import importlib.util

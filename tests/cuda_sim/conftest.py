@@ -20,10 +20,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     # Python's own thread switch interval (5 ms) is kept: the simulator's threads mostly switch
     # by waiting at a barrier or a warp instruction, and a forced switch every 0.5 ms made the
     # tensor-core tests a twelfth slower (every 0.1 ms, a sixth).
-    from tests.cuda_sim import sim_blocks, sim_memory
+    from tests.cuda_sim import sim_blocks, sim_lanes, sim_memory
 
     sim_memory.install()
-    sim_blocks.install()
+    sim_blocks.install(first=sim_lanes.ran_as_lanes)
 elif os.environ.get("ATTNCOMP_TEST_GPU") != "1":
     collect_ignore_glob = ["test_*.py"]
 
@@ -36,3 +36,29 @@ def banks():
     warp_sim_copies.reset_bank_counts()
     yield warp_sim_copies.bank_counts
     warp_sim_copies.reset_bank_counts()
+
+
+@pytest.fixture(params=["lanes", "threads"])
+def runner(request, monkeypatch) -> str:
+    """Each way the harness runs a block: its threads as generators in one thread (``sim_lanes.py``)
+    or as the simulator's threads (``sim_blocks.py``)."""
+    from tests.cuda_sim import sim_lanes
+
+    monkeypatch.setattr(sim_lanes, "RUNNER", request.param)
+    return request.param
+
+
+@pytest.fixture
+def threads(monkeypatch) -> None:
+    """Blocks on the simulator's threads (``sim_blocks.py``) only."""
+    from tests.cuda_sim import sim_lanes
+
+    monkeypatch.setattr(sim_lanes, "RUNNER", "threads")
+
+
+@pytest.fixture
+def lanes(monkeypatch) -> None:
+    """Blocks as generators in one thread (``sim_lanes.py``) only."""
+    from tests.cuda_sim import sim_lanes
+
+    monkeypatch.setattr(sim_lanes, "RUNNER", "lanes")

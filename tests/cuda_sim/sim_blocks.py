@@ -99,9 +99,11 @@ class Pool:
             self.idle.append(thread)
 
 
-def install() -> None:
+def install(first=None) -> None:
     """Replace ``BlockManager.run`` and ``BlockThread``'s ``run``, ``syncthreads`` and ``is_alive``
-    by the pooled threads and the waiting barrier."""
+    by the pooled threads and the waiting barrier; ``first(manager, grid_point, args)``, if given,
+    is asked to run each block before (``sim_lanes.ran_as_lanes``), and the threads run the blocks
+    it has not."""
     from numba.cuda.simulator import kernel
 
     Dim3 = kernel.Dim3
@@ -145,6 +147,8 @@ def install() -> None:
     pool = Pool(kernel.BlockThread)
 
     def run(self, grid_point, *args) -> None:
+        if first is not None and first(self, grid_point, args):
+            return
         shape = list(np.ndindex(*self._block_dim))
         threads = pool.take(len(shape), self)  # the name mma/warp_sim.py looks for
         barrier = BlockBarrier(threads)

@@ -1,5 +1,6 @@
-"""The simulator's blocks as ``sim_blocks`` runs them: a barrier that waits, threads kept between
-blocks, and the simulator's own semantics otherwise."""
+"""The simulator's blocks as the harness runs them, as generators in one thread (``sim_lanes``) and on
+the simulator's threads (``sim_blocks``: a barrier that waits, threads kept between blocks), with the
+simulator's own semantics otherwise."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _rotate(out, rounds):
     out[cuda.blockIdx.x, t] = value
 
 
+@pytest.mark.usefixtures("runner")
 def test_barriers_order_shared_memory_across_warps_in_every_block():
     out = np.zeros((3, 64), np.float32)
     _rotate[3, 64](out, 5)
@@ -47,6 +49,7 @@ def _early_exit(out):
     out[t] = t + 1
 
 
+@pytest.mark.usefixtures("runner")
 def test_threads_that_have_returned_no_longer_hold_the_barrier():
     out = np.zeros(8, np.int32)
     _early_exit[2, 8](out)
@@ -63,6 +66,7 @@ def _raise_in_one_thread(out):
     out[cuda.blockIdx.x, t] = 1
 
 
+@pytest.mark.usefixtures("runner")
 def test_an_exception_in_one_thread_is_raised_from_the_launch_and_the_next_launch_runs():
     out = np.zeros((2, 16), np.int32)
     with pytest.raises(ValueError, match=r"tid=\[5, 0, 0\] ctaid=\[1, 0, 0\]: planted"):
@@ -84,6 +88,7 @@ def _raise_while_others_work(out, rounds):
     out[t] = total
 
 
+@pytest.mark.usefixtures("threads")
 def test_a_failed_launch_returns_once_its_other_threads_have_stopped():
     """Else a thread of the failed launch, still inside a device function, would hold that function's
     ``cuda`` global at its launch's while the next launch's threads call it (``mma/warp_sim.py`` finds
@@ -103,11 +108,75 @@ def _counts(out):
     out[3, t] = t
 
 
+@pytest.mark.usefixtures("runner")
 def test_block_votes_and_two_dimensional_thread_ids():
     out = np.zeros((4, 24), np.int32)
     _counts[1, (8, 3)](out)
     assert (out[0] == 8).all() and (out[1] == 1).all() and (out[2] == 1).all()
     assert out[3].tolist() == list(range(24))
+
+
+@cuda.jit(device=True)
+def _dim_after_a_barrier():
+    cuda.syncthreads()
+    return cuda.blockDim.x
+
+
+@cuda.jit
+def _fails_while_others_wait(out, fail):
+    t = cuda.threadIdx.x
+    if fail and t == cuda.blockDim.x - 1:
+        raise ValueError("planted")
+    out[t] = _dim_after_a_barrier()
+
+
+@pytest.mark.usefixtures("runner")
+def test_threads_of_a_failed_launch_leave_their_device_functions():
+    """The other threads of a failed block wait inside a device function, whose ``cuda`` global is
+    their launch's until they leave it: the next launch (16 threads a block, not 32) sees its own,
+    while the failed launch's error, and the frames it holds, are still kept."""
+    with pytest.raises(ValueError, match="planted") as failed:
+        _fails_while_others_wait[1, 32](np.zeros(32, np.int64), 1)
+    out = np.zeros(16, np.int64)
+    _fails_while_others_wait[1, 16](out, 0)
+    assert failed.value is not None and out.tolist() == [16] * 16
+
+
+def rounds_of_handover(store_warp: int, synchronised: bool):
+    """Two rounds in which one warp stores a shared tile and the other loads it, a barrier after each
+    round, and one between the store and the load if ``synchronised``."""
+
+    @cuda.jit
+    def kernel(src, out):
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        tile = cuda.shared.array(32, np.float32)
+        for r in range(2):
+            if tid // 32 == store_warp:
+                tile[lane] = src[32 * r + lane]
+            if synchronised:
+                cuda.syncthreads()
+            if tid // 32 != store_warp:
+                out[32 * r + lane] = tile[lane]
+            cuda.syncthreads()
+
+    return kernel
+
+
+@pytest.mark.usefixtures("lanes")
+@pytest.mark.parametrize("synchronised", [True, False], ids=["with-barrier", "without-barrier"])
+@pytest.mark.parametrize("store_warp", [0, 1])
+def test_a_missing_barrier_is_seen_whichever_warp_stores(store_warp, synchronised):
+    """As generators, one warp runs at a time between barriers, the last first after an even number of
+    barriers, the first after an odd number: the loading warp runs before the storing one in one of
+    the two rounds (and reads poison, or the last round's tile), whichever warp stores."""
+    src = np.arange(64, dtype=np.float32) + 1
+    out = np.zeros(64, np.float32)
+    rounds_of_handover(store_warp, synchronised)[1, 64](src, out)
+    if synchronised:
+        np.testing.assert_array_equal(out, src)
+    else:
+        assert not np.array_equal(out, src), "both rounds' loads came after the stores"
 
 
 def simulator_threads() -> set:
@@ -116,6 +185,7 @@ def simulator_threads() -> set:
     return {t for t in threading.enumerate() if isinstance(t, BlockThread)}
 
 
+@pytest.mark.usefixtures("threads")
 def test_threads_are_kept_from_one_block_to_the_next():
     out = np.zeros((3, 64), np.float32)
     _rotate[3, 64](out, 1)

@@ -311,6 +311,7 @@ def handover(synchronised: bool, loaded: list):
 
 
 @SIMULATOR_ONLY
+@pytest.mark.usefixtures("threads")  # its warps are ordered by events, which block a thread
 @pytest.mark.parametrize("synchronised", [True, False], ids=["with-barrier", "without-barrier"])
 def test_a_missing_barrier_after_the_wait_reads_stale_memory(synchronised):
     src = np.arange(256, dtype=np.uint16) + 1

@@ -16,9 +16,12 @@ from numba import cuda
 
 from attncomp.backends.numba_cuda.warp import mma_f16, quad_max, quad_sum, shuffle_xor
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="the simulator's emulation of warp instructions"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("NUMBA_ENABLE_CUDASIM") != "1", reason="the simulator's emulation of warp instructions"
+    ),
+    pytest.mark.usefixtures("runner"),
+]
 
 #: the longest the storing warp holds its stores for the loading warp (seconds)
 HOLD = 10.0
