@@ -41,7 +41,11 @@ def _toolchain_missing() -> str | None:
 
 
 MISSING = _toolchain_missing()
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+pytestmark = [
+    pytest.mark.skipif(MISSING is not None, reason=MISSING or ""),
+    # one worker runs them all, so that a kernel several tests check (``_COMPILED``) compiles once a run
+    pytest.mark.xdist_group("ptx"),
+]
 
 
 def _nvjitlink() -> bool:
@@ -62,7 +66,7 @@ def _example_specs():
 
 #: PTX by (kernel source with its own name blanked, signature, targets): many examples share kernels
 #: (a matmul, a transpose, the same attention), and the same source compiles to the same PTX, so each
-#: is compiled once per test process
+#: is compiled once per test process (one for the whole file: its ``xdist_group``)
 _COMPILED: dict[tuple, dict] = {}
 _REPORTS: dict[tuple, object] = {}  # ptxas' report by (PTX, target)
 

@@ -32,8 +32,9 @@ from tests.cuda_sim.sim_coroutines import VOTES, resumable_kernel
 RUNNER = "lanes"
 
 _READY, _BARRIER, _EXCHANGE, _DONE = range(4)
-#: the attributes of the launching thread that the lane running in it sets
-_ATTRIBUTES = ("threadIdx", "blockIdx", "thread_id", "_warp_sim_lane")
+#: the attributes of the launching thread that the lanes running in it set (``abort`` and
+#: ``syncthreads`` for a stop the rewrite did not see: raised at once, not waited for)
+_ATTRIBUTES = ("threadIdx", "blockIdx", "thread_id", "_warp_sim_lane", "abort", "syncthreads")
 
 
 class _Lane:
@@ -177,6 +178,10 @@ def _vote(lanes: list[_Lane]):
     return int(all(votes)) if kind == "syncthreads_and" else int(any(votes))
 
 
+def _unseen_stop() -> None:
+    raise RuntimeError("a barrier reached through a call the rewrite could not follow (sim_coroutines.py)")
+
+
 def _unwrapped(argument):
     """A kernel's array argument as its numpy array: the simulator wraps each in two objects whose
     indexing, in Python, is most of a simulated kernel's time; numpy indexes the same elements and
@@ -194,7 +199,7 @@ def run_block(manager, function, grid_point, args) -> None:
     block = _Block(manager, function, grid_point, [_unwrapped(argument) for argument in args])
     thread = block.thread
     saved = {name: thread.__dict__[name] for name in _ATTRIBUTES if name in thread.__dict__}
-    thread.blockIdx = block.block_idx
+    thread.blockIdx, thread.abort, thread.syncthreads = block.block_idx, True, _unseen_stop
     errors = np.errstate(divide="raise") if manager._debug else np.errstate()
     try:
         with errors:

@@ -142,6 +142,22 @@ def test_threads_of_a_failed_launch_leave_their_device_functions():
     assert failed.value is not None and out.tolist() == [16] * 16
 
 
+_HIDDEN = (_dim_after_a_barrier,)
+
+
+@cuda.jit
+def _barrier_through_a_tuple(out):
+    out[cuda.threadIdx.x] = _HIDDEN[0]()
+
+
+@pytest.mark.usefixtures("lanes")
+def test_a_barrier_the_rewrite_cannot_see_is_an_error_not_a_hang():
+    """A device function called through a tuple is not rewritten into the kernel's generator: its
+    barrier, run as the simulator's, raises at once in the lanes' thread."""
+    with pytest.raises(RuntimeError, match="a barrier reached through a call the rewrite could not follow"):
+        _barrier_through_a_tuple[1, 32](np.zeros(32, np.int64))
+
+
 def rounds_of_handover(store_warp: int, synchronised: bool):
     """Two rounds in which one warp stores a shared tile and the other loads it, a barrier after each
     round, and one between the store and the load if ``synchronised``."""
