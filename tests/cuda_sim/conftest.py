@@ -17,9 +17,10 @@ import os
 import pytest
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    # Python's own thread switch interval (5 ms) is kept: the simulator's threads mostly switch
-    # by waiting at a barrier or a warp instruction, and a forced switch every 0.5 ms made the
-    # tensor-core tests a twelfth slower (every 0.1 ms, a sixth).
+    # A block runs as generators in this thread where its kernel can be rewritten (sim_lanes.py),
+    # else on the simulator's threads (sim_blocks.py), for which Python's own thread switch
+    # interval (5 ms) is kept: they mostly switch by waiting at a barrier or a warp instruction,
+    # and a forced switch every 0.5 ms made the tensor-core tests a twelfth slower (0.1 ms, a sixth).
     from tests.cuda_sim import sim_blocks, sim_lanes, sim_memory
 
     sim_memory.install()
