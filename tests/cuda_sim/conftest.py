@@ -39,27 +39,27 @@ def banks():
     warp_sim_copies.reset_bank_counts()
 
 
+def _run_blocks(monkeypatch, runner: str) -> str:
+    from tests.cuda_sim import sim_lanes
+
+    monkeypatch.setattr(sim_lanes, "RUNNER", runner)
+    return runner
+
+
 @pytest.fixture(params=["lanes", "threads"])
 def runner(request, monkeypatch) -> str:
     """Each way the harness runs a block: its threads as generators in one thread (``sim_lanes.py``)
     or as the simulator's threads (``sim_blocks.py``)."""
-    from tests.cuda_sim import sim_lanes
-
-    monkeypatch.setattr(sim_lanes, "RUNNER", request.param)
-    return request.param
+    return _run_blocks(monkeypatch, request.param)
 
 
 @pytest.fixture
 def threads(monkeypatch) -> None:
     """Blocks on the simulator's threads (``sim_blocks.py``) only."""
-    from tests.cuda_sim import sim_lanes
-
-    monkeypatch.setattr(sim_lanes, "RUNNER", "threads")
+    _run_blocks(monkeypatch, "threads")
 
 
 @pytest.fixture
 def lanes(monkeypatch) -> None:
     """Blocks as generators in one thread (``sim_lanes.py``) only."""
-    from tests.cuda_sim import sim_lanes
-
-    monkeypatch.setattr(sim_lanes, "RUNNER", "lanes")
+    _run_blocks(monkeypatch, "lanes")

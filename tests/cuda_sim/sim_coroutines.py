@@ -94,23 +94,21 @@ _MISSING = object()
 _LIBRARIES = {"numpy", "numba", "numba_cuda", "ml_dtypes", "math", "builtins"}
 
 
-def _stop(scope: _Scope, call: ast.Call) -> str | None:
+def _stop(scope: _Scope, call: ast.Call) -> tuple[str | None, types.FunctionType | None]:
     """What kind of stop a call is: a barrier or vote (its name), ``"exchange"``, ``"call"`` (of a
-    function that stops), or None."""
+    function that stops, given with it), or None."""
     func = call.func
     if isinstance(func, ast.Attribute) and _is_cuda(scope.value(func.value)):
-        if func.attr == "syncthreads" or func.attr in VOTES:
-            return func.attr
-        return None
+        return (func.attr if func.attr == "syncthreads" or func.attr in VOTES else None), None
     target = scope.value(func)
     if target is _MISSING:
-        return None
+        return None, None
     if target is _exchange():
-        return "exchange"
+        return "exchange", None
     function = _python_function(target)
     if function is not None and (function.__module__ or "").partition(".")[0] not in _LIBRARIES and stops(function):
-        return "call"
-    return None
+        return "call", function
+    return None, None
 
 
 class _Rewrite(ast.NodeTransformer):
@@ -122,12 +120,12 @@ class _Rewrite(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        kind = _stop(self.scope, node)
+        kind, callee = _stop(self.scope, node)
         if kind is None:
             return node
         self.rewritten += 1
         if kind == "call":
-            _rewritten_once(_python_function(self.scope.value(node.func)))  # cannot be: this one neither
+            _rewritten_once(callee)  # if it cannot be rewritten, neither can this function
             resumed = ast.Call(ast.Name("_coop_", ast.Load()), [node.func], [])
             return _located(ast.YieldFrom(ast.Call(resumed, node.args, node.keywords)), node)
         if node.keywords or (kind == "exchange" and len(node.args) != 2):
@@ -137,7 +135,7 @@ class _Rewrite(ast.NodeTransformer):
 
     def _nested(self, node: ast.AST) -> ast.AST:
         for inner in ast.walk(node):
-            if isinstance(inner, ast.Call) and _stop(self.scope, inner) is not None:
+            if isinstance(inner, ast.Call) and _stop(self.scope, inner)[0] is not None:
                 raise NotResumable(f"a stop inside a nested scope at line {inner.lineno}")
         return node
 
@@ -194,7 +192,7 @@ def stops(function: types.FunctionType) -> bool:
         _STOPS[function] = True
         return True
     scope = _Scope(function)
-    found = any(isinstance(node, ast.Call) and _stop(scope, node) for node in ast.walk(definition))
+    found = any(isinstance(node, ast.Call) and _stop(scope, node)[0] for node in ast.walk(definition))
     _STOPS[function] = found
     return found
 
