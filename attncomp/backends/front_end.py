@@ -4,7 +4,8 @@ Numba's CPU compiler (``numba.core``) and numba-cuda's copy of it (``numba.cuda.
 same passes; for each, :func:`install` gives the analysis module the work-list live variables
 (``live_variables.py``), the post-processor its lifetimes on demand (``lazy_lifetimes.py``), the
 SSA module its one-pass reconstruction (``ssa_fix.py``) and the error messages their markup
-without colorama's stream set-up (``markup.py``).  Installing one front end never
+without colorama's stream set-up (``markup.py``; the cuda front end's and Numba's own, through
+which numba-cuda builds some of its messages).  Installing one front end never
 imports the other's compiler (a cpu call imports no CUDA compiler).  Each change is idempotent
 and, where it could touch a user's own Numba code, active only inside attncomp's compile window
 (``call_types.remembered``).
@@ -25,3 +26,7 @@ def install(target: str) -> None:
     lazy_lifetimes.install(f"{package}.postproc")
     ssa_fix.install(f"{package}.ssa")
     markup.install(f"{package}.errors")
+    if target == "cuda":
+        # numba-cuda types a kernel partly through Numba's own core (``typeof``, its error classes),
+        # whose messages Numba's errors module marks up: 17,000 of a few CUDA kernels' pieces
+        markup.install("numba.core.errors")

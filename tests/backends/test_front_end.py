@@ -18,7 +18,7 @@ import pytest
 from numba import njit
 
 import attncomp as ac
-from attncomp.backends import call_types, front_end, lazy_lifetimes, ssa_fix
+from attncomp.backends import call_types, front_end, lazy_lifetimes, markup, ssa_fix
 from tests.conftest import load_example
 from tests.passes import specs as pass_specs
 
@@ -191,3 +191,12 @@ def test_messages_are_marked_up_as_numba_marks_them(monkeypatch, module):
     monkeypatch.setattr(errors, "ColorShell", None)  # inside the window, no shell is made
     with call_types.remembered():
         assert texts() == outside
+
+
+@CUDA
+def test_the_cuda_front_end_marks_up_numbas_own_messages_too(monkeypatch):
+    """numba-cuda builds some of a kernel's messages through Numba's core (``typeof``)."""
+    installed: list[str] = []
+    monkeypatch.setattr(markup, "install", installed.append)
+    front_end.install("cuda")
+    assert installed == ["numba.cuda.core.errors", "numba.core.errors"]

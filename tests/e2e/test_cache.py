@@ -1,6 +1,7 @@
 """The on-disk kernel cache under concurrency and damage."""
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -60,6 +61,22 @@ def entries(cache: Path) -> tuple[Path, Path]:
 
 def unique_window() -> int:
     return 1000 + uuid.uuid4().int % 100_000  # a spec no earlier run has compiled
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> tuple[Path, int]:
+    """A cache one probe process filled (a spec no earlier run compiled), and the probe's window."""
+    window = unique_window()
+    cache = tmp_path_factory.mktemp("probed")
+    done = run_probe(cache, window)
+    assert done.returncode == 0, done.stderr
+    return cache, window
+
+
+def copy_of(probed: tuple[Path, int], to: Path) -> int:
+    """A copy of the probed cache in ``to`` (files, their times kept), and the probe's window."""
+    shutil.copytree(probed[0], to, dirs_exist_ok=True)
+    return probed[1]
 
 
 def test_eight_threads_compile_once_and_agree(tmp_path, monkeypatch):
@@ -123,9 +140,8 @@ def test_two_processes_share_one_cache_directory(tmp_path):
 
 
 @pytest.mark.long
-def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
-    window = unique_window()
-    assert run_probe(tmp_path, window).returncode == 0
+def test_damaged_entries_are_detected_and_rebuilt(tmp_path, probed):
+    window = copy_of(probed, tmp_path)
     source, _ = entries(tmp_path)
     data = list((tmp_path / "__pycache__").glob(f"{source.stem}.*.nbc"))
     assert data, "Numba wrote no cache"
@@ -143,9 +159,8 @@ def test_damaged_entries_are_detected_and_rebuilt(tmp_path):
 
 @pytest.mark.parametrize("bad", [b"\xff\xfe not text", b""])
 @pytest.mark.parametrize("entry", [0, 1], ids=["kernels", "driver"])
-def test_unreadable_source_entry(tmp_path, bad, entry):
-    window = unique_window()
-    assert run_probe(tmp_path, window).returncode == 0
+def test_unreadable_source_entry(tmp_path, bad, entry, probed):
+    window = copy_of(probed, tmp_path)
     entries(tmp_path)[entry].write_bytes(bad)
     result = run_probe(tmp_path, window)
     assert result.returncode == 0, result.stderr

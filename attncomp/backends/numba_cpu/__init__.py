@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from attncomp.backends import front_end
+from attncomp.backends import compile_window
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.base import Program
 from attncomp.backends.cache import load_source, module_name
-from attncomp.backends.call_types import remembered
 from attncomp.backends.codegen import size_names
 from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
@@ -174,8 +173,7 @@ class CpuFunction(Program):
     def module(self) -> Any:
         """The driver's module, its kernels' imported (and so compiled, or loaded) first."""
         if self.loaded_module is None:
-            front_end.install("cpu")  # before the kernels compile (backends/front_end.py)
-            with remembered():  # the calls Numba types while the kernels compile (backends/call_types.py)
+            with compile_window.window("cpu"):  # backends/compile_window.py
                 if self.generated.kernels is not None:
                     self.kernels_module = load_source(self.generated.kernels, "cpu")
                 self.loaded_module = load_source(self.generated.driver, "cpu")

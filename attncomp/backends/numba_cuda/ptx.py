@@ -38,18 +38,17 @@ def compile_ptx_for(
     """
     from numba import cuda
 
-    from attncomp.backends import front_end
-    from attncomp.backends.call_types import remembered
+    from attncomp.backends import compile_window
     from attncomp.backends.numba_cuda import lowering_fix
 
     lowering_fix.install()
-    front_end.install("cuda")
     try:
         from numba.cuda.compiler import _compile_pyfunc_with_fixup
     except ImportError:
-        with remembered():
+        with compile_window.window("cuda"):
             return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
-    with remembered():  # the calls Numba types (backends/call_types.py)
+    found = {}
+    with compile_window.window("cuda"):  # backends/compile_window.py
         library, _ = _compile_pyfunc_with_fixup(
             py_func,
             signature,
@@ -65,9 +64,8 @@ def compile_ptx_for(
             launch_bounds=launch_bounds,
             lto=False,
         )
-    found = {}
-    for cc in ccs:
-        (found[cc],) = library.get_asm_strs(cc=cc)
+        for cc in ccs:
+            (found[cc],) = library.get_asm_strs(cc=cc)
     return found
 
 
