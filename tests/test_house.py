@@ -165,6 +165,8 @@ NUMBA_INTERNALS = {
     "attncomp/backends/cache.py": {"caching.CacheImpl._locator_classes"},
     # code run before a cached function loads (its shared tile code provided)
     "attncomp/backends/numba_cpu/shared_calls.py": {"context.active_code_library._reload_init"},
+    # the data layout Numba's per-function passes set, set without them
+    "attncomp/backends/function_passes.py": {"self._codegen", "self._codegen._data_layout"},
     # the post-processor's own del insertion, run where its callers ask for it
     "attncomp/backends/lazy_lifetimes.py": {"self._insert_var_dels"},
     # the SSA module's pieces the one-pass reconstruction runs, unchanged

@@ -5,7 +5,8 @@ same passes; for each, :func:`install` gives the analysis module the work-list l
 (``live_variables.py``), the post-processor its lifetimes on demand (``lazy_lifetimes.py``), the
 SSA module its one-pass reconstruction (``ssa_fix.py``) and the error messages their markup
 without colorama's stream set-up (``markup.py``; the cuda front end's and Numba's own, through
-which numba-cuda builds some of its messages).  Installing one front end never
+which numba-cuda builds some of its messages); and the cpu code generator leaves its LLVM passes
+per function to the module's (``function_passes.py``).  Installing one front end never
 imports the other's compiler (a cpu call imports no CUDA compiler).  Each change is idempotent
 and, where it could touch a user's own Numba code, active only inside attncomp's compile window
 (``call_types.remembered``).
@@ -13,7 +14,7 @@ and, where it could touch a user's own Numba code, active only inside attncomp's
 
 from __future__ import annotations
 
-from attncomp.backends import lazy_lifetimes, live_variables, markup, ssa_fix
+from attncomp.backends import function_passes, lazy_lifetimes, live_variables, markup, ssa_fix
 
 #: the package of each target's Numba front end
 PACKAGES = {"cpu": "numba.core", "cuda": "numba.cuda.core"}
@@ -26,6 +27,8 @@ def install(target: str) -> None:
     lazy_lifetimes.install(f"{package}.postproc")
     ssa_fix.install(f"{package}.ssa")
     markup.install(f"{package}.errors")
+    if target == "cpu":
+        function_passes.install()  # Numba's LLVM passes per function left to the module's
     if target == "cuda":
         # numba-cuda types a kernel partly through Numba's own core (``typeof``, its error classes),
         # whose messages Numba's errors module marks up: 17,000 of a few CUDA kernels' pieces

@@ -68,14 +68,18 @@ def test_a_raising_block_restarts_the_collector(collector_on):
 def test_every_pass_of_a_cpu_spec_runs_with_the_collector_paused(tmp_path, monkeypatch, collector_on):
     from numba.core import event
 
-    monkeypatch.setenv("ATTNCOMP_CACHE_DIR", str(tmp_path))  # compiled here, not loaded
+    monkeypatch.setenv("ATTNCOMP_CACHE_DIR", str(tmp_path))
 
+    # a window width no other test uses: it is in the kernels' text (their tiles' key bounds), so
+    # the kernels compile here, not loaded from the cache or from another test's module
     @ac.spec
-    def scaled(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"], *, factor: int = 1):
-        return ac.softmax(q @ k.mT * factor) @ v
+    def reaching_back(q: ac.f32["T", "D"], k: ac.f32["S", "D"], v: ac.f32["S", "D"], *, window: int = 1):
+        s = q @ k.mT
+        i, j = ac.index(s)
+        return ac.softmax(ac.where(i - j < window, s, -ac.inf)) @ v
 
-    factor = 1000 + uuid.uuid4().int % 100_000
-    x = np.random.default_rng(1).standard_normal((7, 4)).astype(np.float32) / factor
+    window = 1000 + uuid.uuid4().int % 100_000
+    x = np.random.default_rng(1).standard_normal((7, 4)).astype(np.float32)
     seen: list[bool] = []
 
     class Passes(event.Listener):
@@ -86,8 +90,8 @@ def test_every_pass_of_a_cpu_spec_runs_with_the_collector_paused(tmp_path, monke
             pass
 
     with event.install_listener("numba:run_pass", Passes()):
-        out = ac.compile(scaled, backend="cpu", factor=factor)(x, x, x)
-    assert np.abs(out - ac.interpret(scaled, x, x, x, factor=factor)).max() < 1e-5
+        out = ac.compile(reaching_back, backend="cpu", window=window)(x, x, x)
+    assert np.abs(out - ac.interpret(reaching_back, x, x, x, window=window)).max() < 1e-5
     assert seen and not any(seen), f"{sum(seen)} of {len(seen)} passes ran with the collector on"
     assert gc.isenabled()
 

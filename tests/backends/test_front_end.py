@@ -18,7 +18,7 @@ import pytest
 from numba import njit
 
 import attncomp as ac
-from attncomp.backends import call_types, front_end, lazy_lifetimes, markup, ssa_fix
+from attncomp.backends import call_types, front_end, function_passes, lazy_lifetimes, markup, ssa_fix
 from tests.conftest import load_example
 from tests.passes import specs as pass_specs
 
@@ -200,3 +200,32 @@ def test_the_cuda_front_end_marks_up_numbas_own_messages_too(monkeypatch):
     monkeypatch.setattr(markup, "install", installed.append)
     front_end.install("cuda")
     assert installed == ["numba.cuda.core.errors", "numba.core.errors"]
+
+
+def test_numbas_llvm_passes_per_function_run_outside_the_window_only(monkeypatch):
+    """Inside the window the final module's pipelines optimise a function (``function_passes``)."""
+    from numba.core import codegen
+
+    front_end.install("cpu")
+    assert function_passes.original() is not None
+    made = []
+    real = codegen.CPUCodegen._function_pass_manager
+
+    def counted(self, **options):
+        made.append(1)
+        return real(self, **options)
+
+    monkeypatch.setattr(codegen.CPUCodegen, "_function_pass_manager", counted)
+
+    def total(xs):
+        s = 0.0
+        for x in xs:
+            s += x
+        return s
+
+    xs = np.arange(5.0)
+    assert njit(total)(xs) == 10.0
+    outside = len(made)
+    with call_types.remembered():
+        assert njit(total)(xs) == 10.0
+    assert outside > 0 and len(made) == outside
