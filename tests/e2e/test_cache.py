@@ -63,9 +63,10 @@ def unique_window() -> int:
     return 1000 + uuid.uuid4().int % 100_000  # a spec no earlier run has compiled
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def probed(tmp_path_factory) -> tuple[Path, int]:
-    """A cache one probe process filled (a spec no earlier run compiled), and the probe's window."""
+    """A cache one probe process filled (a spec no earlier run compiled), and the probe's window:
+    once a test process (a worker runs a module's tests between other modules')."""
     window = unique_window()
     cache = tmp_path_factory.mktemp("probed")
     done = run_probe(cache, window)
