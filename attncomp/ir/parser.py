@@ -43,11 +43,12 @@ def tokenize(text: str) -> list[Token]:
         kind = m.lastgroup or ""
         if kind != "ws":
             tokens.append(Token(kind, m.group(), line, pos - line_start + 1))
-        for k in range(pos, m.end()):
-            if text[k] == "\n":
-                line += 1
-                line_start = k + 1
-        pos = m.end()
+        end = m.end()
+        newlines = text.count("\n", pos, end)  # in whitespace, or a string's text
+        if newlines:
+            line += newlines
+            line_start = text.rfind("\n", pos, end) + 1
+        pos = end
     tokens.append(Token("eof", "", line, pos - line_start + 1))
     return tokens
 
