@@ -22,6 +22,20 @@ def collector_on():
         gc.disable()
 
 
+def collector_state(event, seen: list[bool]):
+    """A listener of ``event`` (Numba's or numba-cuda's event module) that appends to ``seen``
+    whether the collector runs as each pass starts."""
+
+    class Passes(event.Listener):
+        def on_start(self, ev) -> None:
+            seen.append(gc.isenabled())
+
+        def on_end(self, ev) -> None:
+            pass
+
+    return Passes()
+
+
 def test_the_collector_is_paused_inside_and_runs_again_after(collector_on):
     with compile_window.window("cpu"):
         assert not gc.isenabled()
@@ -81,15 +95,7 @@ def test_every_pass_of_a_cpu_spec_runs_with_the_collector_paused(tmp_path, monke
     window = 1000 + uuid.uuid4().int % 100_000
     x = np.random.default_rng(1).standard_normal((7, 4)).astype(np.float32)
     seen: list[bool] = []
-
-    class Passes(event.Listener):
-        def on_start(self, ev: event.Event) -> None:
-            seen.append(gc.isenabled())
-
-        def on_end(self, ev: event.Event) -> None:
-            pass
-
-    with event.install_listener("numba:run_pass", Passes()):
+    with event.install_listener("numba:run_pass", collector_state(event, seen)):
         out = ac.compile(reaching_back, backend="cpu", window=window)(x, x, x)
     assert np.abs(out - ac.interpret(reaching_back, x, x, x, window=window)).max() < 1e-5
     assert seen and not any(seen), f"{sum(seen)} of {len(seen)} passes ran with the collector on"
@@ -106,15 +112,7 @@ def test_every_pass_of_a_kernels_ptx_runs_with_the_collector_paused(collector_on
         out[0] = 2.0 * out[0]
 
     seen: list[bool] = []
-
-    class Passes(event.Listener):
-        def on_start(self, ev: event.Event) -> None:
-            seen.append(gc.isenabled())
-
-        def on_end(self, ev: event.Event) -> None:
-            pass
-
-    with event.install_listener("numba-cuda:run_pass", Passes()):
+    with event.install_listener("numba-cuda:run_pass", collector_state(event, seen)):
         ptx = compile_ptx_for(kernel, "void(float32[::1])", [(8, 0)])
     assert ".entry" in ptx[8, 0]
     assert seen and not any(seen), f"{sum(seen)} of {len(seen)} passes ran with the collector on"
