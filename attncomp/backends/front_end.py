@@ -9,7 +9,8 @@ which numba-cuda builds some of its messages); and the cpu code generator leaves
 per function to the module's (``function_passes.py``).  Installing one front end never
 imports the other's compiler (a cpu call imports no CUDA compiler).  Each change is idempotent
 and, where it could touch a user's own Numba code, active only inside attncomp's compile window
-(``call_types.remembered``).
+(``compile_window.window``, which installs them; ``call_types.compiling`` says whether a thread
+is inside it).
 """
 
 from __future__ import annotations

@@ -42,13 +42,11 @@ def compile_ptx_for(
     from attncomp.backends.numba_cuda import lowering_fix
 
     lowering_fix.install()
-    try:
-        from numba.cuda.compiler import _compile_pyfunc_with_fixup
-    except ImportError:
-        with compile_window.window("cuda"):
-            return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
-    found = {}
     with compile_window.window("cuda"):  # backends/compile_window.py
+        try:
+            from numba.cuda.compiler import _compile_pyfunc_with_fixup
+        except ImportError:
+            return {cc: cuda.compile_ptx(py_func, signature, cc=cc, launch_bounds=launch_bounds)[0] for cc in ccs}
         library, _ = _compile_pyfunc_with_fixup(
             py_func,
             signature,
@@ -64,9 +62,10 @@ def compile_ptx_for(
             launch_bounds=launch_bounds,
             lto=False,
         )
+        found = {}
         for cc in ccs:
-            (found[cc],) = library.get_asm_strs(cc=cc)
-    return found
+            (found[cc],) = library.get_asm_strs(cc=cc)  # one module: one PTX
+        return found
 
 
 def local_memory_lines(ptx: str) -> list[str]:
