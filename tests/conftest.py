@@ -50,8 +50,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 #: the collector's first threshold in a test process (Python's is 700): a collection of the young
 #: generation walks what the young objects refer to, and a test's compiles and float64 references
-#: make millions of objects, so at 700 a run spent some 13% of its time collecting (two files of
-#: bf16 tests: 117.7 s, 109.6 s at 20,000; the older generations' thresholds as Python's)
+#: make millions of objects: at 700 the bf16 and mixed-precision files spent 13% of their time
+#: collecting (117.7 s in one process; 109.6 s at 20,000; the older generations' thresholds as Python's)
 YOUNG_OBJECTS = 20_000
 
 
