@@ -68,10 +68,7 @@ def pytest_collection_finish(session):
     out of the cyclic garbage collector's sight: each full collection walked all of them again,
     some 15% of the fixed-seed fuzz slice in a worker that had collected the whole suite.  Only
     the objects the tests make are collected, as before."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
+    _collect_then_freeze()
 
 
 def pytest_unconfigure(config):
@@ -80,6 +77,11 @@ def pytest_unconfigure(config):
     walking all a process made (compiled kernels, their modules), which took some 10 s of each
     worker at the end of a run.  The one collection here still runs the finalisers, before pytest
     reads what they raised."""
+    _collect_then_freeze()
+
+
+def _collect_then_freeze() -> None:
+    """One full collection, then every object left out of the collector's sight (``gc.freeze``)."""
     import gc
 
     gc.collect()
