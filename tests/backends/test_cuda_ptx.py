@@ -71,14 +71,30 @@ _COMPILED: dict[tuple, dict] = {}
 _REPORTS: dict[tuple, object] = {}  # ptxas' report by (PTX, target)
 
 
+def _key(kernel, targets) -> tuple:
+    source = kernel.source.replace(kernel.py_func.__name__, "KERNEL")
+    return (source, kernel.signature, tuple(targets), kernel.launch_bounds)
+
+
 def _compiled(kernel, targets) -> dict:
+    """The kernel's PTX for each target: NVVM's for the first, and for the others the same text with
+    their ``.target`` line.  NVVM writes the same PTX for sm_90 as for sm_80 but for that line
+    (``test_nvvm_writes_the_same_ptx_for_sm_80_and_sm_90`` holds it on a kernel of every kind this
+    file checks), so each kernel goes through NVVM once and through ptxas once per target."""
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for
 
-    source = kernel.source.replace(kernel.py_func.__name__, "KERNEL")
-    key = (source, kernel.signature, tuple(targets), kernel.launch_bounds)
+    key = _key(kernel, targets)
     if key not in _COMPILED:
-        _COMPILED[key] = compile_ptx_for(kernel.py_func, kernel.signature, targets, kernel.launch_bounds)
+        first = targets[0]
+        ptx = compile_ptx_for(kernel.py_func, kernel.signature, [first], kernel.launch_bounds)[first]
+        _COMPILED[key] = {cc: _retargeted(ptx, first, cc) for cc in targets}
     return _COMPILED[key]
+
+
+def _retargeted(ptx: str, source: tuple[int, int], target: tuple[int, int]) -> str:
+    old, new = (f"\n.target sm_{a}{b}\n" for a, b in (source, target))
+    assert ptx.count(old) == 1, "one .target line"
+    return ptx.replace(old, new)
 
 
 def _check(impl, head_dim: int, kernels=None, texts: dict | None = None, targets=TARGETS) -> dict[str, dict]:
@@ -121,6 +137,46 @@ def test_example_kernels_compile_without_local_memory(spec):
     impl = _build(spec)
     assert impl.attention or any(k.name.endswith("matmul") for k in impl.graph_kernels)
     _check(impl, 64)
+
+
+def _kernels_of_every_kind() -> list:
+    """A kernel of each kind this file checks: f16/bf16 attention on tensor cores with asynchronous
+    copies and ldmatrix, float32 on tf32 tensor cores (3xTF32), float32 on scalar FMAs, libdevice's
+    sine and cosine (rotary embeddings) and the graph kernels beside them, the tensor-core backward,
+    a bf16 decoding step with packed heads, an 8-bit cache's decoding step and its append."""
+    from attncomp.backends import numba_cuda
+    from tests.cuda_sim.helpers import retyped
+
+    alibi, gqa = load_example("alibi").causal_alibi, load_example("gqa").grouped_query_attention
+    kernels = [k for k in _build(retyped(alibi, "bf16")).kernels(128, 128) if k.name.startswith("attention_")]
+    kernels += [k for k in _build(alibi).kernels(64, 64) if k.name.startswith("attention_")]
+    kernels += [k for k in _build(alibi).kernels(128, 128) if k.name.startswith("attention_")]
+    rope = list(_build(load_example("rope_qknorm").rope_qknorm).kernels(64, 64))
+    kernels += [next(k for k in rope if k.name.endswith(kind)) for kind in ("_cos", "_reduce", "_concat")]
+    kernels += [k for k in rope if k.name.startswith("attention_")]
+    backward = numba_cuda.build(ac.compile(retyped(alibi, "f16"), backend="interp").backward.module)
+    kernels += [k for k in backward.kernels(64, 64) if k.name.startswith("attention_backward_")]
+    kernels += _build(retyped(gqa, "bf16"), DECODER).decode_kernels(64, rows=1, group=4)
+    eight_bit = _build(gqa, DECODER.replace("kv-cache-reuse", "kv-cache-reuse{cache=f8e4m3}"))
+    kernels += eight_bit.decode_kernels(64, rows=1)
+    kernels += [k for k in eight_bit.kernels(64) if k.name.endswith("cache_append")]
+    return kernels
+
+
+def test_nvvm_writes_the_same_ptx_for_sm_80_and_sm_90():
+    """What lets ``_compiled`` run NVVM once a kernel: for a kernel of every kind this file checks,
+    NVVM's PTX for sm_90 is its PTX for sm_80 with the other ``.target`` line.  A later NVVM that
+    writes sm_90 code of its own fails here, and ``_compiled`` would then compile for each target."""
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for
+
+    first, *others = TARGETS
+    kernels = _kernels_of_every_kind()
+    assert len(kernels) == 11
+    for kernel in kernels:
+        found = compile_ptx_for(kernel.py_func, kernel.signature, TARGETS, kernel.launch_bounds)
+        for cc in others:
+            assert found[cc] == _retargeted(found[first], first, cc), f"{kernel.name} on sm_{cc[0]}{cc[1]}"
+        _COMPILED.setdefault(_key(kernel, TARGETS), found)  # the checks below find it compiled
 
 
 @pytest.mark.parametrize("example,name", [("causal", "causal"), ("alibi", "causal_alibi")])
