@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 Monomial = tuple["Atom", ...]
 
@@ -64,7 +65,7 @@ class Dim:
         return Dim._make({(name,): 1})
 
     # queries ------------------------------------------------------------
-    @property
+    @cached_property
     def is_const(self) -> bool:
         return all(not m for m, _ in self.terms)
 
@@ -172,6 +173,12 @@ class Dim:
 
     # printing -----------------------------------------------------------
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
+        """The printed form, computed once: a dimension is immutable, and the printer, the verifier
+        and the type checks ask a dimension of a pipeline for its text some 200,000 times."""
         if not self.terms:
             return "0"
         parts = []

@@ -6,6 +6,7 @@ Printed as ``tensor<B x H x T x S x f32>``; a 0-d tensor is ``tensor<f32>``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
@@ -115,5 +116,9 @@ class TensorType:
         return tuple(d.evaluate(env) for d in self.shape)
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:  # computed once: the type is immutable
         parts = [str(d) for d in self.shape] + [self.dtype]
         return "tensor<" + " x ".join(parts) + ">"
