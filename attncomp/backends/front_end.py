@@ -3,7 +3,8 @@
 Numba's CPU compiler (``numba.core``) and numba-cuda's copy of it (``numba.cuda.core``) run the
 same passes; for each, :func:`install` gives the analysis module the work-list live variables
 (``live_variables.py``), the post-processor its lifetimes on demand (``lazy_lifetimes.py``), the
-SSA module its one-pass reconstruction (``ssa_fix.py``) and the error messages their markup
+SSA module its one-pass reconstruction (``ssa_fix.py``), the closure inliner a pass over
+functions it can find nothing in (``closure_inlining.py``) and the error messages their markup
 without colorama's stream set-up (``markup.py``; the cuda front end's and Numba's own, through
 which numba-cuda builds some of its messages); and the cpu code generator leaves its LLVM passes
 per function to the module's (``function_passes.py``).  Installing one front end never
@@ -15,7 +16,7 @@ is inside it).
 
 from __future__ import annotations
 
-from attncomp.backends import function_passes, lazy_lifetimes, live_variables, markup, ssa_fix
+from attncomp.backends import closure_inlining, function_passes, lazy_lifetimes, live_variables, markup, ssa_fix
 
 #: the package of each target's Numba front end
 PACKAGES = {"cpu": "numba.core", "cuda": "numba.cuda.core"}
@@ -27,6 +28,7 @@ def install(target: str) -> None:
     live_variables.install(f"{package}.analysis")
     lazy_lifetimes.install(f"{package}.postproc")
     ssa_fix.install(f"{package}.ssa")
+    closure_inlining.install(f"{package}.untyped_passes")
     markup.install(f"{package}.errors")
     if target == "cpu":
         function_passes.install()  # Numba's LLVM passes per function left to the module's

@@ -2,8 +2,9 @@
 
 The one-pass SSA reconstruction (``ssa_fix``) makes, statement for statement and phi for phi, the
 blocks Numba's own makes, in a cpu task and in CUDA kernels; the lifetimes computed on demand
-(``lazy_lifetimes``) give a cpu task the same LLVM IR and a CUDA kernel the same PTX as Numba's
-eager post-processor; outside attncomp's compile window Numba's own passes run.
+(``lazy_lifetimes``) and the closure inliner left out where it finds nothing (``closure_inlining``)
+give a cpu task the same LLVM IR and a CUDA kernel the same PTX as Numba's eager post-processor and
+its inliner; outside attncomp's compile window Numba's own passes run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import pytest
 from numba import njit
 
 import attncomp as ac
-from attncomp.backends import call_types, front_end, function_passes, lazy_lifetimes, markup, ssa_fix
+from attncomp.backends import (
+    call_types,
+    closure_inlining,
+    front_end,
+    function_passes,
+    lazy_lifetimes,
+    markup,
+    ssa_fix,
+)
 from tests.conftest import load_example
 from tests.passes import specs as pass_specs
 
@@ -103,33 +112,83 @@ def test_the_one_pass_ssa_reconstruction_makes_numba_cudas_blocks(monkeypatch, e
     assert max(n for n, _, _ in compared) > 1000 and sum(p for _, p, _ in compared) > 50  # the kernel: many phis
 
 
-def _eager(monkeypatch, module: str) -> None:
-    """Numba's own post-processor in ``module``, inside the window too."""
-    lazy_lifetimes.install(module)
-    monkeypatch.setattr(importlib.import_module(module).PostProcessor, "run", lazy_lifetimes.original(module))
+def _numbas_own(monkeypatch, package: str) -> None:
+    """Numba's own post-processor and closure inliner in ``package`` (``numba.core`` or
+    ``numba.cuda.core``), inside the window too."""
+    postproc, passes = f"{package}.postproc", f"{package}.untyped_passes"
+    lazy_lifetimes.install(postproc)
+    closure_inlining.install(passes)
+    monkeypatch.setattr(importlib.import_module(postproc).PostProcessor, "run", lazy_lifetimes.original(postproc))
+    inliner = importlib.import_module(passes).InlineClosureLikes
+    monkeypatch.setattr(inliner, "run_pass", closure_inlining.original(passes))
 
 
-def test_lifetimes_on_demand_give_a_cpu_task_the_same_llvm_ir(monkeypatch):
+def test_lifetimes_on_demand_and_no_inliner_give_a_cpu_task_the_same_llvm_ir(monkeypatch):
     front_end.install("cpu")
     task, signature = _cpu_task()
-    lazy = _recompiled(task, signature).inspect_llvm(signature)
-    _eager(monkeypatch, "numba.core.postproc")
-    eager = _recompiled(task, signature).inspect_llvm(signature)
-    assert "define" in lazy and _plain(lazy) == _plain(eager)
+    assert closure_inlining.nothing_to_inline(task.py_func)
+    ours = _recompiled(task, signature).inspect_llvm(signature)
+    _numbas_own(monkeypatch, "numba.core")
+    theirs = _recompiled(task, signature).inspect_llvm(signature)
+    assert "define" in ours and _plain(ours) == _plain(theirs)
 
 
 @CUDA
-def test_lifetimes_on_demand_give_a_cuda_kernel_the_same_ptx(monkeypatch):
+def test_lifetimes_on_demand_and_no_inliner_give_a_cuda_kernel_the_same_ptx(monkeypatch):
     from attncomp.backends import numba_cuda
     from attncomp.backends.numba_cuda.ptx import compile_ptx_for
     from tests.cuda_sim.helpers import retyped
 
     impl = numba_cuda.build(ac.compile(retyped(pass_specs.causal, "bf16"), backend="interp").module)
     kernel = next(k for k in impl.kernels(32, 32) if k.name.startswith("attention_kernel_0["))
-    lazy = compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)[(8, 0)]
-    _eager(monkeypatch, "numba.cuda.core.postproc")
-    eager = compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)[(8, 0)]
-    assert "mma.sync" in lazy and _plain(lazy) == _plain(eager)
+    assert closure_inlining.nothing_to_inline(kernel.py_func)
+    ours = compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)[(8, 0)]
+    _numbas_own(monkeypatch, "numba.cuda.core")
+    theirs = compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)[(8, 0)]
+    assert "mma.sync" in ours and _plain(ours) == _plain(theirs)
+
+
+def test_the_inliner_is_left_out_only_where_it_can_find_nothing():
+    """A nested function, lambda or comprehension (a ``make_function``), an ``append``, and
+    ``functools.reduce`` by its name or another, global or free, each keep Numba's inliner."""
+    import functools
+
+    fold = functools.reduce
+
+    def plain(xs):
+        total = 0.0
+        for x in xs:
+            total += x
+        return total
+
+    def comprehension(xs):
+        return sum([x for x in xs])
+
+    def appending(xs):
+        out = []
+        out.append(xs[0])
+        return out
+
+    def by_attribute(xs):
+        return functools.reduce(min, xs)
+
+    def free(xs):
+        return fold(min, xs)
+
+    def nested(xs):
+        def twice(x):
+            return 2 * x
+
+        return twice(xs[0])
+
+    def fold_global(xs):
+        return folded(min, xs)  # noqa: F821 (a global of the copy below)
+
+    by_global = type(fold_global)(fold_global.__code__, {"folded": functools.reduce})
+    assert closure_inlining.nothing_to_inline(plain)
+    for function in (comprehension, appending, by_attribute, free, nested, by_global):
+        assert not closure_inlining.nothing_to_inline(function), function.__name__
+    assert functools.reduce(min, [3, 1, 2]) == by_global([3, 1, 2]) == free([3, 1, 2]) == 1
 
 
 def test_outside_the_window_numbas_own_passes_run(monkeypatch):
