@@ -30,6 +30,11 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
 
 
+#: the tests that call ``torch.compile``: one worker runs them all, so that Dynamo and Inductor start
+#: once a run (a process's first compile took 10-14 s of the 2-core machine, a later one 1-3 s)
+TORCH_COMPILE = pytest.mark.xdist_group("torch_compile")
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -28,6 +28,7 @@ from attncomp.torch.op import op_name  # noqa: E402
 from attncomp.torch.tensors import check_device  # noqa: E402
 from examples.alibi import alibi_slopes, causal_alibi  # noqa: E402
 from examples.lse import key_padding_with_lse  # noqa: E402
+from tests.conftest import TORCH_COMPILE  # noqa: E402
 
 WINDOW = 6  # shorter than T: the window and the causal mask both cut rows
 SIZES = {"B": 1, "H": 2, "T": 70, "S": 70, "D": 8, "E": 8}  # two query and key blocks of 64
@@ -264,6 +265,7 @@ def check_against_eager(alibi, compiled, T: int) -> None:
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=f"argument {k}")
 
 
+@TORCH_COMPILE
 def test_torch_compile_aot_eager_dynamic_shapes(alibi):
     from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -286,6 +288,7 @@ def cxx_compiler_works() -> bool:
     return result.returncode == 0
 
 
+@TORCH_COMPILE
 @pytest.mark.skipif(not cxx_compiler_works(), reason="torch.compile's inductor backend needs a working C++ compiler")
 def test_torch_compile_inductor(alibi):
     check_against_eager(alibi, compiled_loss(alibi, "inductor"), 70)

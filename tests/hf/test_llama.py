@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import TORCH_COMPILE
 from tests.hf.models import VOCAB, T, assert_same_model_outputs, llama_config, model_pair, padded_batch
 
 torch = pytest.importorskip("torch")
@@ -71,6 +72,7 @@ def test_training_steps_follow_sdpas_losses():
     torch.testing.assert_close(torch.tensor(curves[0]), torch.tensor(curves[1]), rtol=1e-4, atol=1e-5)
 
 
+@TORCH_COMPILE
 def test_compiled_forward_and_backward_have_no_graph_break(llama):
     ours, theirs = llama
     ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(4))
