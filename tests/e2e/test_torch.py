@@ -11,6 +11,7 @@ gives the reference gradients.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -46,9 +47,17 @@ def causal_lse_f64(
     return ac.softmax(scores, axis=-1) @ v, ac.logsumexp(scores, axis=-1)
 
 
+@functools.cache
+def _alibi_fn() -> ac.CompiledFunction:
+    return ac.compile(causal_alibi, backend="cpu", window=WINDOW)
+
+
 @pytest.fixture(scope="module")
 def alibi_fn() -> ac.CompiledFunction:
-    return ac.compile(causal_alibi, backend="cpu", window=WINDOW)
+    """One compiled function a process, as its torch op is registered once a process (the op of a
+    second compile of the same spec runs the first's): the module's fixtures may be made again in a
+    process that ran some of its tests before (the ``torch.compile`` tests' worker)."""
+    return _alibi_fn()
 
 
 @pytest.fixture(scope="module")
