@@ -3,7 +3,9 @@
 Needs the ``cuda`` extra (numba-cuda and NVVM from wheels), no GPU.  ``.local``
 in PTX is an array the compiler kept in local memory; with nvJitLink
 installed (``cuda-toolkit[nvjitlink]``, also in the extra) the PTX is also
-assembled for each target and ptxas must report no spill stores or loads.
+assembled for each target and ptxas must report no spill stores or loads.  NVVM writes a
+kernel's PTX once, for sm_80: its PTX for sm_90 is the same but for the ``.target`` line, which
+``test_nvvm_writes_the_same_ptx_for_sm_80_and_sm_90`` holds on a kernel of every kind.
 Attention kernels are checked at the default block sizes (64 x 64) with
 head dims 64 (every example) and 128 (a few).  Each kernel is compiled as a call
 launches it: for the specialisation a call with C-contiguous arrays dispatches
