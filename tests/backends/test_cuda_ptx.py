@@ -144,7 +144,7 @@ def test_example_kernels_compile_without_local_memory(spec):
 def _kernels_of_every_kind() -> list:
     """A kernel of each kind this file checks: f16/bf16 attention on tensor cores with asynchronous
     copies and ldmatrix, float32 on tf32 tensor cores (3xTF32), float32 on scalar FMAs, libdevice's
-    sine and cosine (rotary embeddings) and the graph kernels beside them, the tensor-core backward,
+    cosine (rotary embeddings) and the graph kernels beside it, the tensor-core backward,
     a bf16 decoding step with packed heads, an 8-bit cache's decoding step and its append."""
     from attncomp.backends import numba_cuda
     from tests.cuda_sim.helpers import retyped
