@@ -11,7 +11,6 @@ gives the reference gradients.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -47,17 +46,12 @@ def causal_lse_f64(
     return ac.softmax(scores, axis=-1) @ v, ac.logsumexp(scores, axis=-1)
 
 
-@functools.cache
-def _alibi_fn() -> ac.CompiledFunction:
-    return ac.compile(causal_alibi, backend="cpu", window=WINDOW)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def alibi_fn() -> ac.CompiledFunction:
-    """One compiled function a process, as its torch op is registered once a process (the op of a
-    second compile of the same spec runs the first's): the module's fixtures may be made again in a
+    """One compiled function a test process, as its torch op is registered once a process (the op of
+    a second compile of the same spec runs the first's): a module's fixtures may be made again in a
     process that ran some of its tests before (the ``torch.compile`` tests' worker)."""
-    return _alibi_fn()
+    return ac.compile(causal_alibi, backend="cpu", window=WINDOW)
 
 
 @pytest.fixture(scope="module")
