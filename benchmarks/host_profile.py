@@ -1,6 +1,8 @@
 """Where a call's time goes on the host: a call's wall time queued (no wait for the device between
-calls) against drained (the device's queue emptied after each), and the functions that take the
-most of the queued calls' time under ``cProfile``.
+calls) against drained (the device's queue emptied after each), the functions that take the
+most of the queued calls' time under ``cProfile``, and each launch's host time and span on the
+stream (``attncomp/backends/numba_cuda/host/launch_times.py``: a span well over its issue time is
+the kernel's own).
 
 A step whose queued time is near its drained time is bound by the host (Python, argument
 conversion, Numba's dispatch), not by its kernels: the decoding rows of ``benchmarks.gpu`` on an
@@ -55,13 +57,28 @@ def host_lines(name: str, call: Callable[[], object], drain: Callable[[], None],
     return lines
 
 
+def launch_lines(name: str, call: Callable[[], object], drain: Callable[[], None], calls: int = 20) -> list[str]:
+    """``name``'s launches a call: per kernel its host issue time and its span on the stream, each
+    call drained first (so that a call's first span starts on an idle stream)."""
+    from attncomp.backends.numba_cuda.host.launch_times import anatomy, launch_times
+
+    call()
+    drain()
+    with launch_times() as records:
+        for _ in range(calls):
+            call()
+            drain()
+    return [f"{name}: {anatomy(records, calls)}"]
+
+
 def decode_profile_lines(torch, quick: bool) -> list[str]:
-    """The host profiles of the decoding rows of ``benchmarks.gpu``: the bf16 torch op's call (heads
-    packed) and the float32 decoder's step."""
+    """The host profiles and launch times of the decoding rows of ``benchmarks.gpu``: the bf16 torch
+    op's call (heads packed) and the float32 decoder's step."""
     from benchmarks.gpu import bf16_decode_case, decoder_step_case
 
     drain = torch.cuda.synchronize
     op, q, k, v = bf16_decode_case(torch, quick)
     lines = host_lines("bf16 decode step (torch op)", lambda: op(q, k, v), drain)
+    lines += launch_lines("bf16 decode step (torch op)", lambda: op(q, k, v), drain)
     step = decoder_step_case(torch, quick)[0]
-    return lines + host_lines("float32 decoder step", step, drain)
+    return lines + host_lines("float32 decoder step", step, drain) + launch_lines("float32 decoder step", step, drain)

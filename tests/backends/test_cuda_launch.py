@@ -111,3 +111,111 @@ def test_a_launch_checks_its_block_before_it_runs(monkeypatch):
     with pytest.raises(launches.LaunchResourceError, match="attention_kernel_0: a block of 512 threads"):
         launches.launch(Dispatcher(), 4, 512, "argument")
     assert len(launched) == 1
+
+
+class _CompileReached(Exception):
+    """Raised by the stand-in for numba-cuda's compile: the launch got as far as compiling."""
+
+
+def _dispatcher():
+    """A numba-cuda dispatcher without a signature (as a generated module's kernels are), outside
+    the simulator: its first launch compiles."""
+    from numba import cuda
+
+    @cuda.jit
+    def add_one(a):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] += 1
+
+    return add_one
+
+
+def test_a_first_launch_compiles_in_the_window_holding_its_cache_entry(monkeypatch):
+    """numba-cuda's launch path, run for real up to its compile (which needs a GPU after NVVM): the
+    compile it calls for new argument types runs inside the compile window (collector paused, calls
+    remembered) while this process holds the cache entry's lock, named by the kernel and its types."""
+    import fcntl
+    import gc
+
+    import numpy as np
+
+    from attncomp.backends import call_types
+    from attncomp.backends.cache import cache_dir
+    from attncomp.backends.numba_cuda.host import launch_compiles, launches
+
+    kernel = _dispatcher()
+    array = np.zeros(4, np.float32)
+    name = launch_compiles.lock_name(kernel, (array,))
+    assert "add_one" in name
+    assert name != launch_compiles.lock_name(kernel, (np.zeros(4, np.float64),))
+    seen = []
+
+    def compile_(self, signature):
+        entry = open(cache_dir() / "locks" / f"{name}.lock", "a")
+        try:
+            fcntl.flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = False
+            fcntl.flock(entry, fcntl.LOCK_UN)
+        except BlockingIOError:
+            locked = True
+        finally:
+            entry.close()
+        seen.append((signature, call_types.compiling(), gc.isenabled(), locked))
+        raise _CompileReached
+
+    monkeypatch.setattr(type(kernel), "compile", compile_)
+    was_enabled = gc.isenabled()
+    with pytest.raises(_CompileReached):
+        launches.launch(kernel, 1, 32, array)
+    assert seen == [((kernel.typeof_pyval(array),), True, False, True)]
+    assert gc.isenabled() == was_enabled  # the window closed with the failed compile
+    prepared = vars(kernel)[launch_compiles.MISS]
+    launch_compiles.prepare(kernel)
+    assert vars(kernel)[launch_compiles.MISS] is prepared  # once a dispatcher
+
+
+@pytest.mark.filterwarnings("ignore:.*Grid size")
+def test_numba_cudas_own_compile_runs_outside_the_window_without_it(monkeypatch):
+    """The control of the test above: the same launch through numba-cuda alone compiles outside."""
+    import gc
+
+    import numpy as np
+
+    from attncomp.backends import call_types
+
+    kernel = _dispatcher()
+    seen = []
+
+    def compile_(self, signature):
+        seen.append((call_types.compiling(), gc.isenabled()))
+        raise _CompileReached
+
+    monkeypatch.setattr(type(kernel), "compile", compile_)
+    with pytest.raises(_CompileReached):
+        kernel[1, 32](np.zeros(4, np.float32))
+    assert seen == [(False, gc.isenabled())]
+
+
+def test_small_grids_launch_without_numba_cudas_occupancy_warning(monkeypatch):
+    """A one-block launch (a decoding step's append) warns in numba-cuda; through ``launches.launch``
+    it does not, and other warnings still show."""
+    import warnings
+
+    import numpy as np
+
+    from attncomp.backends.numba_cuda.host import launches
+
+    kernel = _dispatcher()
+    monkeypatch.setattr(type(kernel), "compile", lambda self, signature: (_ for _ in ()).throw(_CompileReached()))
+    with warnings.catch_warnings(record=True) as direct:
+        warnings.simplefilter("always")
+        kernel[1, 32]
+    if not any(issubclass(w.category, launches._performance_warning()) for w in direct):
+        pytest.skip("this numba-cuda does not warn of small grids")
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        with pytest.raises(_CompileReached):
+            launches.launch(kernel, 1, 32, np.zeros(4, np.float32))
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in ours] == ["another warning"]

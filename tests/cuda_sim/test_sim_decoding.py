@@ -83,6 +83,39 @@ def test_a_decoding_step_is_two_launches_with_its_splits_merged_in_the_attention
     np.testing.assert_allclose(np.concatenate(steps, axis=2), module.numpy_reference(q, k, v), rtol=1e-5, atol=1e-6)
 
 
+def test_a_steps_launches_are_recorded_with_their_times():
+    """``launch_times`` records each launch of the calls inside (kernel, grid, block, host time; the
+    simulator's span is its host time), and ``anatomy`` sums them a call; outside, nothing is kept."""
+    from attncomp.backends.numba_cuda.host.launch_times import anatomy, launch_times, recording
+
+    module = load_example("gqa")
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=16,block_k=16},mask-elimination,canonicalize,cse,dce"
+    dec = ac.compile(module.grouped_query_attention, backend="cuda", pipeline=pipeline).decoder(max_len=32)
+    q, k, v = module.make_inputs(np.random.default_rng(9), B=1, H=2, KV=1, T=23, S=23, D=8, E=8)
+    dec(q[:, :, :20], k[:, :, :20], v[:, :, :20])
+    dec(q[:, :, 20:21], k[:, :, 20:21], v[:, :, 20:21])  # the first split step zeroes its counters
+    with launch_times() as records:
+        for t in (21, 22):
+            dec(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+    assert recording() is None
+    names = [r.kernel for r in records]
+    assert names == [names[0], "attention_kernel_0"] * 2 and "append" in names[0]
+    splits = dec.fn.program.attention[0].last_split
+    assert records[1].grid == (2, splits) and splits > 1  # two heads' rows, each split
+    assert all(r.issue > 0 and r.span == r.issue and r.events is None for r in records)
+    line = anatomy(records, calls=2)
+    assert line.startswith("2 launches a call, issue ")
+    assert f"{names[0]} x1: issue " in line and "attention_kernel_0 x1: issue " in line
+
+    from benchmarks.host_profile import launch_lines
+
+    def step():
+        dec.length = 21
+        dec(q[:, :, 21:22], k[:, :, 21:22], v[:, :, 21:22])
+
+    assert launch_lines("step", step, lambda: None, calls=2)[0].startswith("step: 2 launches a call, issue ")
+
+
 def test_nanochat_prefill_then_steps_equals_one_call():
     """The seed model: prefill 40 tokens, then 8 single-token steps, on the device cache (the CPU
     tests run the seed's 100 + 64; the simulator runs every CUDA thread as a Python thread)."""

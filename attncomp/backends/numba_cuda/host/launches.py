@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
+from attncomp.backends.numba_cuda.host import launch_compiles, launch_times
 from attncomp.errors import AttncompError
 
 SIMULATED = bool(getattr(cuda.config, "ENABLE_CUDASIM", 0))
@@ -168,16 +171,54 @@ def _register_file() -> int:
     return _REGISTERS[0]
 
 
+#: numba-cuda warns of every launch of fewer blocks than this (``CUDA_LOW_OCCUPANCY_WARNINGS``)
+FEW_BLOCKS = 128
+
+
 def launch(kernel, grid: Any, block: Any, *args: Any) -> None:
     """Enqueue ``kernel`` on the current stream (every launch goes through here, and is counted).  On
-    a GPU the block is first checked against the register file (:func:`check_block`)."""
+    a GPU the block is first checked against the register file (:func:`check_block`), a compile the
+    launch needs runs in the compile window (``launch_compiles.py``), and numba-cuda's warning of a
+    small grid is left out: attncomp sizes its grids to the work (a decoding step's append of one
+    position is one block), and the warning, once per process, would speak of no code of the user's.
+    Inside ``launch_times.launch_times()`` the launch is recorded, with its host and stream times."""
     _LAUNCHES[0] += 1
-    configured = kernel[grid, block, stream()]
+    if SIMULATED:
+        configured = kernel[grid, block, stream()]
+    else:
+        launch_compiles.prepare(kernel)
+        configured = _configured(kernel, grid, block)
     callbacks = None if SIMULATED else getattr(configured, "pre_launch_callbacks", None)
     if callbacks is not None:
         _register_file()  # read here: the callback makes no driver calls of its own
         callbacks.append(_register_check)
-    configured(*args)
+    records = launch_times.recording()
+    if records is None:
+        configured(*args)
+    else:
+        name = launch_times.kernel_name(kernel)
+        launch_times.timed(records, name, grid, block, lambda: configured(*args), SIMULATED, stream())
+
+
+def _configured(kernel, grid: Any, block: Any) -> Any:
+    """``kernel[grid, block, stream()]``, numba-cuda's low-occupancy warning ignored for a small grid
+    (``warnings.catch_warnings``, only then: it costs a few microseconds)."""
+    blocks = int(np.prod(grid)) if isinstance(grid, tuple) else int(grid)
+    if blocks >= FEW_BLOCKS:
+        return kernel[grid, block, stream()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _performance_warning())
+        return kernel[grid, block, stream()]
+
+
+@functools.cache
+def _performance_warning() -> type[Warning]:
+    """numba-cuda's performance warning class (``numba.cuda.core.errors``; Numba's own in older ones)."""
+    try:
+        from numba.cuda.core.errors import NumbaPerformanceWarning
+    except ImportError:
+        from numba.core.errors import NumbaPerformanceWarning
+    return NumbaPerformanceWarning
 
 
 def launch_map(kernel, count: int, *args: Any) -> None:
