@@ -25,11 +25,25 @@ OUTCOMES = ("passed", "failed", "skipped", "error")
 
 def read_outcomes(path: Path) -> dict[str, str]:
     """``{node id: outcome}`` of an outcomes file (the last line of a test wins)."""
+    return {node: outcome for node, (outcome, _) in read_lines(path).items()}
+
+
+def read_seconds(path: Path) -> dict[str, float]:
+    """``{node id: seconds}`` of an outcomes file: each test's call (or failed set-up) as it ran."""
+    return {node: seconds for node, (_, seconds) in read_lines(path).items()}
+
+
+def read_lines(path: Path) -> dict[str, tuple[str, float]]:
+    """``{node id: (outcome, seconds)}`` of an outcomes file (the last line of a test wins)."""
     found = {}
     for line in path.read_text(errors="replace").splitlines():
         fields = line.split("\t")
         if len(fields) == 3 and fields[0] in OUTCOMES:
-            found[fields[2]] = fields[0]
+            try:
+                seconds = float(fields[1])
+            except ValueError:
+                seconds = float("nan")
+            found[fields[2]] = (fields[0], seconds)
     return found
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_check.environment import find_sanitizer
-from benchmarks.gpu_check.outcomes import read_outcomes
+from benchmarks.gpu_check.outcomes import read_outcomes, read_seconds
 from benchmarks.gpu_check.plan import (
     CORRECTNESS,
     DRY_RUN_CORRECTNESS,
@@ -19,6 +19,7 @@ from benchmarks.gpu_check.plan import (
     NEEDED,
     PER_TEST_SECONDS,
     PHASES,
+    SLOWEST_LISTED,
     TABLES,
 )
 from benchmarks.gpu_check.processes import finish, read_records, run_logged, signal_group, spawn
@@ -157,6 +158,9 @@ def phase_correctness(run: Run, phase: Phase) -> None:
     judge_pytest(phase, status, pytest_counts(log), "correctness.log, correctness.tsv")
     found = read_outcomes(outcomes) if outcomes.exists() else {}
     phase.data["failed"] = sorted(node for node, outcome in found.items() if outcome in ("failed", "error"))
+    seconds = read_seconds(outcomes) if outcomes.exists() else {}
+    phase.data["seconds"] = sum(seconds.values())
+    phase.data["slowest"] = sorted(seconds.items(), key=lambda item: -item[1])[:SLOWEST_LISTED]
     if run.args.after:
         notes.insert(0, f"the tests that {Path(run.args.after).name} lists as run were left out (--after)")
     if status is None:

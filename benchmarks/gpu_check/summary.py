@@ -121,6 +121,8 @@ def timing_lines(run: Run, card: Card | None) -> list[str]:
             for r in records:
                 if r.get("kind") == "line":
                     lines.append(r["text"] + bandwidth_note(r["text"], card))
+                elif r.get("kind") == "profile":  # where a row's time goes (``benchmarks/host_profile.py``)
+                    lines.append("  " + r["text"])
                 elif r.get("kind") == "error":
                     lines.append(f"error: {r['error']}")
             lines += ["```", ""]
@@ -160,6 +162,16 @@ def summary(run: Run) -> str:
         lines += [f"- `{node}`" for node in failed[:FAILED_LISTED]]
         if len(failed) > FAILED_LISTED:
             lines.append(f"- and {len(failed) - FAILED_LISTED} more (correctness.tsv)")
+    slowest = run.phases["correctness"].data.get("slowest", [])
+    if slowest:
+        test_seconds = run.phases["correctness"].data.get("seconds", 0.0)
+        lines += [
+            "",
+            f"Slowest in the correctness phase (seconds of each test's call; {test_seconds:.0f} s over every test that "
+            "ran, summed across processes):",
+            "",
+        ]
+        lines += [f"- {seconds:.1f} s `{node}`" for node, seconds in slowest]
     lines += ["", f"Total {total:.0f} s of a {run.args.deadline:.0f} s deadline; processes at a time: {run.jobs}."]
     if card is None and not run.args.dry_run and run.phases["environment"].data.get("gpu_name"):
         lines.append("Unknown card: no datasheet peaks, so no percentages of peak.")

@@ -147,10 +147,15 @@ def worker_timings(args: argparse.Namespace) -> None:
             emit(result, {"kind": "line", "text": line})
         from benchmarks.host_profile import decode_profile_lines
 
-        try:  # where the steps' time goes on the host (logged, not in the summary)
-            print("\n".join(decode_profile_lines(torch, args.quick)), flush=True)
+        try:  # where the steps' time goes: logged whole; each case's first line and its launches in the summary
+            profile = decode_profile_lines(torch, args.quick)
+            print("\n".join(profile), flush=True)
+            for line in profile:
+                if not line.startswith(" "):
+                    emit(result, {"kind": "profile", "text": line})
         except Exception as error:
             print(f"host profile: {type(error).__name__}: {error}", flush=True)
+            emit(result, {"kind": "profile", "text": f"host profile: {type(error).__name__}: {error}"})
     elif table == "serving":
         from benchmarks import serving
 

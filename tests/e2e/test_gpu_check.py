@@ -61,7 +61,12 @@ def test_the_dry_run_writes_its_summary_and_logs(tmp_path):
     assert re.match(r"passed, \d+ s: \d+ passed, \d+ deselected \(gate.log\)$", phases["gate"]), phases["gate"]
     ran = read_outcomes(out / "correctness.tsv")
     assert sorted(ran) == sorted(plan.DRY_RUN_CORRECTNESS) and set(ran.values()) == {"passed"}, ran
+    slowest = lines.index(next(line for line in lines if line.startswith("Slowest in the correctness phase")))
+    listed = lines[slowest + 2 : slowest + 2 + len(ran)]
+    assert sorted(re.sub(r"^- [\d.]+ s `(.*)`$", r"\1", line) for line in listed) == sorted(ran), listed
     assert "compiled:" in (out / "compile.log").read_text()
+    (total,) = [int(m) for line in lines for m in re.findall(r"^Total (\d+) s of a 480 s deadline", line)]
+    assert total >= sum(int(re.match(r"\w+, (\d+) s", state).group(1)) for state in phases.values()) - len(phases)
     assert elapsed < 240, f"the dry run took {elapsed:.0f} s"
 
 
@@ -113,6 +118,28 @@ def test_table_lines_compute_rates_from_a_record():
     assert line.split(" | ")[1:6] == ["1.000", "1000.0", "50%", "1000", "25%"]
     unknown = [line for line in summary.table_lines("t", [record], None) if line.startswith("| row |")]
     assert unknown[0].split(" | ")[3] == "n/a"
+
+
+def test_the_decoder_table_keeps_its_lines_and_where_their_time_goes():
+    """Synthetic records (not measurements) of the decoder table: rows, a profile line each, an error."""
+    records = [
+        {"kind": "line", "text": "decoder step: 1.000 ms"},
+        {"kind": "profile", "text": "float32 decoder step: 2 launches a call, issue 40 us, span 900 us: ..."},
+        {"kind": "error", "name": "bf16 decode step", "error": "AssertionError: differs"},
+    ]
+    run = argparse.Namespace(
+        phases={
+            "timings": argparse.Namespace(
+                status="failed", data={"tables": {"decoder": {"status": "failed", "records": records}}}
+            )
+        }
+    )
+    lines = summary.timing_lines(run, None)
+    at = lines.index("decoder step: 1.000 ms")
+    assert lines[at + 1 : at + 3] == [
+        "  float32 decoder step: 2 launches a call, issue 40 us, span 900 us: ...",
+        "error: AssertionError: differs",
+    ]
 
 
 def test_minimum_versions_come_from_pyproject():
