@@ -91,6 +91,34 @@ def test_few_query_rows_get_small_thread_blocks_with_a_warp(rows, lanes):
     assert f"scores = cuda.shared.array((16, {rows})" in source and f"({lanes} per query row)" in source
 
 
+@pytest.mark.parametrize("rows,head_dim", [(1, 128), (1, 64), (2, 32), (8, 64), (64, 64), (64, 128), (32, 256)])
+def test_the_lanes_of_a_warp_meet_their_partials_in_different_banks(rows, head_dim):
+    """The generated kernel's ``partials`` buffer, read as it reads it: lane ``g`` of row ``r`` sums
+    ``partials[g + m lanes, r lanes + u]`` over ``u``, and thread ``t`` writes ``partials[c, t]``.  Each
+    warp's access of one instruction touches 32 different banks (shared memory's 32 banks of 4 bytes;
+    ``mma/atoms.py``), for the decoding blocks of one row too."""
+    import re
+    from collections import Counter
+
+    from attncomp.backends.numba_cuda.mma.atoms import BANKS
+    from attncomp.backends.numba_cuda.simt.forward_plan import plan_attention
+
+    plan = plan_attention(64, 64, head_dim, head_dim, rows=rows)
+    assert plan.lanes > 1
+    source = _kernel_source("causal", "causal", head_dim, head_dim, rows=rows)
+    width = int(re.search(r"partials = cuda\.shared\.array\(\(\d+, (\d+)\), ", source).group(1))
+    assert "partials[c, tid] = " in source and "partials[c, row_base + 0]" in source
+    lanes, threads = plan.lanes, plan.threads
+    for first in range(0, threads, 32):
+        warp = range(first, min(first + 32, threads))
+        for m in range(plan.chunk // lanes or 1):  # each pass of ``for c in range(g, nkc, lanes)``
+            for u in range(lanes):
+                words = {((t % lanes) + m * lanes) * width + (t // lanes) * lanes + u for t in warp}
+                assert max(Counter(word % BANKS for word in words).values()) == 1, (first, m, u)
+        for c in range(plan.chunk):
+            assert max(Counter((c * width + t) % BANKS for t in warp).values()) == 1
+
+
 def test_key_splits_take_contiguous_parts_of_the_key_loop_and_the_last_part_merges_them():
     source = _kernel_source("lse", "causal_with_lse")
     loop = source[: source.index("for kb in range(kb_lo, kb_hi):")]

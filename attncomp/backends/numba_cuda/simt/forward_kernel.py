@@ -239,7 +239,7 @@ class AttentionKernelWriter(CudaKernelSource):
             w.line(f"v_tile = cuda.shared.array(({p.chunk}, {p.value_pad}), {self.acc})")
             w.line(f"scores = cuda.shared.array(({p.chunk}, {p.rows}), {self.acc})")
             if p.lanes > 1:
-                w.line(f"partials = cuda.shared.array(({p.chunk}, {p.threads}), {self.acc})")
+                w.line(f"partials = cuda.shared.array(({p.chunk}, {p.partials_width}), {self.acc})")
             self.load_query()
             w.line("m = NEG_INF")
             w.line("l = ACC(0.0)")

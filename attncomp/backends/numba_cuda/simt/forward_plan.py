@@ -15,9 +15,14 @@ consecutive words of a shared-memory row: no bank conflicts.
 Keys and values are staged in shared memory ``chunk`` keys at a time (a
 chunk never straddles two IR tiles, so tile classes are kept exactly).  When
 a row has several lanes, their partial dot products meet in a shared
-``partials[chunk, threads]`` buffer: Numba's CUDA simulator has no warp
+``partials[chunk, threads + 1]`` buffer: Numba's CUDA simulator has no warp
 shuffles, and exchanging through shared memory keeps one kernel for the
-simulator and the GPU.
+simulator and the GPU.  The row is one word longer than the block's threads
+(:attr:`AttentionPlan.partials_width`): lane ``g`` sums key ``g``'s partials,
+so the lanes of a row read ``lanes`` different rows of the buffer at once;
+with rows of ``threads`` words (a multiple of the 32 banks) those reads would
+all fall in one bank (a decoding block's 32 lanes: 16-way conflicts on every
+read), and one more word a row puts them in 32 different banks.
 """
 
 from __future__ import annotations
@@ -43,8 +48,13 @@ class AttentionPlan(LanePlan):
     rows: int  # query rows per thread block: block_q, or fewer for calls with fewer rows
 
     @property
+    def partials_width(self) -> int:
+        """The words of a row of the ``partials`` buffer: the block's threads and one of padding."""
+        return self.threads + 1
+
+    @property
     def shared_bytes(self) -> int:
-        partials = self.chunk * self.threads if self.lanes > 1 else 0
+        partials = self.chunk * self.partials_width if self.lanes > 1 else 0
         scores = self.chunk * self.rows
         return self.acc_bytes * (self.chunk * (self.head_pad + self.value_pad) + partials + scores)
 
