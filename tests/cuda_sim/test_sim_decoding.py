@@ -172,9 +172,15 @@ def test_split_workspace_is_reused_and_grown_across_calls():
         assert worst_error(got, as_list(ac.interpret(pass_specs.spelled_gqa_lse, q, k, v))) < 5 * TOLERANCE["f32"]
     from attncomp.backends.numba_cuda.host.launches import stream_key
 
-    buffers = impl.attention[0]._buffers
-    assert buffers[(0, np.float32, stream_key())].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
-    assert not host(buffers[(3, np.int32, stream_key())]).any()  # each unit's last split left its count at zero
+    scratch = impl.attention[0].scratch
+    buffers = scratch.held(stream_key())
+    assert buffers[0].size == 3 * 3 * 4 * 8  # splits x rows of the largest call x E
+    assert not host(buffers[3]).any()  # each unit's last split left its count at zero
+    q, k, v = _inputs(rng, (1, 4, 1, 8), (1, 2, 30, 8))
+    before = {key: dict(views) for key, (_, views) in scratch.buffers.items()}
+    impl.call(fn.func, [q, k, v], fn.constraints)  # a shape seen before: its views are reused
+    after = {key: dict(views) for key, (_, views) in scratch.buffers.items()}
+    assert before == after and all(len(views) == 2 for views in after.values())  # a view for each call's shape
 
 
 def test_split_scratch_is_kept_per_stream():
@@ -191,23 +197,23 @@ def test_split_scratch_is_kept_per_stream():
     want = module.numpy_reference(q, k, v)
     np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
     assert kernels.last_split > 1
-    default = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == stream_key()}
+    default = kernels.scratch.held(stream_key())
     side = cuda.stream()
     with on_stream(side):
         np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)
-        mine = {slot: buffer for (slot, _, at), buffer in kernels._buffers.items() if at == stream_key()}
+        mine = kernels.scratch.held(stream_key())
     assert sorted(default) == sorted(mine) == [0, 1, 2, 3]
     assert all(mine[slot] is not default[slot] for slot in default)
-    from attncomp.backends.numba_cuda.attention import SCRATCH_STREAMS
+    from attncomp.backends.numba_cuda.host.scratch import STREAMS
 
-    others = [cuda.stream() for _ in range(SCRATCH_STREAMS)]  # buffers of the 8 most recent streams are kept
+    others = [cuda.stream() for _ in range(STREAMS)]  # buffers of the 8 most recent streams are kept
     for other in others:
         with on_stream(other):
             fn(q, k, v)
-    held = {at for _, _, at in kernels._buffers}
-    assert len(held) == SCRATCH_STREAMS and stream_key() not in held
+    held = kernels.scratch.held_streams()
+    assert len(held) == STREAMS and stream_key() not in held
     with on_stream(others[0]):
-        held_first = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == stream_key()}
+        held_first = kernels.scratch.held(stream_key())
         np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)  # kept: used again as it is
-        again = {slot: b for (slot, _, at), b in kernels._buffers.items() if at == stream_key()}
+        again = kernels.scratch.held(stream_key())
     assert all(again[slot] is held_first[slot] for slot in held_first)

@@ -30,6 +30,7 @@ from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, q
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
+from attncomp.backends.numba_cuda.host.scratch import Scratch
 from attncomp.backends.numba_cuda.kernel_source import threads_constant
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
@@ -44,8 +45,6 @@ from attncomp.ir.types import NUMPY_DTYPES, accumulation_dtype
 
 #: the most parts one unit's keys are split into
 MAX_SPLIT = 64
-#: the streams whose scratch buffers a kernel keeps (``AttentionKernels._workspace``)
-SCRATCH_STREAMS = 8
 
 
 class AttentionKernels:
@@ -108,8 +107,8 @@ class AttentionKernels:
         self.last_choice: KernelChoice | None = None
         self._kernels: dict[tuple, Any] = {}
         self._plans: dict[tuple, MmaPlan | None] = {}  # mma_plan's answers: a launch asks several times
-        self._buffers: dict[tuple[int, Any, int], Any] = {}
-        self._streams: list[int] = []  # the streams that have buffers, the most recently used last
+        #: flash-decoding's partial states and split counts, kept from launch to launch
+        self.scratch = Scratch()
         self._launching = threading.Lock()  # one launch at a time over the scratch buffers
 
     @property
@@ -315,33 +314,6 @@ class AttentionKernels:
         call with strided keys or values may add a second of the same sizes (:meth:`kernel`)."""
         return list(dict.fromkeys(key[:3] for key in self._kernels))
 
-    def _workspace(self, slot: int, shape: tuple[int, ...], dtype: Any, zeroed: bool = False) -> Any:
-        """A device array of ``shape`` over this kernel's buffer ``slot``, grown when too small
-        (``zeroed``: zeroed when it is made; the kernels leave it zero after each launch).
-
-        Reused from call to call: a decoding step would otherwise pay a device allocation
-        and free for each scratch array.  Launches on one stream run in order, so a buffer is
-        never written while an earlier launch still reads it; each stream has its own, as
-        launches on two streams may run at once.  The buffers of the ``SCRATCH_STREAMS`` streams used
-        most recently are kept; an older stream's are let go, so that many short-lived streams do not
-        hold device memory for as long as the function lives.
-        """
-        size = int(np.prod(shape, dtype=np.int64))
-        stream = launches.stream_key()
-        if not self._streams or self._streams[-1] != stream:
-            if stream in self._streams:
-                self._streams.remove(stream)
-            self._streams.append(stream)
-            for old in self._streams[:-SCRATCH_STREAMS]:
-                self._buffers = {k: b for k, b in self._buffers.items() if k[2] != old}
-            del self._streams[:-SCRATCH_STREAMS]
-        key = (slot, dtype, stream)
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.size < size:
-            buffer = arrays.zeros((max(size, 1),), dtype) if zeroed else arrays.scratch((max(size, 1),), dtype)
-            self._buffers[key] = buffer
-        return buffer[:size].reshape(shape)
-
     def split_for(self, blocks: int, n_keys: int, threads: int, value_dim: int) -> int:
         """Key splits for a launch of ``blocks`` thread blocks over ``n_keys`` keys: a batch-invariant
         grid's parts at fixed key positions (as many as its longest row needs, whatever ``split``
@@ -387,6 +359,6 @@ class AttentionKernels:
             if n_split > 1:
                 n_flat = int(np.prod(tuple(outs[0].shape)[:-1], dtype=np.int64))
             shapes = ((n_split, n_flat, max(value_dim, 1)), (n_split, n_flat), (n_split, n_flat))
-            parts = tuple(self._workspace(k, shape, dtype) for k, shape in enumerate(shapes))
-            done = self._workspace(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
+            parts = tuple(self.scratch.view(k, shape, dtype) for k, shape in enumerate(shapes))
+            done = self.scratch.view(3, (blocks if n_split > 1 else 1,), np.int32, zeroed=True)
             launches.launch(kernel, (blocks, n_split), threads, *args, n_split, *parts, done)
