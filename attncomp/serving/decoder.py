@@ -163,8 +163,7 @@ class PagedDecoder:
         start = self._cascade(pending)
         self._own(pending, start)
         results = {p.seq: self._outputs(p) for p in pending}
-        for p in pending:  # everything computed: now the pages change
-            self.pool.append(p.seq, p.stored)
+        self.pool.append_many({p.seq: p.stored for p in pending})  # everything computed: now the pages change
         return results
 
     def _check(self, seq: int, args: tuple[Any, ...]) -> Pending:

@@ -134,26 +134,45 @@ class PagePool:
         """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place: one
         per page array (an 8-bit pool's codes ``[count, *heads, d]`` and scales ``[count, *heads]``,
         quantised by the caller)."""
-        s, size = self.sequence(seq), self.page_size
-        count = rows[0].shape[0]
-        if count and s.length % size and self.refs[s.pages[-1]] > 1:
-            old, page = s.pages[-1], self._free.pop()
-            for array in self.arrays:
-                self.storage.copy_page(array, page, old)
-            self.refs[old] -= 1
-            self.refs[page] = 1
-            s.pages[-1] = page
-        while len(s.pages) * size < s.length + count:
-            page = self._free.pop()
-            self.refs[page] = 1
-            s.pages.append(page)
-        positions = np.arange(s.length, s.length + count)
-        pages = np.asarray(s.pages)[positions // size]
-        for k, (array, new) in enumerate(zip(self.arrays, rows)):  # new: [count, *heads, d]
+        self.append_many({seq: rows})
+
+    def append_many(self, appends: dict[int, list[np.ndarray]]) -> None:
+        """:meth:`append` for several sequences at once: their pages taken (and copied on write) one
+        sequence after another, then each page array written once for all of them (on the cuda
+        backend, one copy in and one launch per array, whatever the number of sequences).
+
+        Writing after every copy gives what appending one by one gives: a copy reads a page still
+        shared, which no sequence of the step writes (a sequence writes a shared last page only
+        after copying it, and the other holders write their own pages)."""
+        size = self.page_size
+        pages_of, slots_of, rows_of = [], [], []
+        for seq, rows in appends.items():
+            s = self.sequence(seq)
+            count = rows[0].shape[0]
+            if count and s.length % size and self.refs[s.pages[-1]] > 1:
+                old, page = s.pages[-1], self._free.pop()
+                for array in self.arrays:
+                    self.storage.copy_page(array, page, old)
+                self.refs[old] -= 1
+                self.refs[page] = 1
+                s.pages[-1] = page
+            while len(s.pages) * size < s.length + count:
+                page = self._free.pop()
+                self.refs[page] = 1
+                s.pages.append(page)
+            positions = np.arange(s.length, s.length + count)
+            pages_of.append(np.asarray(s.pages)[positions // size])
+            slots_of.append(positions % size)
+            rows_of.append(rows)
+            s.length += count
+        if not rows_of:
+            return
+        pages, slots = np.concatenate(pages_of), np.concatenate(slots_of)
+        for k, array in enumerate(self.arrays):
+            new = rows_of[0][k] if len(rows_of) == 1 else np.concatenate([rows[k] for rows in rows_of])
             if self.is_scales(k):  # [count, *heads]: written as rows of one element
                 new = new[..., None]
-            self.storage.write(array, pages, positions % size, new)
-        s.length += count
+            self.storage.write(array, pages, slots, new)  # new: [count, *heads, d]
 
     def read(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
         """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start, d]``.

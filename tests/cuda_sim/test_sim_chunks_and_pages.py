@@ -72,6 +72,36 @@ def test_the_pool_stays_on_the_device():
     np.testing.assert_array_equal(values, v)
 
 
+def test_a_steps_appends_write_each_page_array_once():
+    """Three sequences append in one step (two sharing a partial last page: the first copies it on
+    write, the second then writes it in place): one copy-in and one launch per page array for all
+    of them, and each sequence reads back its own positions."""
+    from attncomp.backends.numba_cuda.host.launch_times import launch_times
+
+    rng = np.random.default_rng(3)
+    srv = ac.compile(specs.causal_alibi, backend="cuda", window=6).paged_decoder(page_size=4, num_pages=12)
+    q, k, v = (rng.standard_normal((3, 2, 9, 8), dtype=np.float32) for _ in range(3))
+    a, c = srv.new(), srv.new()
+    srv.step(
+        {a: (q[:1, :, :6], k[:1, :, :6], v[:1, :, :6], SLOPES), c: (q[2:, :, :5], k[2:, :, :5], v[2:, :, :5], SLOPES)}
+    )
+    b = srv.fork(a)  # b shares a's partial last page
+    k[1, :, :6], v[1, :, :6] = k[0, :, :6], v[0, :, :6]
+    batch = {
+        a: (q[:1, :, 6:8], k[:1, :, 6:8], v[:1, :, 6:8], SLOPES),
+        b: (q[1:2, :, 6:7], k[1:2, :, 6:7], v[1:2, :, 6:7], SLOPES),
+        c: (q[2:, :, 5:9], k[2:, :, 5:9], v[2:, :, 5:9], SLOPES),
+    }
+    with launch_times() as records:
+        srv.step(batch)
+    names = [r.kernel for r in records]
+    assert names.count("_write_rows") == 2 and names.count("_copy_page") == 2  # keys and values
+    for seq, (batch_entry, length) in {a: (0, 8), b: (1, 7), c: (2, 9)}.items():
+        keys, values = srv.pool.read(seq, 0, length)
+        np.testing.assert_array_equal(keys[0], k[batch_entry, :, :length])
+        np.testing.assert_array_equal(values[0], v[batch_entry, :, :length])
+
+
 @pytest.mark.parametrize("name", ["alibi", "sinks", "gqa", "nanochat"])
 def test_sequences_over_a_device_pool(name):
     """Random prefill and decode steps, forks and frees: each sequence's outputs equal one call
