@@ -105,7 +105,8 @@ class Decoder:
             return {}
         index = [slice(None)] * (self._axis + 1)
         index[self._axis] = slice(0, self.length)
-        return {arg.name: buf[tuple(index)] for arg, buf in zip(self._cache_args, self._buffers)}
+        program = self.fn.program
+        return {arg.name: program.sliced(buf, tuple(index)) for arg, buf in zip(self._cache_args, self._buffers)}
 
     def reset(self) -> None:
         """Forget every cached position (the buffers are kept)."""

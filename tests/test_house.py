@@ -167,6 +167,8 @@ NUMBA_INTERNALS = {
     "attncomp/backends/numba_cpu/shared_calls.py": {"context.active_code_library._reload_init"},
     # the data layout Numba's per-function passes set, set without them
     "attncomp/backends/function_passes.py": {"self._codegen", "self._codegen._data_layout"},
+    # numba-cuda's shape-and-strides model of a device array, which its own views are made from
+    "attncomp/backends/numba_cuda/host/arrays.py": {"x._dummy"},
     # the post-processor's own del insertion, run where its callers ask for it
     "attncomp/backends/lazy_lifetimes.py": {"self._insert_var_dels"},
     # the SSA module's pieces the one-pass reconstruction runs, unchanged

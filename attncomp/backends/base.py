@@ -100,6 +100,11 @@ class Program:
         """What the shared shape checks read for argument ``x``, without copying it."""
         return as_array(x, name)
 
+    def sliced(self, x: Any, index: tuple[slice, ...]) -> Any:
+        """The view ``x[index]`` (slices only) of an array this backend keeps: a decoder's cache up to
+        its length."""
+        return x[index]
+
     def on_device(self, x: Any) -> bool:
         """Whether ``x`` is device memory this backend's kernels read where it is (never copied to
         the host on the way in)."""

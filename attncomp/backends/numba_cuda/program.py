@@ -191,6 +191,12 @@ class CudaFunction(Program):
             return result.bits
         return super().bf16_patterns_of(result)
 
+    def sliced(self, x: Any, index: tuple[slice, ...]) -> Any:
+        """A device array's view without Numba's walk over its contiguous runs (``arrays.sliced``)."""
+        from attncomp.backends.numba_cuda.host import arrays
+
+        return arrays.sliced(x, index)
+
     def shape_view(self, x: Any, name: str) -> Any:
         """What the shared shape checks read: a stand-in for a device array (no copy), else numpy."""
         from attncomp.backends.numba_cuda.host import arrays
