@@ -1,0 +1,112 @@
+"""The cuda backend's host path without a GPU: a decoder step's Python with Numba's real device arrays.
+
+    python -m benchmarks.host_path [--cache 4096] [--steps 300] [--profile]
+
+Numba's device arrays are made over memory that is never touched (made-up addresses), Numba's
+context check (which asks the driver) is left out, allocations give such arrays and launches are
+counted and dropped: nothing runs on a device, and what is timed is the host's work of a step
+(the decoder's checks, the generated driver, argument views, scratch buffers, the cache views up
+to the length) as a GPU machine runs it, less numba-cuda's own launch and the driver's calls.  The
+step is the ``benchmarks.gpu`` decoder row's (GQA 32/8, D = 128, float32), its cache holding twice
+the positions it attends.  The process's Numba is changed for good: run it as its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import pstats
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+#: where the next made-up device allocation starts
+_NEXT = [1 << 32]
+
+
+def _device_array(shape: Any, dtype: Any = np.float32, stream: Any = 0, **_: Any) -> Any:
+    """A Numba device array over made-up memory (what ``cuda.device_array`` gives here)."""
+    from numba.cuda.cudadrv import devicearray, driver
+
+    shape = tuple(shape) if isinstance(shape, tuple | list) else (int(shape),)
+    dtype = np.dtype(dtype)
+    nbytes = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
+    memory = driver.MemoryPointer(None, driver.binding.CUdeviceptr(_NEXT[0]), nbytes)
+    _NEXT[0] += -(-nbytes // 256) * 256
+    strides = tuple(int(np.prod(shape[k + 1 :], dtype=np.int64)) * dtype.itemsize for k in range(len(shape)))
+    return devicearray.DeviceNDArray(shape, strides, dtype, gpu_data=memory, stream=stream)
+
+
+def without_a_device() -> list[int]:
+    """Change this process's Numba and attncomp's launches as the module docstring says; the list
+    it gives counts the launches dropped."""
+    from numba import cuda
+    from numba.cuda.cudadrv import devices
+
+    from attncomp.backends.numba_cuda.host import arrays, launches
+
+    devices._runtime.ensure_context = contextlib.nullcontext
+    cuda.device_array = _device_array
+    arrays.fill_zero = lambda array: None  # a cache's zeros: a host copy on a GPU, nothing here
+    launches._MULTIPROCESSORS[:] = [132]  # an H100 SXM's, for the key splits
+    dropped = [0]
+
+    def launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
+        dropped[0] += 1
+
+    launches.launch = launch
+    return dropped
+
+
+def decoder_step(cache: int) -> Any:
+    """The decoder row's step (a cache of ``2 cache`` positions holding ``cache - 1``, one more
+    appended and all attended), on made-up device arrays."""
+    import attncomp as ac
+    from benchmarks import specs
+
+    q, k, v = _device_array((1, 32, 1, 128)), _device_array((1, 8, 1, 128)), _device_array((1, 8, 1, 128))
+    dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=2 * cache)
+
+    def step() -> Any:
+        dec.length = cache - 1
+        return dec(q, k, v)
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=int, default=4096, help="positions the step attends (default 4096)")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--profile", action="store_true", help="then the functions by own time under cProfile")
+    args = parser.parse_args(argv)
+    from attncomp.backends.numba_cuda.host.launches import SIMULATED
+
+    if SIMULATED:
+        print("benchmarks.host_path: unset NUMBA_ENABLE_CUDASIM (the simulator's arrays are not Numba's)")
+        return 2
+    dropped = without_a_device()
+    step = decoder_step(args.cache)
+    step()
+    before = dropped[0]
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    seconds = (time.perf_counter() - start) / args.steps
+    launches = (dropped[0] - before) / args.steps
+    print(
+        f"decoder step, GQA 32/8 D=128 float32, {args.cache} cached of {2 * args.cache}: host {seconds * 1e6:.1f} us "
+        f"a step without numba-cuda's launches and the driver ({launches:g} launches a step)"
+    )
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step() for _ in range(args.steps)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""``python -m benchmarks.host_path``: a CUDA decoder step's host path on Numba's real device arrays,
+without a GPU (in a process of its own: it changes that process's Numba)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="the cuda extra (numba-cuda) is absent")
+def test_a_decoder_step_runs_its_host_path_on_numbas_arrays():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.host_path", "--cache", "64", "--steps", "3", "--profile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("decoder step,"))
+    assert "64 cached of 128" in line and "(2 launches a step)" in line  # the append and the attention
+    assert "sliced" in done.stdout  # the profile names the cache views' function
