@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -203,7 +204,7 @@ def launch(kernel, grid: Any, block: Any, *args: Any) -> None:
 def _configured(kernel, grid: Any, block: Any) -> Any:
     """``kernel[grid, block, stream()]``, numba-cuda's low-occupancy warning ignored for a small grid
     (``warnings.catch_warnings``, only then: it costs a few microseconds)."""
-    blocks = int(np.prod(grid)) if isinstance(grid, tuple) else int(grid)
+    blocks = math.prod(grid) if isinstance(grid, tuple) else int(grid)
     if blocks >= FEW_BLOCKS:
         return kernel[grid, block, stream()]
     with warnings.catch_warnings():
