@@ -27,8 +27,9 @@ import numpy as np
 _NEXT = [1 << 32]
 
 
-def _device_array(shape: Any, dtype: Any = np.float32, stream: Any = 0, **_: Any) -> Any:
-    """A Numba device array over made-up memory (what ``cuda.device_array`` gives here)."""
+def made_up_array(shape: Any, dtype: Any = np.float32, stream: Any = 0, **_: Any) -> Any:
+    """A C-contiguous Numba device array over made-up memory (what ``cuda.device_array`` gives here;
+    the tests of device views make theirs so too)."""
     from numba.cuda.cudadrv import devicearray, driver
 
     shape = tuple(shape) if isinstance(shape, tuple | list) else (int(shape),)
@@ -49,7 +50,7 @@ def without_a_device() -> list[int]:
     from attncomp.backends.numba_cuda.host import arrays, launches
 
     devices._runtime.ensure_context = contextlib.nullcontext
-    cuda.device_array = _device_array
+    cuda.device_array = made_up_array
     arrays.fill_zero = lambda array: None  # a cache's zeros: a host copy on a GPU, nothing here
     launches._MULTIPROCESSORS[:] = [132]  # an H100 SXM's, for the key splits
     dropped = [0]
@@ -67,7 +68,7 @@ def decoder_step(cache: int) -> Any:
     import attncomp as ac
     from benchmarks import specs
 
-    q, k, v = _device_array((1, 32, 1, 128)), _device_array((1, 8, 1, 128)), _device_array((1, 8, 1, 128))
+    q, k, v = made_up_array((1, 32, 1, 128)), made_up_array((1, 8, 1, 128)), made_up_array((1, 8, 1, 128))
     dec = ac.compile(specs.gqa_decode, backend="cuda").decoder(max_len=2 * cache)
 
     def step() -> Any:

@@ -14,19 +14,15 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def device_array(monkeypatch):
-    """A maker of Numba device arrays over a made-up address (nothing reads or writes it), and Numba's
-    context check, which needs a driver, left out of its own ``__getitem__``."""
-    from numba.cuda.cudadrv import devicearray, devices, driver
+    """A maker of Numba device arrays over a made-up address (nothing reads or writes it:
+    ``benchmarks.host_path.made_up_array``), and Numba's context check, which needs a driver, left out
+    of its own ``__getitem__``."""
+    from numba.cuda.cudadrv import devices
+
+    from benchmarks.host_path import made_up_array
 
     monkeypatch.setattr(devices._runtime, "ensure_context", contextlib.nullcontext)
-
-    def make(shape, dtype=np.float32):
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        memory = driver.MemoryPointer(None, driver.binding.CUdeviceptr(1 << 32), nbytes)
-        strides = np.empty(0, dtype).reshape(shape).strides if 0 in shape else np.zeros(shape, dtype).strides
-        return devicearray.DeviceNDArray(shape, strides, np.dtype(dtype), gpu_data=memory, stream=0)
-
-    return make
+    return made_up_array
 
 
 def _described(x):

@@ -154,7 +154,7 @@ def _register_check(kernel: Any, config: Any) -> None:
     key = (id(kernel), threads)
     if key in _CHECKED:
         return
-    name = getattr(getattr(kernel, "py_func", None), "__name__", "kernel")
+    name = launch_times.kernel_name(kernel)
     check_block(name, threads, int(kernel.regs_per_thread), int(kernel.max_threads_per_block), _register_file())
     _CHECKED.add(key)
 
