@@ -28,7 +28,8 @@ from benchmarks.timing import check, paired
 H, D = 8, 64
 
 
-def _tokens(rng, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tokens(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k and v of ``n`` new tokens of one sequence, ``[1, H, n, D]`` float32."""
     return tuple(rng.standard_normal((1, H, n, D), dtype=np.float32) for _ in range(3))
 
 
@@ -61,13 +62,13 @@ def shared_prompt_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[
     fn = ac.compile(specs.causal, backend=backend)
     srv = fn.paged_decoder(page_size=16, num_pages=(prompt // 16 + 1) + users * 4)
     root = srv.new()
-    prefix = _tokens(rng, prompt)
+    prefix = tokens(rng, prompt)
     srv.step({root: prefix})
     seqs = [srv.fork(root) for _ in range(users)]
     srv.free(root)
-    mine = {s: _tokens(rng, own) for s in seqs}
+    mine = {s: tokens(rng, own) for s in seqs}
     srv.step(mine)
-    token = {s: _tokens(rng, 1) for s in seqs}
+    token = {s: tokens(rng, 1) for s in seqs}
     # the peer: one contiguous cache per sequence (prompt, own tokens, the new token), batched
     kc = tensor(np.concatenate([np.concatenate([prefix[1], mine[s][1], token[s][1]], axis=2) for s in seqs]))
     vc = tensor(np.concatenate([np.concatenate([prefix[2], mine[s][2], token[s][2]], axis=2) for s in seqs]))
@@ -98,7 +99,7 @@ def ragged_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
     srv = fn.paged_decoder(page_size=page, num_pages=int(sum(-(-(n + 64) // page) for n in lengths)))
     decoders, seqs, histories = [], [], []
     for n in lengths:
-        history = _tokens(rng, int(n))
+        history = tokens(rng, int(n))
         seq = srv.new()
         srv.step({seq: history})
         dec = fn.decoder(max_len=longest + 64)
@@ -106,7 +107,7 @@ def ragged_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
         seqs.append(seq)
         decoders.append(dec)
         histories.append(history)
-    token = {s: _tokens(rng, 1) for s in seqs}
+    token = {s: tokens(rng, 1) for s in seqs}
 
     def loop():
         out = []

@@ -21,6 +21,10 @@ class HostPages:
         heads = (slice(None),) * (array.ndim - 3)
         array[(pages, *heads, slots)] = rows
 
+    def staged(self, indices: list[np.ndarray]) -> list[np.ndarray]:
+        """Integer arrays where the kernels read them: here, as they are."""
+        return list(indices)
+
     def copy_page(self, array: np.ndarray, dst: int, src: int) -> None:
         array[dst] = array[src]
 

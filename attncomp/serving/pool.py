@@ -41,6 +41,29 @@ class Sequence:
     length: int = 0
 
 
+class Appended:
+    """What an append changed, to take it back (:meth:`undo`): the sequences' page tables and lengths
+    as they were, the pages it took from the free list, and the shared pages it copied on write.
+    The rows it wrote lie past the restored lengths, in pages no sequence then holds or in a
+    sequence's own last page: nothing reads them, and the next append writes over them."""
+
+    def __init__(self, pool: PagePool):
+        self.pool = pool
+        self.sequences: list[tuple[Sequence, list[int], int]] = []
+        self.taken: list[int] = []
+        self.copied: list[int] = []
+
+    def undo(self) -> None:
+        pool = self.pool
+        for s, pages, length in reversed(self.sequences):
+            s.pages, s.length = pages, length
+        pool.refs[self.taken] = 0
+        for old in self.copied:
+            pool.refs[old] += 1
+        pool._free.extend(reversed(self.taken))  # handed out again in the order they were taken
+        self.sequences, self.taken, self.copied = [], [], []
+
+
 class PagePool:
     def __init__(self, num_pages: int, page_size: int, storage: Any = None, cache: str = ""):
         if num_pages <= 0 or page_size <= 0:
@@ -130,25 +153,29 @@ class PagePool:
         """The page arrays in host memory (copies when the pool is on a device)."""
         return [self.storage.host(a) for a in self.arrays or []]
 
-    def append(self, seq: int, rows: list[np.ndarray]) -> None:
+    def append(self, seq: int, rows: list[np.ndarray]) -> Appended:
         """Write ``rows[k]`` (``[count, *rest]``) after the cached positions of ``seq``, in place: one
         per page array (an 8-bit pool's codes ``[count, *heads, d]`` and scales ``[count, *heads]``,
-        quantised by the caller)."""
-        self.append_many({seq: rows})
+        quantised by the caller).  What it gives takes the append back (:class:`Appended`)."""
+        return self.append_many({seq: rows})
 
-    def append_many(self, appends: dict[int, list[np.ndarray]]) -> None:
+    def append_many(self, appends: dict[int, list[np.ndarray]]) -> Appended:
         """:meth:`append` for several sequences at once: their pages taken (and copied on write) one
         sequence after another, then each page array written once for all of them (on the cuda
         backend, one copy in and one launch per array, whatever the number of sequences).
 
         Writing after every copy gives what appending one by one gives: a copy reads a page still
         shared, which no sequence of the step writes (a sequence writes a shared last page only
-        after copying it, and the other holders write their own pages)."""
+        after copying it, and the other holders write their own pages).  Every row is written past
+        a sequence's length, in a page only that sequence holds: what :class:`Appended` gives back
+        (lengths, page tables, pages taken) is all that took it in."""
         size = self.page_size
         pages_of, slots_of, rows_of = [], [], []
+        undo = Appended(self)
         for seq, rows in appends.items():
             s = self.sequence(seq)
             count = rows[0].shape[0]
+            undo.sequences.append((s, list(s.pages), s.length))
             if count and s.length % size and self.refs[s.pages[-1]] > 1:
                 old, page = s.pages[-1], self._free.pop()
                 for array in self.arrays:
@@ -156,23 +183,27 @@ class PagePool:
                 self.refs[old] -= 1
                 self.refs[page] = 1
                 s.pages[-1] = page
+                undo.taken.append(page)
+                undo.copied.append(old)
             while len(s.pages) * size < s.length + count:
                 page = self._free.pop()
                 self.refs[page] = 1
                 s.pages.append(page)
+                undo.taken.append(page)
             positions = np.arange(s.length, s.length + count)
             pages_of.append(np.asarray(s.pages)[positions // size])
             slots_of.append(positions % size)
             rows_of.append(rows)
             s.length += count
         if not rows_of:
-            return
-        pages, slots = np.concatenate(pages_of), np.concatenate(slots_of)
+            return undo
+        pages, slots = self.storage.staged([np.concatenate(pages_of), np.concatenate(slots_of)])  # once for every array
         for k, array in enumerate(self.arrays):
             new = rows_of[0][k] if len(rows_of) == 1 else np.concatenate([rows[k] for rows in rows_of])
             if self.is_scales(k):  # [count, *heads]: written as rows of one element
                 new = new[..., None]
             self.storage.write(array, pages, slots, new)  # new: [count, *heads, d]
+        return undo
 
     def read(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
         """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start, d]``.

@@ -194,6 +194,33 @@ def test_a_failed_step_changes_nothing():
         assert snapshot(srv) == before
 
 
+def test_a_step_that_fails_after_its_append_takes_it_back(monkeypatch):
+    """The step appends its new rows before it attends (the attention reads them in place): a failure
+    after that gives back the pages it took, copied on write or new, and every length and table."""
+    rng = np.random.default_rng(9)
+    fn = ac.compile(specs.causal_alibi, backend="interp", window=19)
+    srv, twin = (fn.paged_decoder(page_size=8, num_pages=12) for _ in range(2))
+    for pool in (srv, twin):
+        a = prompt(pool, np.random.default_rng(1), n=24)  # three whole pages: its next token takes a new one
+        b = prompt(pool, np.random.default_rng(2), n=21)  # a partial last page, shared with its fork:
+        c = pool.fork(b)  # the next token of each copies it on write
+    batch = {a: tokens(rng), b: tokens(rng, 3), c: tokens(rng)}
+    state = snapshot(srv)[1:]  # the reference counts, the tables and lengths, the free pages
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the attention failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(srv.paged.fn, "run_shaped", fails)
+        with pytest.raises(RuntimeError, match="the attention failed"):
+            srv.step(batch)
+    assert snapshot(srv)[1:] == state
+    got, want = srv.step(batch), twin.step(batch)  # as if the failed step had never been
+    for seq in batch:
+        np.testing.assert_array_equal(got[seq], want[seq])
+    assert snapshot(srv) == snapshot(twin)
+
+
 def test_specs_a_decoder_cannot_serve_are_refused():
     with pytest.raises(ac.PipelineError, match="kv-cache-reuse: not applied"):
         ac.compile(specs.document, backend="interp").paged_decoder()
@@ -224,7 +251,7 @@ def test_the_cpu_kernel_reads_pages_in_place_and_checks_their_numbers_first():
     table = np.array([srv.pool.sequence(a).pages], np.int64)
     ragged = [np.array([[21]]), np.array([0]), np.array([21])]  # position of the query, first key, key count
     got = srv.paged.fn.run([q, keys, values, table, *ragged, slopes], dict(sizes, k_rows=21))
-    want = srv.attention.fn.run([q, *srv.pool.read(a, 0, 21), *ragged, slopes], sizes)
+    want = srv.plan.ragged_attention().fn.run([q, *srv.pool.read(a, 0, 21), *ragged, slopes], sizes)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(IndexError, match="page 99 is out of range for a pool of 16 pages"):
         bad = np.array([[0, 99, 2]], np.int64)

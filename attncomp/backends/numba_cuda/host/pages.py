@@ -2,7 +2,7 @@
 
 ``fn.paged_decoder`` on the cuda backend keeps each cached tensor as one
 device array ``[num_pages, *heads, page_size, d]``; a step copies in only its
-new tokens' keys and values (and the page tables), and the attention kernels
+new tokens' keys and values (and, in one copy, the page tables and positions: ``staged``), and the attention kernels
 read the pages in place (``ac.page_view``).  bf16 pages are kept as their
 16-bit patterns (``arrays.Bf16Bits``) when the kernels that read them take
 patterns (``CudaFunction.page_storage`` asks the function reading the pages):
@@ -103,8 +103,20 @@ class DevicePages:
             host = np.ascontiguousarray(rows, dtype=array.dtype)
         flat = host.reshape(count, -1, rows.shape[-1])
         pool = _flat(arrays.device_view(array), one=len(array.shape) == rows.ndim)
-        moved = [arrays.to_device(x) for x in (flat, pages.astype(np.int64), slots.astype(np.int64))]
-        launches.launch_map(_write_rows, int(flat.size), pool, moved[1], moved[2], moved[0])
+        if not arrays.is_device(pages):
+            pages, slots = self.staged([pages, slots])
+        launches.launch_map(_write_rows, int(flat.size), pool, pages, slots, arrays.to_device(flat))
+
+    def staged(self, indices: list[np.ndarray]) -> list[Any]:
+        """Integer host arrays (page tables, positions, key starts and counts, a write's pages and
+        slots) on the device in one copy: int64 views of one buffer, each of its array's shape."""
+        buffer = arrays.to_device(np.concatenate([np.ravel(x).astype(np.int64, copy=False) for x in indices]))
+        views, at = [], 0
+        for x in indices:
+            view = arrays.sliced(buffer, slice(at, at + x.size))
+            views.append(view if np.ndim(x) == 1 else view.reshape(np.shape(x)))
+            at += x.size
+        return views
 
     def copy_page(self, array: Any, dst: int, src: int) -> None:
         pool = _flat(arrays.device_view(array))
