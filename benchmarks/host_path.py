@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import math
 import pstats
 import sys
 import time
@@ -36,12 +37,12 @@ def made_up_array(shape: Any, dtype: Any = np.float32, stream: Any = 0, **_: Any
     the tests of device views make theirs so too)."""
     from numba.cuda.cudadrv import devicearray, driver
 
-    shape = tuple(shape) if isinstance(shape, tuple | list) else (int(shape),)
+    shape = tuple(int(n) for n in shape) if isinstance(shape, tuple | list) else (int(shape),)
     dtype = np.dtype(dtype)
-    nbytes = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
+    nbytes = max(math.prod(shape), 1) * dtype.itemsize
     memory = driver.MemoryPointer(None, driver.binding.CUdeviceptr(_NEXT[0]), nbytes)
     _NEXT[0] += -(-nbytes // 256) * 256
-    strides = tuple(int(np.prod(shape[k + 1 :], dtype=np.int64)) * dtype.itemsize for k in range(len(shape)))
+    strides = tuple(math.prod(shape[k + 1 :]) * dtype.itemsize for k in range(len(shape)))
     return devicearray.DeviceNDArray(shape, strides, dtype, gpu_data=memory, stream=stream)
 
 
