@@ -25,7 +25,7 @@ named in ``attncomp.backends.BUILDERS``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -119,11 +119,16 @@ class Program:
         return HostPages()
 
     # memory another library hands over ---------------------------------------------------
-    def on_stream(self, handle: int) -> contextlib.AbstractContextManager[Any]:
+    def on_stream(
+        self, handle: int, allocate: Callable[[tuple[int, ...], np.dtype], Any] | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         """A context in which every launch, allocation and copy of a call is enqueued on the device
         stream whose raw handle is ``handle`` (another library's, such as PyTorch's current stream),
-        so the call orders with that library's work without synchronising.  Host programs run
-        in the caller's thread, in order: nothing to do."""
+        so the call orders with that library's work without synchronising.  ``allocate(shape,
+        dtype)``, if given, is where the call's device memory comes from (that library's allocator:
+        an uninitialised C-contiguous array with the CUDA array interface, of ``dtype`` or an
+        integer type of its width; or None, to leave that one to the program).  Host programs run
+        in the caller's thread, in order, in their own memory: nothing to do."""
         return contextlib.nullcontext()
 
     def bf16_patterns(self, bits: Any) -> Any:

@@ -10,6 +10,8 @@ current stream (:func:`run_in_place`).  Which of the two a call takes is the pro
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +137,49 @@ def run_on_host(
 
 
 # device memory: in place, on the current stream ------------------------------------------------
+#: the torch type of device memory a program asks for, by its numpy type (bf16 patterns as int16)
+TORCH_MEMORY = {
+    np.dtype(name): kind
+    for name, kind in [
+        ("float32", "float32"), ("float16", "float16"), ("float64", "float64"), ("int64", "int64"),
+        ("int32", "int32"), ("int16", "int16"), ("uint16", "int16"), ("int8", "int8"), ("uint8", "uint8"),
+        ("bool", "bool"),
+    ]
+}  # fmt: skip
+
+
+class DeviceMemory:
+    """A call's device memory from PyTorch's caching allocator (``Program.on_stream``'s ``allocate``):
+    its results and workspace are tensors on the call's device, allocated on its current stream, as a
+    torch op's are.  No allocation or free of the call reaches the driver (a driver's free waits for
+    the device), and torch's memory statistics and limits see it.  A result made in such memory
+    comes back as its tensor (:meth:`tensor`); the tensors are held weakly, so workspace is given
+    back as soon as the program lets it go."""
+
+    def __init__(self, torch: Any, device: Any):
+        self.torch, self.device = torch, device
+        self.given: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor | None:
+        kind = TORCH_MEMORY.get(np.dtype(dtype))
+        if kind is None:
+            return None  # a type torch has no tensors of: the program allocates it
+        tensor = self.torch.empty(shape, dtype=getattr(self.torch, kind), device=self.device)
+        self.given[tensor.data_ptr()] = tensor
+        return tensor
+
+    def tensor(self, result: Any) -> torch.Tensor | None:
+        """``result`` (device memory with the CUDA array interface) as the tensor it was allocated as,
+        reshaped to it; None for memory that is no tensor's whole (an input's view, say)."""
+        interface = result.__cuda_array_interface__
+        tensor = self.given.get(interface["data"][0])
+        shape = tuple(interface["shape"])
+        dense = interface.get("strides") is None  # C-contiguous (the array interface's convention)
+        if tensor is None or not dense or math.prod(shape) != tensor.numel():
+            return None
+        return tensor.view(shape)
+
+
 def run_in_place(
     torch: Any, compiled: Compilation, tensors: Sequence[torch.Tensor], sizes: dict[str, int] | None = None
 ) -> list[torch.Tensor]:
@@ -143,7 +188,8 @@ def run_in_place(
 
     Every launch, allocation and copy of the call is enqueued on PyTorch's current stream
     (``Program.on_stream``), so the call orders with the tensors' producers and consumers as any
-    torch op does, with no synchronisation.  bf16 the kernels read in 16 bits (``Program.bf16_bits``)
+    torch op does, with no synchronisation, and its device memory comes from PyTorch's caching
+    allocator (:class:`DeviceMemory`).  bf16 the kernels read in 16 bits (``Program.bf16_bits``)
     goes as its bit patterns (``Program.bf16_patterns``), other bf16 as float32; results are tensors
     on the inputs' device, aliasing no input and no other result.
     """
@@ -156,7 +202,8 @@ def run_in_place(
         (program.bf16_patterns(t.view(torch.int16)) if k in bits else t.float()) if t.dtype == torch.bfloat16 else t
         for k, t in enumerate(inputs)
     ]
-    with program.on_stream(torch.cuda.current_stream(device).cuda_stream):
+    memory = DeviceMemory(torch, device)
+    with program.on_stream(torch.cuda.current_stream(device).cuda_stream, memory):
         outputs = compiled.run(args, sizes)
     results: list[torch.Tensor] = []
     taken = {t.untyped_storage().data_ptr() for t in inputs}
@@ -164,9 +211,14 @@ def run_in_place(
         if isinstance(out, np.ndarray):  # 0-d results stay on the host
             result = from_numpy(torch, np.array(out)).to(device)
         elif (patterns := program.bf16_patterns_of(out)) is not None:  # written as bf16 patterns by the kernel
-            result = torch.as_tensor(patterns.view(np.int16), device=device).view(torch.bfloat16)
+            result = memory.tensor(patterns)
+            if result is None:
+                result = torch.as_tensor(patterns.view(np.int16), device=device)
+            result = result.view(torch.int16).view(torch.bfloat16)
         else:
-            result = torch.as_tensor(out, device=device)
+            result = memory.tensor(out)
+            if result is None:
+                result = torch.as_tensor(out, device=device)
         if value.type.dtype == "bf16":  # rounded to the declared type, on the device
             result = result.to(torch.bfloat16)
         if result.untyped_storage().data_ptr() in taken:  # as owned() does on the host: outputs alias nothing

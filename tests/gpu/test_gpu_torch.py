@@ -109,6 +109,31 @@ def test_a_side_stream_orders_with_the_ops_around_it():
     assert torch.equal(got, want.detach())
 
 
+def test_results_and_workspace_come_from_torchs_allocator():
+    """The op's device memory is PyTorch's (``tensors.DeviceMemory``): its result lies in one of the
+    caching allocator's segments, a bf16 result too, and the memory the calls took is given back to
+    it, not to the driver (what torch reserves does not grow over repeated calls)."""
+    attn = ac.compile(causal, backend="cuda").to_torch()
+    q, k, v = _inputs([(1, 4, 300, 64)] * 3, seed=11)
+
+    def in_torchs_memory(t: torch.Tensor) -> bool:
+        segments = torch.cuda.memory_snapshot()
+        address = t.data_ptr()
+        return any(s["address"] <= address < s["address"] + s["total_size"] for s in segments)
+
+    with torch.no_grad():
+        out = attn(q, k, v)
+        assert in_torchs_memory(out)
+        half = attn(*(x.bfloat16() for x in (q, k, v)))
+        assert half.dtype == torch.bfloat16 and in_torchs_memory(half)
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved()
+        for _ in range(20):
+            attn(q, k, v)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_reserved() == reserved
+
+
 def test_training_follows_the_same_path_as_sdpa():
     """Twenty SGD steps of a projection feeding the op: the same losses as with SDPA, and lower."""
 

@@ -7,7 +7,7 @@ host helpers it calls (``host/``) are imported on use, so that this module loads
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -166,14 +166,17 @@ class CudaFunction(Program):
     #: CUDA memory is read in place, through ``__cuda_array_interface__``
     device_type = "cuda"
 
-    def on_stream(self, handle: int) -> contextlib.AbstractContextManager[Any]:
+    def on_stream(
+        self, handle: int, allocate: Callable[[tuple[int, ...], np.dtype], Any] | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         """Every launch, allocation and copy of a call inside on the CUDA stream ``handle`` (wrapped as a
-        Numba external stream: ``host.launches.on_stream``)."""
+        Numba external stream: ``host.launches.on_stream``), its device memory from ``allocate`` where
+        given (``host.arrays.allocate``)."""
         from numba import cuda
 
         from attncomp.backends.numba_cuda.host.launches import on_stream
 
-        return on_stream(cuda.external_stream(handle))
+        return on_stream(cuda.external_stream(handle), allocate)
 
     def bf16_patterns(self, bits: Any) -> Any:
         """16-bit device memory as bf16 patterns (``host.arrays.Bf16Bits``): kept in 16 bits for the

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from attncomp.backends.numba_cuda.host.launches import SIMULATED, launch_map, stream
+from attncomp.backends.numba_cuda.host.launches import SIMULATED, allocator, launch_map, stream
 from attncomp.backends.numba_cuda.warp import round_bf16, widen_bf16
 from attncomp.errors import with_location
 from attncomp.ir.ops.shape import check_pages as _check_pages
@@ -178,14 +178,30 @@ def cast(x: Any, dtype: str) -> np.ndarray:
     return np.asarray(x, dtype=NUMPY_DTYPES[dtype])
 
 
+def allocate(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised C-contiguous device array: every allocation of a call's results and workspace
+    goes through here.  From the call's allocator where it has one (``launches.on_stream``'s
+    ``allocate``: another library's memory, such as PyTorch's caching allocator, viewed in place),
+    else Numba's (``cuda.device_array``, on the call's stream)."""
+    shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+    hook = allocator()
+    given = hook(shape, dtype) if hook is not None and 0 not in shape else None
+    if given is None:
+        return cuda.device_array(shape, dtype=dtype, stream=stream())
+    array = device_view(given)
+    if tuple(array.shape) != shape or not array.is_c_contiguous() or array.dtype.itemsize != dtype.itemsize:
+        raise ValueError(f"the call's allocator gave {array.shape} of {array.dtype} for {shape} of {dtype}")
+    return array if array.dtype == dtype else array.view(dtype)  # a torch int16 tensor for uint16 patterns
+
+
 def empty(shape: tuple[int, ...], dtype: Any) -> Any:
     """A device array; a 0-d result gets one element, read back with :func:`host_value`."""
-    return cuda.device_array(shape or (1,), dtype=NUMPY_DTYPES.get(dtype, dtype), stream=stream())
+    return allocate(shape or (1,), NUMPY_DTYPES.get(dtype, dtype))
 
 
 def scratch(shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised device array of a numpy dtype (kernel workspace)."""
-    return cuda.device_array(shape, dtype=dtype, stream=stream())
+    return allocate(shape, dtype)
 
 
 def fill_zero(array: Any) -> None:
@@ -228,7 +244,7 @@ def widen(x: Bf16Bits, name: str = "argument") -> Any:
     """bf16 patterns (``Bf16Bits``, C-contiguous) as a float32 device array of the same values, converted
     by a kernel on the current stream: what a kernel that reads the argument as float32 takes."""
     bits = _contiguous(device_view(x), name)
-    out = cuda.device_array(tuple(bits.shape), dtype=np.float32, stream=stream())
+    out = allocate(tuple(bits.shape), np.float32)
     if out.size:
         launch_map(_widen_kernel, int(out.size), out.reshape(out.size), bits.reshape(bits.size))
     return out
@@ -238,7 +254,7 @@ def rounded(x: Any, name: str = "result") -> Bf16Bits:
     """A float32 device array (C-contiguous) rounded to bf16 by a kernel (to nearest even, NaN kept:
     ``warp.round_bf16``): its patterns, as ``Bf16Bits``."""
     values = _contiguous(x, name)
-    bits = cuda.device_array(tuple(values.shape), dtype=np.uint16, stream=stream())
+    bits = allocate(tuple(values.shape), np.uint16)
     if bits.size:
         launch_map(_round_kernel, int(bits.size), bits.reshape(bits.size), values.reshape(values.size))
     return Bf16Bits(bits)
@@ -259,7 +275,7 @@ def narrow(x: Any, dtype: str) -> Any:
     want = np.dtype(NUMPY_DTYPES[dtype])
     if x.dtype == want:
         return x
-    out = cuda.device_array(tuple(x.shape), dtype=want, stream=stream())
+    out = allocate(tuple(x.shape), want)
     if out.size:
         launch_map(_copy_kernel, int(out.size), out.reshape(out.size), x.reshape(x.size))
     return out

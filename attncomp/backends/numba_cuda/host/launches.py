@@ -13,7 +13,7 @@ import contextvars
 import functools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -50,15 +50,29 @@ def stream_key() -> int:
         return id(current)
 
 
+#: where the current call's device memory comes from (None: Numba's allocations); see :func:`on_stream`
+_ALLOCATE: contextvars.ContextVar[Callable[[tuple[int, ...], np.dtype], Any] | None] = contextvars.ContextVar(
+    "attncomp_cuda_allocate", default=None
+)
+
+
+def allocator() -> Callable[[tuple[int, ...], np.dtype], Any] | None:
+    """The current call's allocator (:func:`on_stream`'s ``allocate``), or None."""
+    return _ALLOCATE.get()
+
+
 @contextlib.contextmanager
-def on_stream(cuda_stream: Any) -> Iterator[None]:
+def on_stream(cuda_stream: Any, allocate: Callable[[tuple[int, ...], np.dtype], Any] | None = None) -> Iterator[None]:
     """Run the calls inside on ``cuda_stream`` (a Numba stream, such as ``cuda.external_stream``
-    over PyTorch's current stream); results copied to the host are waited for."""
-    token = _STREAM.set(cuda_stream)
+    over PyTorch's current stream); results copied to the host are waited for.  ``allocate(shape,
+    dtype)``: where the calls' device memory comes from (another library's allocator, on that
+    stream: device memory with the array interface, or None to leave one to Numba)."""
+    tokens = _STREAM.set(cuda_stream), _ALLOCATE.set(allocate)
     try:
         yield
     finally:
-        _STREAM.reset(token)
+        _ALLOCATE.reset(tokens[1])
+        _STREAM.reset(tokens[0])
 
 
 _MULTIPROCESSORS: list[int] = []
