@@ -74,7 +74,7 @@ def without_a_device() -> list[int]:
     cuda.to_device = to_device
     devicearray.DeviceNDArray.copy_to_device = copy_to_device
     devicearray.DeviceNDArray.copy_to_host = copy_to_host
-    arrays.fill_zero = lambda array: None  # a cache's zeros: a host copy on a GPU, nothing here
+    arrays.fill_zero = lambda array: None  # a cache's zeros: a memset on a GPU, nothing here
     launches._MULTIPROCESSORS[:] = [132]  # an H100 SXM's, for the key splits
     dropped = [0]
 

@@ -217,3 +217,38 @@ def test_split_scratch_is_kept_per_stream():
         np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-5, atol=1e-6)  # kept: used again as it is
         again = kernels.scratch.held(stream_key())
     assert all(again[slot] is held_first[slot] for slot in held_first)
+
+
+def test_a_decoders_caches_start_zeroed_by_a_memset(monkeypatch):
+    """``Program.zeros`` (a decoder's caches: float32, bf16 patterns, 8-bit codes) zeroes memory that
+    comes uninitialised by a memset on the device, not by a copy of zeros made on the host."""
+    import ml_dtypes
+    from numba import cuda
+
+    from attncomp.ir.types import NUMPY_DTYPES
+    from tests.cuda_sim.helpers import projected_attention
+
+    fn = ac.compile(load_example("gqa").grouped_query_attention, backend="cuda")
+    bf16 = ac.compile(projected_attention(), backend="cuda").decoder(8, dtype="bf16").fn.program
+    assert bf16.bf16_bits  # its caches kept as bf16 patterns
+    original = cuda.device_array
+    array_type = type(original(1))
+    copy_in = array_type.copy_to_device
+
+    def dirty(*args, **kwargs):  # memory as a device hands it out: anything
+        array = original(*args, **kwargs)
+        copy_in(array, np.full(array.shape, 7, array.dtype))
+        return array
+
+    copies = []
+    monkeypatch.setattr(cuda, "device_array", dirty)
+    monkeypatch.setattr(array_type, "copy_to_device", lambda self, *a, **k: copies.append(self))
+    caches = [
+        fn.compilation.program.zeros((2, 3, 5), np.float32),
+        bf16.zeros((2, 3, 5), ml_dtypes.bfloat16, min(bf16.bf16_bits)),
+        fn.compilation.program.zeros((2, 3, 5), NUMPY_DTYPES["f8e4m3"]),
+    ]
+    for cache in caches:
+        bits = getattr(cache, "bits", cache)
+        assert not bits.copy_to_host().any(), type(cache)
+    assert copies == []
