@@ -101,31 +101,21 @@ def decoder_step(cache: int) -> Any:
     return step
 
 
-def serving_step() -> Any:
+def serving_step(steps: int) -> Any:
     """The GPU serving row's shared-prompt step (``benchmarks.serving``, quick sizes) on a device pool
     over made-up memory: 8 sequences forked from a 1,024-token prompt, 16 tokens of their own each,
     then a token each a step (the same tokens again: each step grows every sequence by one)."""
-    import attncomp as ac
-    from benchmarks import serving, specs
+    from benchmarks import serving
 
-    rng = np.random.default_rng(7)
-    users, prompt, own = 8, 1024, 16
-    pages = (prompt // 16 + 1) + users * 64  # the prompt's, and 1,024 positions of each sequence's own
-    srv = ac.compile(specs.causal, backend="cuda").paged_decoder(page_size=16, num_pages=pages)
-    root = srv.new()
-    srv.step({root: serving.tokens(rng, prompt)})
-    seqs = [srv.fork(root) for _ in range(users)]
-    srv.free(root)
-    srv.step({s: serving.tokens(rng, own) for s in seqs})
-    token = {s: serving.tokens(rng, 1) for s in seqs}
-    return lambda: srv.step(token)
+    served = serving.shared_prompt("cuda", users=8, prompt=1024, own=16, steps=steps)
+    return lambda: served.srv.step(served.token)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=int, default=4096, help="positions the step attends (default 4096)")
     parser.add_argument("--serving", action="store_true", help="a paged decoder's step (the GPU serving row's)")
-    parser.add_argument("--steps", type=int, default=300, help="steps timed (at most 900 with --serving)")
+    parser.add_argument("--steps", type=int, default=300, help="steps timed")
     parser.add_argument("--profile", action="store_true", help="then the functions by own time under cProfile")
     args = parser.parse_args(argv)
     from attncomp.backends.numba_cuda.host.launches import SIMULATED
@@ -133,10 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if SIMULATED:
         print("benchmarks.host_path: unset NUMBA_ENABLE_CUDASIM (the simulator's arrays are not Numba's)")
         return 2
-    if args.serving and args.steps > 900:
-        parser.error("--steps: at most 900 with --serving (each step takes a position of every sequence's pool)")
     dropped = without_a_device()
-    step = serving_step() if args.serving else decoder_step(args.cache)
+    step = serving_step(1 + args.steps * (2 if args.profile else 1)) if args.serving else decoder_step(args.cache)
     step()
     before, copies = dropped[0], dict(COPIES)
     start = time.perf_counter()

@@ -73,12 +73,19 @@ def launch_lines(name: str, call: Callable[[], object], drain: Callable[[], None
 
 def decode_profile_lines(torch, quick: bool) -> list[str]:
     """The host profiles and launch times of the decoding rows of ``benchmarks.gpu``: the bf16 torch
-    op's call (heads packed) and the float32 decoder's step."""
+    op's call (heads packed), the float32 decoder's step, and the paged decoder's shared-prompt step
+    (8 sequences of a 1,024-token prompt, host arrays in and out: the serving row)."""
     from benchmarks.gpu import bf16_decode_case, decoder_step_case
+    from benchmarks.serving import shared_prompt
 
     drain = torch.cuda.synchronize
     op, q, k, v = bf16_decode_case(torch, quick)
     lines = host_lines("bf16 decode step (torch op)", lambda: op(q, k, v), drain)
     lines += launch_lines("bf16 decode step (torch op)", lambda: op(q, k, v), drain)
     step = decoder_step_case(torch, quick)[0]
-    return lines + host_lines("float32 decoder step", step, drain) + launch_lines("float32 decoder step", step, drain)
+    lines += host_lines("float32 decoder step", step, drain) + launch_lines("float32 decoder step", step, drain)
+    calls = 30  # a step took 27 ms on an H100
+    served = shared_prompt("cuda", users=8, prompt=1024, own=16, steps=3 * calls + 2 + 21)  # the steps below
+    paged = lambda: served.srv.step(served.token)  # noqa: E731
+    lines += host_lines("paged decode step", paged, drain, calls)
+    return lines + launch_lines("paged decode step", paged, drain)

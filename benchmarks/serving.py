@@ -19,6 +19,9 @@ by one position per repeat; the peers' caches stay as they are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 import attncomp as ac
@@ -52,15 +55,27 @@ def _on(torch, backend: str):
     return tensor, done
 
 
-def shared_prompt_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
-    torch = peers.torch_or_none()
-    if torch is None:
-        return ["  paged, shared prompt: torch is absent, nothing to compare with"]
-    tensor, done = _on(torch, backend)
-    users, prompt, own = (8, 1024, 16) if quick else (32, 4096, 16)
+@dataclass
+class SharedPrompt:
+    """A paged decoder serving ``users`` sequences forked from one prompt, each with tokens of its own,
+    and the next token of each (a step of ``token`` grows every sequence by one)."""
+
+    srv: Any
+    prefix: tuple[np.ndarray, ...]
+    mine: dict[int, tuple[np.ndarray, ...]]
+    token: dict[int, tuple[np.ndarray, ...]]
+
+    @property
+    def seqs(self) -> list[int]:
+        return list(self.token)
+
+
+def shared_prompt(backend: str, users: int, prompt: int, own: int, steps: int) -> SharedPrompt:
+    """The shared-prompt row's server (``specs.causal``, pages of 16), its pool sized for ``steps``
+    steps of a token each after the users' own tokens."""
     rng = np.random.default_rng(7)
     fn = ac.compile(specs.causal, backend=backend)
-    srv = fn.paged_decoder(page_size=16, num_pages=(prompt // 16 + 1) + users * 4)
+    srv = fn.paged_decoder(page_size=16, num_pages=(prompt // 16 + 1) + users * -(-(own + steps + 16) // 16))
     root = srv.new()
     prefix = tokens(rng, prompt)
     srv.step({root: prefix})
@@ -68,7 +83,17 @@ def shared_prompt_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[
     srv.free(root)
     mine = {s: tokens(rng, own) for s in seqs}
     srv.step(mine)
-    token = {s: tokens(rng, 1) for s in seqs}
+    return SharedPrompt(srv, prefix, mine, {s: tokens(rng, 1) for s in seqs})
+
+
+def shared_prompt_rows(quick: bool, repeats: int, backend: str = "cpu") -> list[str]:
+    torch = peers.torch_or_none()
+    if torch is None:
+        return ["  paged, shared prompt: torch is absent, nothing to compare with"]
+    tensor, done = _on(torch, backend)
+    users, prompt, own = (8, 1024, 16) if quick else (32, 4096, 16)
+    served = shared_prompt(backend, users, prompt, own, steps=48)
+    srv, prefix, mine, token, seqs = served.srv, served.prefix, served.mine, served.token, served.seqs
     # the peer: one contiguous cache per sequence (prompt, own tokens, the new token), batched
     kc = tensor(np.concatenate([np.concatenate([prefix[1], mine[s][1], token[s][1]], axis=2) for s in seqs]))
     vc = tensor(np.concatenate([np.concatenate([prefix[2], mine[s][2], token[s][2]], axis=2) for s in seqs]))
