@@ -13,8 +13,11 @@ How each pattern is read, without ever evaluating the mask on T x S pairs:
 - causal or not: ``mask_function`` is ``causal_mask_function`` or a composition of it, or
   ``bidirectional_mask_function`` (``config.is_causal = False`` models, encoders).
 - the sliding window: the ``local_size`` the sliding-window mask passes, which is
-  ``config.sliding_window``; a chunked mask (``local_size`` that is not the sliding window) is
-  refused.
+  ``config.sliding_window``.
+- chunked attention (Llama 4's ``attention_chunk_size``, the ``local_size`` the chunked mask
+  passes): a query sees the keys of its own chunk, causally; each chunk becomes a segment, its id
+  ``(position - left padding) // chunk`` at absolute positions (:func:`_chunks`), so the
+  segments' spec computes it, over a cache and padding alike.
 - a cache: ``q_offset`` and ``kv_offset`` give ``shift = q_offset - kv_offset``.
 - padding: the 2D ``attention_mask`` (left or right), sliced to the keys the layer holds;
   padded keys get segment id -1.
@@ -24,7 +27,7 @@ How each pattern is read, without ever evaluating the mask on T x S pairs:
   new sequence. That is O(B * T) evaluations of an index-based function, which also works
   under ``torch.compile``.
 - anything else (``or_mask_function`` / ``and_mask_function`` overlays such as image-token
-  blocks, block-sequence ids, chunked attention, 4D masks made by the caller) raises
+  blocks, block-sequence ids, 4D masks made by the caller) raises
   ``NotImplementedError`` naming it, rather than computing a different attention.
 """
 
@@ -76,20 +79,29 @@ def attncomp_mask(
             "Register a spec that does (attncomp.hf.register(name, spec=...)) or use attn_implementation='sdpa'."
         )
     causal = mask_function is not masking_utils.bidirectional_mask_function
-    window = None
+    window = chunk = None
     if local_size is not None:
-        if config is not None and local_size != getattr(config, "sliding_window", None):
+        if config is not None and local_size == getattr(config, "attention_chunk_size", None):
+            chunk = int(local_size)  # chunked attention (Llama 4): each chunk a segment
+        elif config is not None and local_size != getattr(config, "sliding_window", None):
             raise NotImplementedError(
-                f"attncomp.hf: a mask with local_size={local_size} that is not the config's sliding_window "
-                "(chunked attention) is not supported by the default spec"
+                f"attncomp.hf: a mask with local_size={local_size} that is neither the config's sliding_window "
+                "nor its attention_chunk_size is not supported by the default spec"
             )
-        window = int(local_size)
+        else:
+            window = int(local_size)
     shift = _shift(q_offset, kv_offset, batch_size, device)
     q_doc = k_doc = None
+    keys = None
     if attention_mask is not None:
         keys = attention_mask[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
         if keys.shape[-1] < kv_length:  # a mask shorter than the keys (a static cache): the rest is not visible
             keys = torch.nn.functional.pad(keys, (0, kv_length - keys.shape[-1]))
+    if chunk is not None:
+        q_doc, k_doc = _chunks(chunk, shift, kv_offset, q_length, kv_length, attention_mask, device)
+        if keys is not None:
+            k_doc = torch.where(keys, k_doc, -1)
+    elif keys is not None:
         k_doc = torch.where(keys, 0, -1).to(torch.int32)
         q_doc = torch.zeros(batch_size, q_length, dtype=torch.int32, device=device)
     elif _may_be_packed(mask_function, q_length, kv_length, q_offset, kv_offset):
@@ -104,6 +116,30 @@ def _shift(q_offset: Any, kv_offset: int, batch_size: int, device: Any) -> torch
     if isinstance(q_offset, torch.Tensor):
         return (q_offset.reshape(-1)[:1] - kv_offset).to(device=device, dtype=torch.int32).expand(batch_size)
     return torch.full((batch_size,), int(q_offset) - int(kv_offset), dtype=torch.int32, device=device)
+
+
+def _chunks(
+    chunk: int,
+    shift: torch.Tensor,
+    kv_offset: int,
+    q_length: int,
+    kv_length: int,
+    attention_mask: torch.Tensor | None,
+    device: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked attention's segments: the chunk of each query and key, ``(position - pad[b]) // chunk``
+    at their absolute positions (a query's is ``i + shift[b] + kv_offset``, a key's ``j + kv_offset``),
+    where ``pad[b]`` is the row's left padding (its 2D mask's leading zeros: a padded row's chunks
+    start at its first real token, as transformers' ``chunked_overlay`` has them)."""
+    batch = shift.shape[0]
+    pad = torch.zeros(batch, dtype=torch.int64, device=device)
+    if attention_mask is not None:
+        pad = (attention_mask.to(device).cumsum(-1) == 0).sum(-1).to(torch.int64)
+    start = kv_offset - pad[:, None]
+    queries = torch.arange(q_length, device=device)[None, :] + shift.to(torch.int64)[:, None] + start
+    keys = torch.arange(kv_length, device=device)[None, :] + start
+    q_doc = torch.div(queries, chunk, rounding_mode="floor").to(torch.int32)
+    return q_doc, torch.div(keys, chunk, rounding_mode="floor").to(torch.int32)
 
 
 def _may_be_packed(mask_function: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: int) -> bool:

@@ -2,7 +2,8 @@
 
 Every model here has head size 16 (so ``scaling`` is 0.25 in all of them, and models share
 compiled kernels), 4 query heads over 2 key/value heads where the model groups them, 2 layers,
-width 64 and a vocabulary of 100; sliding windows are 4 tokens, so sequences of 12 cross them.
+width 64 and a vocabulary of 100; sliding windows and attention chunks are 4 tokens, so sequences
+of 12 cross them.
 Nothing is downloaded: models come from configs with random weights.
 """
 
@@ -18,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import attncomp.hf  # noqa: E402
 
-VOCAB, T, WINDOW = 100, 12, 4
+VOCAB, T, WINDOW, CHUNK = 100, 12, 4, 4
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
@@ -54,6 +55,21 @@ def gpt2_config():
 def gpt_oss_config():
     return transformers.GptOssConfig(
         **SMALL, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, num_local_experts=2, num_experts_per_tok=1
+    )
+
+
+def llama4_config():
+    # chunked attention (chunks of 4 tokens) in layer 0, full attention without rotary embeddings in
+    # layer 1; a mixture of two experts, queries and keys L2-normed
+    return transformers.Llama4TextConfig(
+        **SMALL,
+        intermediate_size_mlp=128,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_chunk_size=CHUNK,
+        no_rope_layers=[1, 0],
+        num_local_experts=2,
+        max_position_embeddings=64,
     )
 
 

@@ -1,18 +1,21 @@
 """Sliding windows (Mistral), soft-capping with alternating windows (Gemma 2), learned positions
-without rotary embeddings (GPT-2) and attention sinks (gpt-oss), each against its own model on
-``sdpa`` or, where ``sdpa`` cannot express the layer (soft-capping, sinks), on ``eager``."""
+without rotary embeddings (GPT-2), attention sinks (gpt-oss) and chunked attention (Llama 4), each
+against its own model on ``sdpa`` or, where ``sdpa`` cannot express the layer (soft-capping,
+sinks), on ``eager``."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.hf.models import (
+    CHUNK,
     WINDOW,
     T,
     assert_same_model_outputs,
     gemma2_config,
     gpt2_config,
     gpt_oss_config,
+    llama4_config,
     mistral_config,
     model_pair,
     padded_batch,
@@ -77,3 +80,34 @@ def test_gpt_oss_attention_sinks_match_eager():
 def test_unpadded_batch_without_a_mask_matches_sdpa(mistral):
     ids = padded_batch("right", seed=10, lengths=(T, T))[0]
     assert_same_model_outputs(*mistral, ids, None)
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    return model_pair(llama4_config)
+
+
+@pytest.mark.parametrize("side", ["left", "right", "none"])
+def test_llama4_chunked_attention_matches_sdpa(llama4, side):
+    """Chunks of 4 tokens counted from each row's first real token (left padding shifts them)."""
+    ours, theirs = llama4
+    assert ours.config.layer_types == ["chunked_attention", "full_attention"]
+    ids, mask = padded_batch("left" if side == "none" else side, seed=8)
+    if side == "none":
+        mask = None
+    assert_same_model_outputs(ours, theirs, ids, mask)
+    with torch.no_grad():  # the chunks matter here: attending across them gives other logits
+        unchunked = model_pair(llama4_config, attention_chunk_size=64)[1]
+        assert not torch.allclose(unchunked(input_ids=ids).logits, theirs(input_ids=ids).logits, atol=1e-3)
+
+
+def test_llama4_generates_across_chunks_as_sdpa_does(llama4):
+    """Nine new tokens after a left-padded 12-token prompt: decoding steps cross two chunk
+    boundaries of 4 tokens, the cache's keys before each boundary no longer seen."""
+    ours, theirs = llama4
+    ids, mask = padded_batch("left", seed=9)
+    settings = dict(attention_mask=mask, max_new_tokens=2 * CHUNK + 1, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        tokens = ours.generate(ids, **settings)
+        expected = theirs.generate(ids, **settings)
+    assert torch.equal(tokens, expected)
