@@ -82,8 +82,9 @@ class Pending:
 
 
 def to_rows(x: np.ndarray) -> np.ndarray:
-    """``[1, *heads, n, d]`` (the spec's layout) to ``[n, *heads, d]`` (a page's rows)."""
-    return np.moveaxis(x[0], -2, 0)
+    """``[1, *heads, n, d]`` (the spec's layout) to ``[n, *heads, d]`` (a page's rows): a view."""
+    rank = x.ndim - 1
+    return x[0].transpose(rank - 2, *range(rank - 2), rank - 1)
 
 
 class PagedDecoder:
@@ -126,6 +127,12 @@ class PagedDecoder:
             self.plan.batch_size in {d.symbol for d in a.type.shape if d.is_symbol} for a in captured
         )
         self._offsets = [name for name in func.attrs["chunk_offsets"] if name]
+        #: the spec's arguments whose first axis is the batch (each sequence brings 1)
+        self._batched = [
+            k
+            for k, a in enumerate(fn.func.args)
+            if a.type.rank and a.type.shape[0].is_symbol and a.type.shape[0].symbol == self.plan.batch_size
+        ]
         #: cascade steps run, and sequences they served (for tests and benchmarks)
         self.cascades = 0
 
@@ -185,13 +192,13 @@ class PagedDecoder:
         if not isinstance(args, tuple | list):
             args = (args,)
         arrays, env = self.fn.binding().bind(list(args))
-        for arg, array in zip(func.args, arrays):
-            for axis, d in enumerate(arg.type.shape[:1]):
-                if d.is_symbol and d.symbol == self.plan.batch_size and array.shape[axis] != 1:
-                    raise ShapeError(
-                        f"sequence {seq}: {arg.name}: dimension {axis} ({d}) is the batch; "
-                        f"each sequence brings batch size 1, got {array.shape[axis]}"
-                    )
+        for k in self._batched:
+            if arrays[k].shape[0] != 1:
+                arg = func.args[k]
+                raise ShapeError(
+                    f"sequence {seq}: {arg.name}: dimension 0 ({arg.type.shape[0]}) is the batch; "
+                    f"each sequence brings batch size 1, got {arrays[k].shape[0]}"
+                )
         counts = {env[s] for s in (self.plan.seq_q, self.plan.seq_k) if s}
         if len(counts) != 1 or min(counts) < 1:
             raise ShapeError(
@@ -277,9 +284,7 @@ class PagedDecoder:
             if len(members) < self.cascade_sharers:
                 continue
             full = min(p.start // size for p in members)
-            tables = np.array([self.pool.sequence(p.seq).pages[:full] for p in members])
-            differs = np.flatnonzero((tables != tables[0]).any(axis=0))
-            shared = int(differs[0]) if differs.size else full
+            shared = self._shared_pages([self.pool.sequence(p.seq).pages for p in members], full)
             first = members[0]
             if shared * size < self.cascade_min or not self._same_captured(members):
                 continue
@@ -294,6 +299,15 @@ class PagedDecoder:
                 starts[p.seq] = shared * size
             self.cascades += 1
         return starts
+
+    @staticmethod
+    def _shared_pages(tables: list[list[int]], full: int) -> int:
+        """How many of the first ``full`` pages every table holds alike: the common prefix of the
+        lexicographically first and last of them (list comparisons, no array of every table)."""
+        heads = [t[:full] for t in tables]
+        lo, hi = min(heads), max(heads)
+        differs = np.flatnonzero(np.asarray(lo, np.int64) != np.asarray(hi, np.int64))
+        return int(differs[0]) if differs.size else full
 
     def _same_captured(self, members: list[Pending]) -> bool:
         first = members[0]

@@ -191,7 +191,8 @@ class PagePool:
                 s.pages.append(page)
                 undo.taken.append(page)
             positions = np.arange(s.length, s.length + count)
-            pages_of.append(np.asarray(s.pages)[positions // size])
+            first = s.length // size  # the pages the rows go to: from the one holding the first
+            pages_of.append(np.asarray(s.pages[first:])[positions // size - first])
             slots_of.append(positions % size)
             rows_of.append(rows)
             s.length += count
