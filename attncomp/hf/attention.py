@@ -26,7 +26,7 @@ from attncomp.hf.masks import MaskFacts
 from attncomp.hf.specs import DEFAULT_SPECS
 
 #: the arguments filled from the mask and the layer, by name
-FACTS = ("shift", "q_doc", "k_doc", "sinks")
+FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "sinks")
 #: the constants filled from the layer, by name
 LAYER_CONSTANTS = ("scale", "window", "softcap", "causal")
 
@@ -104,11 +104,15 @@ class AttncompAttention:
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
-        spec = self.spec if self.spec is not None else DEFAULT_SPECS[(facts.q_doc is not None, s_aux is not None)]
+        blocks = facts.q_blk is not None
+        spec = self.spec
+        if spec is None:
+            spec = DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
         self._check(spec, facts, layer, s_aux, query, key)
         constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants)
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
         values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux}
+        values.update(q_blk=facts.q_blk, k_blk=facts.k_blk)
         if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
             values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])
             values["k_doc"] = facts.shift.new_zeros(key.shape[0], key.shape[2])
@@ -136,6 +140,8 @@ class AttncompAttention:
         names, missing = set(spec.arg_names), []
         if facts.q_doc is not None and not {"q_doc", "k_doc"} <= names:
             missing.append("q_doc and k_doc (the batch is padded or packed)")
+        if facts.q_blk is not None and not {"q_blk", "k_blk"} <= names:
+            missing.append("q_blk and k_blk (the mask has bidirectional blocks, such as an image's tokens)")
         if s_aux is not None and "sinks" not in names:
             missing.append("sinks (the layer has attention sinks)")
         if layer["window"] and "window" not in spec.constants:

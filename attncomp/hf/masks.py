@@ -21,6 +21,10 @@ How each pattern is read, without ever evaluating the mask on T x S pairs:
 - a cache: ``q_offset`` and ``kv_offset`` give ``shift = q_offset - kv_offset``.
 - padding: the 2D ``attention_mask`` (left or right), sliced to the keys the layer holds;
   padded keys get segment id -1.
+- bidirectional blocks (``block_sequence_ids``: an image's tokens see each other, Gemma 3,
+  PaliGemma), which transformers ORs into a causal mask function: read back from the function on
+  the diagonal above the main one (may key ``j`` see key ``j + 1``?), O(B * S) evaluations; each
+  run of keys seeing the next is a block (:func:`_blocks`), for ``hf_attention_blocks``.
 - packed sequences: transformers finds them only with no ``attention_mask`` and no cache, where
   queries and keys are the same tokens. Then the mask function is evaluated once per token on
   the diagonal below the main one (may token ``t`` see token ``t - 1``?): a ``False`` starts a
@@ -46,7 +50,8 @@ class MaskFacts(NamedTuple):
     ``q_doc`` (``[B, T]``) and ``k_doc`` (``[B, S]``): segment ids, or None where every query
     sees every key its causality and window allow (no padding, one sequence per row).
     ``window``: the sliding window (None: full attention). ``causal``: False for
-    bidirectional masks.
+    bidirectional masks.  A query sees a key when causality and the window allow it or the two
+    share a block, and (always) when the two share a segment.
     """
 
     shift: torch.Tensor
@@ -54,6 +59,10 @@ class MaskFacts(NamedTuple):
     k_doc: torch.Tensor | None
     window: int | None
     causal: bool
+    #: bidirectional blocks (``q_blk[b, i]``, ``k_blk[b, j]``, ``[B, T]`` and ``[B, S]``): a query
+    #: also sees every key of its own block (id >= 0), earlier or later; None where there are none
+    q_blk: torch.Tensor | None = None
+    k_blk: torch.Tensor | None = None
 
 
 def attncomp_mask(
@@ -108,7 +117,10 @@ def attncomp_mask(
         q_doc = _documents(mask_function, batch_size, q_length, device)
         if q_doc is not None:
             k_doc = q_doc
-    return MaskFacts(shift, q_doc, k_doc, window, causal)
+    q_blk = k_blk = None
+    if causal and not _plain(mask_function):
+        q_blk, k_blk = _blocks(mask_function, shift, kv_offset, q_length, kv_length, device)
+    return MaskFacts(shift, q_doc, k_doc, window, causal, q_blk, k_blk)
 
 
 def _shift(q_offset: Any, kv_offset: int, batch_size: int, device: Any) -> torch.Tensor:
@@ -140,6 +152,36 @@ def _chunks(
     keys = torch.arange(kv_length, device=device)[None, :] + start
     q_doc = torch.div(queries, chunk, rounding_mode="floor").to(torch.int32)
     return q_doc, torch.div(keys, chunk, rounding_mode="floor").to(torch.int32)
+
+
+def _plain(mask_function: Any) -> bool:
+    """Whether ``mask_function`` is transformers' causal or bidirectional function itself."""
+    plain = (masking_utils.causal_mask_function, masking_utils.bidirectional_mask_function)
+    return mask_function is None or any(mask_function is f for f in plain)
+
+
+def _blocks(
+    mask_function: Any, shift: torch.Tensor, kv_offset: int, q_length: int, kv_length: int, device: Any
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Bidirectional blocks in a causal mask (``block_sequence_ids``: an image's tokens see each
+    other, ``blockwise_overlay``): read from the mask itself on the diagonal above the main one (may
+    key ``j`` see key ``j + 1``, a later one?), O(B * S) evaluations.  A block is a run of keys each
+    seeing the next, its id the run's number; a key in no run gets -1, as does a query outside the
+    keys.  None, None where no key sees a later one (outside ``torch.compile``)."""
+    batch = shift.shape[0]
+    rows = torch.arange(batch, device=device)[:, None]
+    j = torch.arange(kv_offset, kv_offset + kv_length - 1, device=device)[None, :]
+    ahead = torch.as_tensor(mask_function(rows, 0, j, j + 1), device=device).expand(batch, kv_length - 1)
+    if not torch.compiler.is_compiling() and not bool(ahead.any()):
+        return None, None
+    false = torch.zeros(batch, 1, dtype=torch.bool, device=device)
+    seen, sees = torch.cat([false, ahead], -1), torch.cat([ahead, false], -1)  # by key j - 1; key j + 1
+    run = (sees & ~seen).cumsum(-1) - 1  # a run starts at a key that sees the next and is not seen
+    k_blk = torch.where(seen | sees, run, -1).to(torch.int32)
+    at = torch.arange(q_length, device=device)[None, :] + shift.to(torch.int64)[:, None]  # each query's key
+    inside = (at >= 0) & (at < kv_length)
+    q_blk = torch.where(inside, k_blk.gather(1, at.clamp(0, kv_length - 1)), -1).to(torch.int32)
+    return q_blk, k_blk
 
 
 def _may_be_packed(mask_function: Any, q_length: int, kv_length: int, q_offset: Any, kv_offset: int) -> bool:

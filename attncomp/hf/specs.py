@@ -16,6 +16,10 @@ The compile-time constants are the layer's: ``scale`` (the model's ``scaling``),
 ``sliding_window_overlay``), ``softcap`` (Gemma 2's ``cap * tanh(s / cap)``, 0.0 for none) and
 ``causal`` (False for bidirectional layers).
 
+- ``q_blk[b, i]``, ``k_blk[b, j]``: bidirectional blocks in a causal mask (an image's tokens,
+  transformers' ``block_sequence_ids``): a query also sees every key of its own block (id >= 0),
+  later ones included (``hf_attention_blocks``).
+
 The ``*_sinks`` specs add gpt-oss's attention sinks: one learned logit per head that joins
 each row's softmax denominator and gives no value,
 ``out * exp(lse) / (exp(lse) + exp(sinks[h]))``, written from the row's log-sum-exp so that
@@ -31,7 +35,18 @@ import attncomp as ac
 
 
 def masked_scores(
-    q: Any, k: Any, shift: Any, q_doc: Any, k_doc: Any, *, scale: float, window: int, softcap: float, causal: bool
+    q: Any,
+    k: Any,
+    shift: Any,
+    q_doc: Any,
+    k_doc: Any,
+    *,
+    scale: float,
+    window: int,
+    softcap: float,
+    causal: bool,
+    q_blk: Any = None,
+    k_blk: Any = None,
 ) -> Any:
     """The scores of the layer: scaled, soft-capped, and ``-inf`` where the mask hides a key."""
     n_rep = q.shape[1] // k.shape[1]
@@ -46,6 +61,9 @@ def masked_scores(
     if window:
         near = position - j < window
         visible = near if visible is None else visible & near
+    if q_blk is not None:  # a block's keys, later ones too
+        block = (q_blk[b, i] == k_blk[b, j]) & (q_blk[b, i] >= 0)
+        visible = block if visible is None else visible | block
     if q_doc is not None:
         same = q_doc[b, i] == k_doc[b, j]
         visible = same if visible is None else visible & same
@@ -143,10 +161,60 @@ def hf_attention_segments_sinks(
     return with_sinks(attend(q, k, v, scores), scores, sinks)
 
 
-#: (segments, sinks) -> the default spec for them
+@ac.spec
+def hf_attention_blocks(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
+    q_blk: ac.i32["B", "T"],
+    k_blk: ac.i32["B", "S"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention_segments`` where a query also sees every key of its own bidirectional block
+    (``q_blk[b, i] == k_blk[b, j] >= 0``: an image's tokens, transformers' ``block_sequence_ids``)."""
+    scores = masked_scores(
+        q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, q_blk=q_blk, k_blk=k_blk
+    )
+    return attend(q, k, v, scores)
+
+
+@ac.spec
+def hf_attention_blocks_sinks(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
+    q_blk: ac.i32["B", "T"],
+    k_blk: ac.i32["B", "S"],
+    sinks: ac.floating["H"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention_blocks`` with a learned sink logit per head."""
+    scores = masked_scores(
+        q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, q_blk=q_blk, k_blk=k_blk
+    )
+    return with_sinks(attend(q, k, v, scores), scores, sinks)
+
+
+#: (segments, sinks, bidirectional blocks) -> the default spec for them (blocks come with segments)
 DEFAULT_SPECS = {
-    (False, False): hf_attention,
-    (True, False): hf_attention_segments,
-    (False, True): hf_attention_sinks,
-    (True, True): hf_attention_segments_sinks,
+    (False, False, False): hf_attention,
+    (True, False, False): hf_attention_segments,
+    (False, True, False): hf_attention_sinks,
+    (True, True, False): hf_attention_segments_sinks,
+    (True, False, True): hf_attention_blocks,
+    (True, True, True): hf_attention_blocks_sinks,
 }

@@ -167,3 +167,50 @@ def test_a_float32_spec_with_a_python_float_slope_runs_in_a_float32_model():
     assert "f64" not in str(constant_alibi.ir)
     fn = ac.compile(constant_alibi, backend="cpu")
     assert not fn.remarks and fn.ir("softmax-fusion").count("ac.attention ") == 1
+
+
+def test_bidirectional_blocks_are_read_from_the_mask_and_attended_as_sdpa_does():
+    """``block_sequence_ids`` (an image's tokens see each other, earlier and later: Gemma 3,
+    PaliGemma): transformers folds them into the mask function it passes, so the blocks are read
+    back from the mask on the diagonal above the main one, and the attention, with padding, and
+    its gradients match ``sdpa`` on the dense mask."""
+    from transformers import masking_utils
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from tests.hf.models import llama_config
+
+    attncomp.hf.register()
+    torch.manual_seed(0)
+    batch, heads, kv_heads, d = 2, 4, 2, 16
+    blocks = torch.full((batch, T), -1)
+    blocks[0, 2:6] = 0
+    blocks[1, 5:9], blocks[1, 9:11] = 0, 1  # two images side by side
+    padding = torch.ones(batch, T, dtype=torch.long)
+    padding[1, :2] = 0
+
+    def mask(implementation: str, block_sequence_ids=blocks):
+        config = llama_config()
+        config._attn_implementation = implementation
+        positions = torch.arange(T)[None].expand(batch, -1)
+        embeddings = torch.zeros(batch, T, config.hidden_size)
+        return masking_utils.create_causal_mask(
+            config, embeddings, padding, None, position_ids=positions, block_sequence_ids=block_sequence_ids
+        )
+
+    facts = mask("attncomp")
+    assert facts.k_blk.tolist() == [[-1, -1] + [0] * 4 + [-1] * 6, [-1] * 5 + [0] * 4 + [1] * 2 + [-1]]
+    assert torch.equal(facts.q_blk, facts.k_blk)  # the queries are the keys' tokens
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, heads // kv_heads
+    q, k, v = (torch.randn(batch, n, T, d, requires_grad=True) for n in (heads, kv_heads, kv_heads))
+    got, _ = transformers.AttentionInterface()["attncomp"](module, q, k, v, facts, scaling=0.25)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask("sdpa"), scaling=0.25)
+    real = padding.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    causal_only, _ = sdpa_attention_forward(module, q, k, v, mask("sdpa", None), scaling=0.25)
+    assert not torch.allclose(causal_only[real], want[real], atol=1e-3)  # the blocks change the result
+    cotangent = torch.randn_like(got) * real[..., None, None]
+    grads = torch.autograd.grad(got, (q, k, v), cotangent)
+    expected = torch.autograd.grad(want, (q, k, v), cotangent)
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
