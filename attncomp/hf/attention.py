@@ -107,6 +107,11 @@ class AttncompAttention:
         blocks = facts.q_blk is not None
         spec = self.spec
         if spec is None:
+            if blocks and s_aux is not None:
+                raise NotImplementedError(
+                    "attncomp.hf: bidirectional blocks and attention sinks in one layer: no default spec takes "
+                    "both; register a spec that does (attncomp.hf.register(name, spec=...))"
+                )
             spec = DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
         self._check(spec, facts, layer, s_aux, query, key)
         constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants)

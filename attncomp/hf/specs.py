@@ -185,36 +185,12 @@ def hf_attention_blocks(
     return attend(q, k, v, scores)
 
 
-@ac.spec
-def hf_attention_blocks_sinks(
-    q: ac.floating["B", "H", "T", "D"],
-    k: ac.floating["B", "KV", "S", "D"],
-    v: ac.floating["B", "KV", "S", "E"],
-    shift: ac.i32["B"],
-    q_doc: ac.i32["B", "T"],
-    k_doc: ac.i32["B", "S"],
-    q_blk: ac.i32["B", "T"],
-    k_blk: ac.i32["B", "S"],
-    sinks: ac.floating["H"],
-    *,
-    scale: float = 1.0,
-    window: int = 0,
-    softcap: float = 0.0,
-    causal: bool = True,
-):
-    """``hf_attention_blocks`` with a learned sink logit per head."""
-    scores = masked_scores(
-        q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, q_blk=q_blk, k_blk=k_blk
-    )
-    return with_sinks(attend(q, k, v, scores), scores, sinks)
-
-
-#: (segments, sinks, bidirectional blocks) -> the default spec for them (blocks come with segments)
+#: (segments, sinks, bidirectional blocks) -> the default spec for them (blocks come with segments;
+#: no model is known to have blocks and sinks both, and no default spec takes them)
 DEFAULT_SPECS = {
     (False, False, False): hf_attention,
     (True, False, False): hf_attention_segments,
     (False, True, False): hf_attention_sinks,
     (True, True, False): hf_attention_segments_sinks,
     (True, False, True): hf_attention_blocks,
-    (True, True, True): hf_attention_blocks_sinks,
 }
