@@ -30,8 +30,8 @@ How each pattern is read, without ever evaluating the mask on T x S pairs:
   the diagonal below the main one (may token ``t`` see token ``t - 1``?): a ``False`` starts a
   new sequence. That is O(B * T) evaluations of an index-based function, which also works
   under ``torch.compile``.
-- anything else (``or_mask_function`` / ``and_mask_function`` overlays such as image-token
-  blocks, block-sequence ids, 4D masks made by the caller) raises
+- anything else (custom ``or_mask_function`` / ``and_mask_function`` overlays, 4D masks made by
+  the caller) raises
   ``NotImplementedError`` naming it, rather than computing a different attention.
 """
 
@@ -84,7 +84,7 @@ def attncomp_mask(
     if use_vmap:
         raise NotImplementedError(
             "attncomp.hf: this model overlays a custom mask function on its causal mask (or_mask_function / "
-            "and_mask_function, e.g. bidirectional image-token blocks); the default spec does not express it. "
+            "and_mask_function); the default spec does not express it. "
             "Register a spec that does (attncomp.hf.register(name, spec=...)) or use attn_implementation='sdpa'."
         )
     causal = mask_function is not masking_utils.bidirectional_mask_function
