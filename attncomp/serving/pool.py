@@ -168,28 +168,37 @@ class PagePool:
         shared, which no sequence of the step writes (a sequence writes a shared last page only
         after copying it, and the other holders write their own pages).  Every row is written past
         a sequence's length, in a page only that sequence holds: what :class:`Appended` gives back
-        (lengths, page tables, pages taken) is all that took it in."""
+        (lengths, page tables, pages taken) is all that took it in, and an append that fails takes
+        itself back."""
+        undo = Appended(self)
+        try:
+            self._append(appends, undo)
+        except BaseException:  # a copy or a write that failed (a device's error): nothing taken in
+            undo.undo()
+            raise
+        return undo
+
+    def _append(self, appends: dict[int, list[np.ndarray]], undo: Appended) -> None:
         size = self.page_size
         pages_of, slots_of, rows_of = [], [], []
-        undo = Appended(self)
         for seq, rows in appends.items():
             s = self.sequence(seq)
             count = rows[0].shape[0]
             undo.sequences.append((s, list(s.pages), s.length))
             if count and s.length % size and self.refs[s.pages[-1]] > 1:
                 old, page = s.pages[-1], self._free.pop()
-                for array in self.arrays:
-                    self.storage.copy_page(array, page, old)
+                undo.taken.append(page)
+                undo.copied.append(old)
                 self.refs[old] -= 1
                 self.refs[page] = 1
                 s.pages[-1] = page
-                undo.taken.append(page)
-                undo.copied.append(old)
+                for array in self.arrays:
+                    self.storage.copy_page(array, page, old)
             while len(s.pages) * size < s.length + count:
                 page = self._free.pop()
+                undo.taken.append(page)
                 self.refs[page] = 1
                 s.pages.append(page)
-                undo.taken.append(page)
             positions = np.arange(s.length, s.length + count)
             first = s.length // size  # the pages the rows go to: from the one holding the first
             pages_of.append(np.asarray(s.pages[first:])[positions // size - first])
@@ -197,14 +206,13 @@ class PagePool:
             rows_of.append(rows)
             s.length += count
         if not rows_of:
-            return undo
+            return
         pages, slots = self.storage.staged([np.concatenate(pages_of), np.concatenate(slots_of)])  # once for every array
         for k, array in enumerate(self.arrays):
             new = rows_of[0][k] if len(rows_of) == 1 else np.concatenate([rows[k] for rows in rows_of])
             if self.is_scales(k):  # [count, *heads]: written as rows of one element
                 new = new[..., None]
             self.storage.write(array, pages, slots, new)  # new: [count, *heads, d]
-        return undo
 
     def read(self, seq: int, start: int, stop: int) -> list[np.ndarray]:
         """Positions ``[start, stop)`` of ``seq`` in the spec's layout, ``[1, *heads, stop - start, d]``.

@@ -221,6 +221,26 @@ def test_a_step_that_fails_after_its_append_takes_it_back(monkeypatch):
     assert snapshot(srv) == snapshot(twin)
 
 
+def test_an_append_that_fails_takes_itself_back(monkeypatch):
+    """A write that fails partway (the second page array's: a device's error) leaves the pool as it was."""
+    rng = np.random.default_rng(10)
+    srv = ac.compile(specs.causal_alibi, backend="interp", window=19).paged_decoder(page_size=8, num_pages=12)
+    b = prompt(srv, rng, n=21)
+    c = srv.fork(b)  # its next token copies b's partial last page on write
+    state = snapshot(srv)[1:]
+    written = []
+
+    def write(array, pages, slots, rows):
+        written.append(array)
+        if len(written) == 2:
+            raise RuntimeError("the write failed")
+
+    monkeypatch.setattr(srv.pool.storage, "write", write)
+    with pytest.raises(RuntimeError, match="the write failed"):
+        srv.step({b: tokens(rng, 4), c: tokens(rng)})
+    assert snapshot(srv)[1:] == state
+
+
 def test_specs_a_decoder_cannot_serve_are_refused():
     with pytest.raises(ac.PipelineError, match="kv-cache-reuse: not applied"):
         ac.compile(specs.document, backend="interp").paged_decoder()
