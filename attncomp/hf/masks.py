@@ -51,7 +51,7 @@ class MaskFacts(NamedTuple):
     sees every key its causality and window allow (no padding, one sequence per row).
     ``window``: the sliding window (None: full attention). ``causal``: False for
     bidirectional masks.  A query sees a key when causality and the window allow it or the two
-    share a block, and (always) when the two share a segment.
+    share a block, and only then if the two share a segment (where there are segments).
     """
 
     shift: torch.Tensor
@@ -188,8 +188,7 @@ def _may_be_packed(mask_function: Any, q_length: int, kv_length: int, q_offset: 
     """Whether transformers may have wrapped ``mask_function`` for packed sequences: it does so only
     for self-attention with no cache and no 2D mask; a plain causal or bidirectional mask it
     passes as the function itself."""
-    plain = (masking_utils.causal_mask_function, masking_utils.bidirectional_mask_function)
-    if mask_function is None or any(mask_function is f for f in plain):
+    if _plain(mask_function):
         return False
     return q_length == kv_length and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
 
