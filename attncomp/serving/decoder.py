@@ -238,9 +238,7 @@ class PagedDecoder:
         """Queries ``q`` (one batch entry per member) against positions ``[starts, stops)`` of each,
         their keys and values read in place through the members' page tables."""
         first = members[0]
-        captured = [first.args[name] for name in self._captured]
-        ragged = [np.asarray(positions, np.int64), np.asarray(starts, np.int64)]
-        lengths = np.asarray(stops, np.int64) - ragged[1]
+        captured, ragged, lengths = self._ragged(members, positions, starts, stops)
         size, rows = self.pool.page_size, int(lengths.max())
         if self.batch_invariant:  # whole key tiles: the last one's width is not the longest sequence's
             rows = -(-rows // self.block_k) * self.block_k
@@ -256,15 +254,20 @@ class PagedDecoder:
         outputs = self.paged.fn.run_shaped([q, *pools, table, *indices, *captured], sizes)
         return [self.pool.storage.host(x) for x in outputs]  # a device pool leaves them on the device
 
+    def _ragged(self, members: list[Pending], positions, starts, stops) -> tuple[list, list, np.ndarray]:
+        """A ragged call's captured inputs (the first member's), its query positions and key starts,
+        and its key counts ``stops - starts``."""
+        captured = [members[0].args[name] for name in self._captured]
+        ragged = [np.asarray(positions, np.int64), np.asarray(starts, np.int64)]
+        return captured, ragged, np.asarray(stops, np.int64) - ragged[1]
+
     def _attend_new(self, members: list[Pending], q, positions) -> tuple[np.ndarray, ...]:
         """Queries ``q`` of sequences that were empty against the step's new keys and values, held
         contiguously (``plan.ragged_attention()``, built at the first prompt): a prompt's keys read as
         the step brought them rather than through the pages (some 15% of a 2,048-token prompt on the
         cpu backend)."""
         first = members[0]
-        captured = [first.args[name] for name in self._captured]
-        ragged = [np.asarray(positions, np.int64), np.zeros(len(members), np.int64)]
-        lengths = np.array([p.count for p in members], np.int64)
+        captured, ragged, lengths = self._ragged(members, positions, [0] * len(members), [p.count for p in members])
         keys, values = np.concatenate([p.k for p in members]), np.concatenate([p.v for p in members])
         attention = self.plan.ragged_attention()
         return attention.fn.run_shaped([q, keys, values, *ragged, lengths, *captured], self._sizes(first, q.shape[-2]))

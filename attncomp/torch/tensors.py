@@ -137,15 +137,8 @@ def run_on_host(
 
 
 # device memory: in place, on the current stream ------------------------------------------------
-#: the torch type of device memory a program asks for, by its numpy type (bf16 patterns as int16)
-TORCH_MEMORY = {
-    np.dtype(name): kind
-    for name, kind in [
-        ("float32", "float32"), ("float16", "float16"), ("float64", "float64"), ("int64", "int64"),
-        ("int32", "int32"), ("int16", "int16"), ("uint16", "int16"), ("int8", "int8"), ("uint8", "uint8"),
-        ("bool", "bool"),
-    ]
-}  # fmt: skip
+#: the numpy types of device memory torch has tensors of, by name (uint16, bf16 patterns, goes as int16)
+TORCH_MEMORY = {"float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
 
 
 class DeviceMemory:
@@ -161,8 +154,8 @@ class DeviceMemory:
         self.given: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor | None:
-        kind = TORCH_MEMORY.get(np.dtype(dtype))
-        if kind is None:
+        kind = "int16" if np.dtype(dtype) == np.uint16 else np.dtype(dtype).name
+        if kind not in TORCH_MEMORY:
             return None  # a type torch has no tensors of: the program allocates it
         tensor = self.torch.empty(shape, dtype=getattr(self.torch, kind), device=self.device)
         self.given[tensor.data_ptr()] = tensor
