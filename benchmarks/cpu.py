@@ -129,6 +129,7 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
             pairs=int(window.sum()),
         )
     )
+    rows.append(data_mask_case(rng, 1024 if quick else 4096, repeats))
     cache = 1024 if quick else 4096
     q, k, v = inputs(rng, 1, 32, 1, cache, 128, kv=8)
     rows.append(
@@ -143,6 +144,25 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
         )
     )
     return rows
+
+
+def data_mask_case(rng, t: int, repeats: int) -> Row:
+    """A boolean ``[1, T, S]`` mask given as data: four packed documents, each causal. SDPA takes the
+    same mask; attncomp classifies each tile from the mask's minimum and maximum over it."""
+    q, k, v = inputs(rng, 1, 8, t, t, 64)
+    i, j = np.ogrid[:t, :t]
+    mask = ((i // (t // 4) == j // (t // 4)) & (j <= i))[None]
+    return time_case(
+        f"4 packed documents as a [1, T, S] boolean mask, T=S={t}",
+        specs.data_mask,
+        (q, k, v, mask),
+        {},
+        lambda torch: peers.torch_attention(torch, q, k, v, mask=mask[:, None]),
+        lambda: peers.numpy_attention(q, k, v, mask[0]),
+        repeats,
+        with_numpy=False,
+        pairs=int(mask.sum()),
+    )
 
 
 # gradients: forward + backward, timed in alternating pairs ------------------------------

@@ -30,6 +30,19 @@ def causal_window(
 
 
 @ac.spec
+def data_mask(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    m: ac.bool_["B", "T", "S"],
+):
+    """A mask given as data, as SDPA takes one (a 4D mask a Hugging Face model is handed)."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(m[b, i, j], s, -ac.inf), axis=-1) @ v
+
+
+@ac.spec
 def gqa_decode(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v: ac.f32["B", "KV", "S", "D"]):
     n_rep = q.shape[1] // k.shape[1]
     s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5

@@ -10,8 +10,10 @@
 ``transformers.AttentionMaskInterface`` (:func:`attncomp.hf.masks.attncomp_mask`) under one
 name, so ``attn_implementation=name`` works in ``from_pretrained``, ``from_config`` and
 ``model.set_attn_implementation``. The mask function hands the attention compact facts (a
-query-to-key shift, segment ids for padding and packed sequences, the sliding window),
-never a ``[B, 1, T, S]`` tensor. ``import attncomp`` never imports this module.
+query-to-key shift, segment ids for padding and packed sequences, the sliding window), not a
+``[B, 1, T, S]`` tensor; only a custom overlay's mask function, which nothing but evaluating it
+pair by pair can read, becomes one, as it does for ``sdpa``. ``import attncomp`` never imports
+this module.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from attncomp.hf.attention import AttncompAttention
 from attncomp.hf.masks import MaskFacts, attncomp_mask
 from attncomp.hf.specs import (
     DEFAULT_SPECS,
+    MASK_SPECS,
     hf_attention,
+    hf_attention_bias,
+    hf_attention_bias_heads,
+    hf_attention_blocks,
+    hf_attention_mask,
+    hf_attention_mask_heads,
     hf_attention_segments,
     hf_attention_segments_sinks,
     hf_attention_sinks,
@@ -39,10 +47,16 @@ from attncomp.hf.specs import (
 
 __all__ = [
     "DEFAULT_SPECS",
+    "MASK_SPECS",
     "AttncompAttention",
     "MaskFacts",
     "attncomp_mask",
     "hf_attention",
+    "hf_attention_bias",
+    "hf_attention_bias_heads",
+    "hf_attention_blocks",
+    "hf_attention_mask",
+    "hf_attention_mask_heads",
     "hf_attention_segments",
     "hf_attention_segments_sinks",
     "hf_attention_sinks",

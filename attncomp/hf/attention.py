@@ -23,12 +23,12 @@ import torch
 
 import attncomp as ac
 from attncomp.hf.masks import MaskFacts
-from attncomp.hf.specs import DEFAULT_SPECS
+from attncomp.hf.specs import DEFAULT_SPECS, MASK_SPECS
 
 #: the arguments filled from the mask and the layer, by name
-FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "sinks")
-#: the constants filled from the layer, by name
-LAYER_CONSTANTS = ("scale", "window", "softcap", "causal")
+FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "sinks")
+#: the constants filled from the layer (and ``floor`` from a float mask's type), by name
+LAYER_CONSTANTS = ("scale", "window", "softcap", "causal", "floor")
 
 #: "spec key/backend/constants" -> its torch op (see :func:`op_key`)
 OPS: dict[str, Any] = {}
@@ -77,7 +77,8 @@ class AttncompAttention:
         self.spec = spec
         self.backend = backend
         self.inputs = dict(inputs or {})
-        self._keys = {s.name: spec_key(s) for s in (DEFAULT_SPECS.values() if spec is None else [spec])}
+        defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values()]
+        self._keys = {s.name: spec_key(s) for s in (defaults if spec is None else [spec])}
         if spec is not None and len(spec.arg_names) < 3:
             raise TypeError(f"attncomp.hf: @{spec.name} must take query, key and value as its first three arguments")
 
@@ -104,9 +105,19 @@ class AttncompAttention:
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
+        mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
+        if mask is not None and mask.dtype != torch.bool:
+            layer["floor"] = torch.finfo(mask.dtype).min / 2
         blocks = facts.q_blk is not None
         spec = self.spec
-        if spec is None:
+        if spec is None and mask is not None:
+            if s_aux is not None:
+                raise NotImplementedError(
+                    "attncomp.hf: a mask given as data (a 4D mask, or a custom mask function) and attention sinks "
+                    "in one layer: no default spec takes both; register a spec that does"
+                )
+            spec = MASK_SPECS[(mask.dtype == torch.bool, mask.dim() == 4)]
+        elif spec is None:
             if blocks and s_aux is not None:
                 raise NotImplementedError(
                     "attncomp.hf: bidirectional blocks and attention sinks in one layer: no default spec takes "
@@ -114,9 +125,9 @@ class AttncompAttention:
                 )
             spec = DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
         self._check(spec, facts, layer, s_aux, query, key)
-        constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants)
+        constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and c in layer)
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
-        values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux}
+        values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux, "mask": mask}
         values.update(q_blk=facts.q_blk, k_blk=facts.k_blk)
         if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
             values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])
@@ -131,18 +142,20 @@ class AttncompAttention:
         """The mask's facts; with no mask (none was built), the layer's own: causal aligned bottom-right."""
         if isinstance(mask, MaskFacts):
             return mask
-        if mask is not None:
-            raise NotImplementedError(
-                f"attncomp.hf: the attention got a {type(mask).__name__} mask of shape {tuple(mask.shape)}, made "
-                "outside attncomp's mask function (a 4D mask passed to the model?); pass the 2D attention_mask"
-            )
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         shift = torch.full((query.shape[0],), key.shape[2] - query.shape[2], dtype=torch.int32, device=query.device)
+        if isinstance(mask, torch.Tensor):  # a 4D mask the caller passed to the model: the whole mask
+            return MaskFacts(shift, None, None, None, True, dense=mask)
+        if mask is not None:
+            raise NotImplementedError(f"attncomp.hf: the attention got a mask of type {type(mask).__name__}")
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return MaskFacts(shift, None, None, sliding_window, bool(causal))
 
     def _check(self, spec: ac.Spec, facts: MaskFacts, layer: dict, s_aux: Any, query: Any, key: Any) -> None:
         """Refuse what the spec cannot compute rather than compute another attention."""
         names, missing = set(spec.arg_names), []
+        dense = facts.dense is not None  # the mask is the whole of it: no shift, segments, window or blocks
+        if dense and "mask" not in names:
+            missing.append("mask (the attention got a 4D mask, or a mask function evaluated pair by pair)")
         if facts.q_doc is not None and not {"q_doc", "k_doc"} <= names:
             missing.append("q_doc and k_doc (the batch is padded or packed)")
         if facts.q_blk is not None and not {"q_blk", "k_blk"} <= names:
@@ -153,7 +166,7 @@ class AttncompAttention:
             missing.append(f"the constant window (the layer's sliding window is {layer['window']})")
         if layer["softcap"] and "softcap" not in spec.constants:
             missing.append(f"the constant softcap (the layer soft-caps its scores at {layer['softcap']})")
-        if "shift" not in names and query.shape[2] != key.shape[2]:
+        if not dense and "shift" not in names and query.shape[2] != key.shape[2]:
             missing.append("shift (the keys include earlier tokens from a cache)")
         if missing:
             raise TypeError(f"attncomp.hf: @{spec.name} takes no {'; no '.join(missing)}")
@@ -173,3 +186,24 @@ class AttncompAttention:
     def __repr__(self) -> str:
         spec = self.spec.name if self.spec else "the default specs"
         return f"<attncomp.hf attention {self.name!r}: {spec}, {self.backend}>"
+
+
+def dense_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """A mask given as data, as a spec reads it: ``[B, T, S]`` where one serves every head, else
+    ``[B, H, T, S]``; its keys cut to the layer's, as SDPA's caller does; a float mask in the
+    query's type, a boolean one as it is."""
+    (batch, heads, length), keys = query.shape[:3], key.shape[2]
+    shape = tuple(mask.shape)
+    if len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads) or shape[2] != length:
+        raise ValueError(
+            f"attncomp.hf: attention_mask: a 4D mask must be [{batch} or 1, 1 or {heads}, {length}, keys] "
+            f"for these queries, got {list(shape)}"
+        )
+    if shape[3] < keys:
+        raise ValueError(f"attncomp.hf: attention_mask: the 4D mask covers {shape[3]} keys; the layer has {keys}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"attncomp.hf: attention_mask: a 4D mask must be boolean or float, got {mask.dtype}")
+    mask = mask[..., :keys].expand(batch, -1, -1, -1)
+    if mask.dtype != torch.bool:
+        mask = mask.to(query.dtype)
+    return mask[:, 0] if shape[1] == 1 else mask

@@ -30,9 +30,12 @@ How each pattern is read, without ever evaluating the mask on T x S pairs:
   the diagonal below the main one (may token ``t`` see token ``t - 1``?): a ``False`` starts a
   new sequence. That is O(B * T) evaluations of an index-based function, which also works
   under ``torch.compile``.
-- anything else (custom ``or_mask_function`` / ``and_mask_function`` overlays, 4D masks made by
-  the caller) raises
-  ``NotImplementedError`` naming it, rather than computing a different attention.
+- custom ``or_mask_function`` / ``and_mask_function`` overlays (Gemma 3's sliding layers with an
+  image; any function a user passes): transformers evaluates those pair by pair, and so does
+  :func:`attncomp_mask`, through transformers' own ``sdpa_mask``: ``MaskFacts.dense`` holds the
+  ``[B, 1, T, S]`` boolean mask, the one ``sdpa`` gets, attended by ``hf_attention_mask``.
+  A 4D mask the caller passes to the model reaches the attention as it is, and is attended the
+  same way (:mod:`attncomp.hf.attention`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class MaskFacts(NamedTuple):
     #: also sees every key of its own block (id >= 0), earlier or later; None where there are none
     q_blk: torch.Tensor | None = None
     k_blk: torch.Tensor | None = None
+    #: a mask as data, the whole of it (shift, segments, window and blocks are not read): a custom
+    #: overlay's mask evaluated pair by pair, or a 4D mask the caller passed (``[B, 1 or H, T, S]``,
+    #: boolean, or float added to the scores); None for masks told by the facts above
+    dense: torch.Tensor | None = None
 
 
 def attncomp_mask(
@@ -81,13 +88,22 @@ def attncomp_mask(
     **kwargs: Any,
 ) -> MaskFacts:
     """The mask function for ``AttentionMaskInterface``: the facts of the mask, not the mask."""
-    if use_vmap:
-        raise NotImplementedError(
-            "attncomp.hf: this model overlays a custom mask function on its causal mask (or_mask_function / "
-            "and_mask_function); the default spec does not express it. "
-            "Register a spec that does (attncomp.hf.register(name, spec=...)) or use attn_implementation='sdpa'."
-        )
     causal = mask_function is not masking_utils.bidirectional_mask_function
+    if use_vmap:  # a custom overlay, which only evaluating it pair by pair can read
+        dense = masking_utils.sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=attention_mask,
+            local_size=local_size,
+            allow_is_causal_skip=False,
+            use_vmap=True,
+            device=device,
+        )
+        return MaskFacts(_shift(q_offset, kv_offset, batch_size, device), None, None, None, causal, dense=dense)
     window = chunk = None
     if local_size is not None:
         if config is not None and local_size == getattr(config, "attention_chunk_size", None):

@@ -20,6 +20,13 @@ The compile-time constants are the layer's: ``scale`` (the model's ``scaling``),
   transformers' ``block_sequence_ids``): a query also sees every key of its own block (id >= 0),
   later ones included (``hf_attention_blocks``).
 
+- ``mask[b, i, j]`` (``[B, T, S]``) or ``mask[b, h, i, j]`` (``[B, H, T, S]``): a mask as data,
+  the whole of it: a 4D mask the caller passed to the model (boolean, or added to the scores as
+  SDPA adds a float mask), or a custom overlay's mask function evaluated pair by pair
+  (``hf_attention_mask*``, ``hf_attention_bias*``). Mask-elimination classifies each tile from the
+  mask's minimum and maximum over it, so tiles it hides are skipped and tiles it shows whole
+  computed without reading it.
+
 The ``*_sinks`` specs add gpt-oss's attention sinks: one learned logit per head that joins
 each row's softmax denominator and gives no value,
 ``out * exp(lse) / (exp(lse) + exp(sinks[h]))``, written from the row's log-sum-exp so that
@@ -68,6 +75,21 @@ def masked_scores(
         same = q_doc[b, i] == k_doc[b, j]
         visible = same if visible is None else visible & same
     return scores if visible is None else ac.where(visible, scores, -ac.inf)
+
+
+def dense_scores(q: Any, k: Any, mask: Any, *, heads: bool, scale: float, softcap: float, floor: Any = None) -> Any:
+    """The layer's scores under a mask given as data: a boolean ``mask`` shows a key where true;
+    a float one (``floor`` given) is added to the scores, and a key where it is at most ``floor``
+    is hidden (as ``-inf`` would hide it; the type's lowest value, as transformers writes masks)."""
+    n_rep = q.shape[1] // k.shape[1]
+    scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
+    if softcap:
+        scores = softcap * ac.tanh(scores / softcap)
+    b, h, i, j = ac.index(scores)
+    at = mask[b, h, i, j] if heads else mask[b, i, j]
+    if floor is None:
+        return ac.where(at, scores, -ac.inf)
+    return ac.where(at > floor, scores + at, -ac.inf)
 
 
 def attend(q: Any, k: Any, v: Any, scores: Any) -> Any:
@@ -184,6 +206,72 @@ def hf_attention_blocks(
     )
     return attend(q, k, v, scores)
 
+
+@ac.spec
+def hf_attention_mask(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    mask: ac.bool_["B", "T", "S"],
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+):
+    """Attention under a boolean mask shared by the heads: a query sees key ``j`` where ``mask[b, i, j]``."""
+    return attend(q, k, v, dense_scores(q, k, mask, heads=False, scale=scale, softcap=softcap))
+
+
+@ac.spec
+def hf_attention_mask_heads(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    mask: ac.bool_["B", "H", "T", "S"],
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+):
+    """``hf_attention_mask`` with a mask per head."""
+    return attend(q, k, v, dense_scores(q, k, mask, heads=True, scale=scale, softcap=softcap))
+
+
+@ac.spec
+def hf_attention_bias(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    mask: ac.floating["B", "T", "S"],
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+    floor: float = -float("inf"),
+):
+    """Attention under a float mask shared by the heads, added to the scores; at most ``floor`` hides a key."""
+    return attend(q, k, v, dense_scores(q, k, mask, heads=False, scale=scale, softcap=softcap, floor=floor))
+
+
+@ac.spec
+def hf_attention_bias_heads(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    mask: ac.floating["B", "H", "T", "S"],
+    *,
+    scale: float = 1.0,
+    softcap: float = 0.0,
+    floor: float = -float("inf"),
+):
+    """``hf_attention_bias`` with a mask per head."""
+    return attend(q, k, v, dense_scores(q, k, mask, heads=True, scale=scale, softcap=softcap, floor=floor))
+
+
+#: (boolean, one per head) -> the spec for a mask given as data
+MASK_SPECS = {
+    (True, False): hf_attention_mask,
+    (True, True): hf_attention_mask_heads,
+    (False, False): hf_attention_bias,
+    (False, True): hf_attention_bias_heads,
+}
 
 #: (segments, sinks, bidirectional blocks) -> the default spec for them (blocks come with segments;
 #: no model is known to have blocks and sinks both, and no default spec takes them)

@@ -36,22 +36,15 @@ Bounds = tuple[Value | None, Value | None]
 
 
 @dataclass
-class SummaryRequest:
-    """A gather whose index runs over a tile's rows or columns: the caller supplies bounds."""
-
-    source: Value
-    axis: int
-
-
-@dataclass
 class IntervalEmitter:
     """Emits interval IR with ``builder``; ``leaf`` may bound values it knows better."""
 
     builder: Builder
     #: value -> bounds known up front (region arguments, loop indices, ...)
     known: dict[Value, Bounds] = field(default_factory=dict)
-    #: called for a gather over a running index: (source, axis, index bounds, point indices)
-    summarize: Callable[[Value, int, Value, list[Value | None]], Bounds | None] | None = None
+    #: called for a gather over one or two running indices: (source, their axes, their indices, the
+    #: point indices, None at those axes)
+    summarize: Callable[[Value, list[int], list[Value], list[Value | None]], Bounds | None] | None = None
     #: ops whose results are not visible where the bounds are emitted: recomputed, not referenced
     local_ops: set[Op] = field(default_factory=set)
     memo: dict[Value, Bounds] = field(default_factory=dict)
@@ -198,13 +191,12 @@ class IntervalEmitter:
             g = self.emit("ac.gather", src, *[lo for lo, _ in bounds])
             return self.point(g)
         running = [k for k, (lo, hi) in enumerate(bounds) if lo is not hi]
-        if self.summarize is None or len(running) != 1:
+        if self.summarize is None or len(running) > 2:
             return (None, None)
-        axis = running[0]
-        points = [None if k == axis else lo for k, (lo, _) in enumerate(bounds)]
-        if any(p is None for k, p in enumerate(points) if k != axis):
+        points = [None if k in running else lo for k, (lo, _) in enumerate(bounds)]
+        if any(p is None for k, p in enumerate(points) if k not in running):
             return (None, None)
-        return self.summarize(src, axis, indices[axis], points) or (None, None)
+        return self.summarize(src, running, [indices[k] for k in running], points) or (None, None)
 
     # boolean bounds ----------------------------------------------------------------
     def boolean(self, v: Value) -> Bounds:
@@ -235,6 +227,10 @@ class IntervalEmitter:
         if op.name == "ac.not":
             always, possible = self.boolean(op.operands[0])
             return self.emit("ac.not", possible), self.emit("ac.not", always)
+        if op.name == "ac.gather":  # a boolean tensor's minimum is "always", its maximum "possible"
+            always, possible = self.numeric(v)
+            if always is not None and possible is not None:
+                return always, possible
         return self.unknown_bool()
 
     def _compare(self, op: Op) -> Bounds:

@@ -11,7 +11,10 @@ each tile at run time, before its work:
 The loop body becomes an ``ac.switch {tile_class = true}`` over those three
 cases.  Masks that read captured tensors (document ids, lengths) are bounded
 through a per-block min/max summary of the tensor (``ac.block_reduce``, built
-once per call in O(T)).  For conditions affine in the key position ``j``
+once per call in O(T)); a tensor read at both positions (a mask given as
+data, ``m[b, i, j]``) through one over blocks of both axes (the query axis's
+summary reduced again along the keys, O(T S) once per call): a boolean's
+minimum over a tile says every pair is visible, its maximum that some is.  For conditions affine in the key position ``j``
 (causal, windows, prefix, lengths) the loop bounds are also tightened, so
 skipped tiles past them cost nothing.  No dense mask is ever built.
 """
@@ -19,10 +22,13 @@ skipped tiles past them cost nothing.  No dense mask is ever built.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import product
 
 from attncomp.ir.core import Block, Func, Module, Op, Value
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops.tile import FULL, MASKED, SKIPPED
+from attncomp.ir.types import BOOL_DTYPE
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder, clone_block
 from attncomp.passes.intervals import Bounds, IntervalEmitter
@@ -38,16 +44,20 @@ class Summaries:
     grid: Op
     made: dict[tuple, tuple[Value, Value]] = field(default_factory=dict)
 
-    def get(self, src: Value, axis: int, block: int) -> tuple[Value, Value]:
-        key = (src, axis, block)
+    def get(self, src: Value, axes: list[int], blocks: list[int]) -> tuple[Value, Value]:
+        """``src``'s minimum and maximum over blocks of ``blocks[n]`` elements along ``axes[n]``: a
+        summary along two axes (a mask gathered at both positions) reduces the one along the first."""
+        key = (src, tuple(axes), tuple(blocks))
         if key not in self.made:
+            base = (src, src) if len(axes) == 1 else self.get(src, axes[:-1], blocks[:-1])
+            axis, block = axes[-1], blocks[-1]
             builder = Builder(self.func.body, self.func.body.ops.index(self.grid))
-            shape = list(src.type.shape)
-            shape[axis] = (shape[axis] + (block - 1)) // block
             made = []
-            for kind in ("min", "max"):
+            for kind, part in zip(("min", "max"), base):
+                shape = list(part.type.shape)
+                shape[axis] = (shape[axis] + (block - 1)) // block
                 attrs = {"axis": axis, "block": block, "kind": kind}
-                made.append(builder.op("ac.block_reduce", [src], attrs, [src.type.with_shape(shape)]).result)
+                made.append(builder.op("ac.block_reduce", [part], attrs, [part.type.with_shape(shape)]).result)
             self.made[key] = (made[0], made[1])
         return self.made[key]
 
@@ -108,45 +118,54 @@ class TileContext:
                         return base, builder.dim(sized.attrs["value"])
             return None, None
 
-        def summarize(src: Value, axis: int, index: Value, points: list[Value | None]) -> Bounds | None:
-            offset = None
-            if index not in (self.row_arg, self.col_arg):
-                index, offset = offset_of(index)
-            if index is None or index is unknown:
-                return None
-            if index is self.row_arg:
-                block = self.block_q
-            else:
-                block = self.block_k
-            if not _visible_before(self.func, self.grid, src):
-                return None
-            lo, hi = self.summaries.get(src, axis, block)
-            if offset is not None:
-                return offset_summary(lo, hi, axis, points, index, offset, block)
-            if (index is self.row_arg) == self.transposed:
-                number = counter
-            else:
-                number = builder.emit("ac.floordiv", grid_start, builder.const(block, "i64"))
-            at = [number if k == axis else p for k, p in enumerate(points)]
-            return builder.emit("ac.gather", lo, *at), builder.emit("ac.gather", hi, *at)
-
-        def offset_summary(lo, hi, axis, points, index, offset, block) -> Bounds:
-            """The tile's positions plus ``offset`` span at most two summary blocks: the hull of both."""
+        def block_numbers(index: Value, offset: Value | None, block: int) -> list[Value]:
+            """The summary blocks a tile's positions (plus ``offset``) fall in: one, or two with an offset."""
             emit, const = builder.emit, builder.const
             if (index is self.row_arg) == self.transposed:
+                if offset is None:
+                    return [counter]
                 start = emit("ac.mul", counter, const(block, "i64"))
+            elif offset is None:
+                return [emit("ac.floordiv", grid_start, const(block, "i64"))]
             else:
                 start = grid_start
             first = emit("ac.add", start, offset)
-            last_block = emit("ac.sub", builder.dim(lo.type.shape[axis]), const(1, "i64"))
-            numbers = [
-                emit("ac.minimum", emit("ac.floordiv", row, const(block, "i64")), last_block)
-                for row in (first, emit("ac.add", first, const(block - 1, "i64")))
-            ]
-            ats = [[n if k == axis else p for k, p in enumerate(points)] for n in numbers]
-            lows = [emit("ac.gather", lo, *at) for at in ats]
-            highs = [emit("ac.gather", hi, *at) for at in ats]
-            return emit("ac.minimum", *lows), emit("ac.maximum", *highs)
+            last = emit("ac.add", first, const(block - 1, "i64"))
+            return [emit("ac.floordiv", row, const(block, "i64")) for row in (first, last)]
+
+        def summarize(src: Value, axes: list[int], indices: list[Value], points: list[Value | None]) -> Bounds | None:
+            """Bounds of ``src`` over a tile, from its per-block summary along ``axes`` (one or two)."""
+            if not _visible_before(self.func, self.grid, src):
+                return None
+            resolved = []
+            for index in indices:
+                offset = None
+                if index not in (self.row_arg, self.col_arg):
+                    index, offset = offset_of(index)
+                if index is None or index is unknown:
+                    return None
+                resolved.append((index, offset, self.block_q if index is self.row_arg else self.block_k))
+            if len({index for index, _, _ in resolved}) != len(resolved):
+                return None  # one position on two axes (a diagonal): no block summary bounds it
+            lo, hi = self.summaries.get(src, axes, [block for _, _, block in resolved])
+            numbers = []
+            for axis, (index, offset, block) in zip(axes, resolved):
+                found = block_numbers(index, offset, block)
+                if offset is not None:  # the second block may lie past the summary's end
+                    last = builder.emit("ac.sub", builder.dim(lo.type.shape[axis]), builder.const(1, "i64"))
+                    found = [builder.emit("ac.minimum", n, last) for n in found]
+                numbers.append(found)
+            lows, highs = [], []
+            for at_blocks in product(*numbers):
+                at = list(points)
+                for axis, number in zip(axes, at_blocks):
+                    at[axis] = number
+                lows.append(builder.emit("ac.gather", lo, *at))
+                highs.append(builder.emit("ac.gather", hi, *at))
+            fold = lambda name, values: reduce(lambda x, y: builder.emit(name, x, y), values)  # noqa: E731
+            if src.type.dtype == BOOL_DTYPE:  # a boolean's minimum is "and", its maximum "or"
+                return fold("ac.and", lows), fold("ac.or", highs)
+            return fold("ac.minimum", lows), fold("ac.maximum", highs)
 
         emitter = IntervalEmitter(builder, summarize=summarize, local_ops=local | set(region.ops))
         for arg, operand in zip(region.args, self.mask.operands):

@@ -398,3 +398,19 @@ def test_a_kernel_that_raises_gives_blas_its_threads_back(monkeypatch):
         assert lib.scipy_openblas_get_num_threads() == 1
     finally:
         lib.scipy_openblas_set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape", [(3, 100, 37), (5,), (2, 0, 4), (1, 64, 8)])
+def test_block_summaries_are_numpys_reduceat(shape):
+    """The per-block minimum and maximum mask-elimination bounds tiles with, along every axis."""
+    from attncomp.backends.numba_cpu.runtime import block_reduce
+
+    x = np.random.default_rng(0).integers(-5, 5, shape).astype(np.int32)
+    for axis in range(len(shape)):
+        for block in (1, 7, 64, 200):
+            for kind, reduce in (("min", np.minimum), ("max", np.maximum)):
+                got = block_reduce(x, axis, block, kind)
+                starts = np.arange(0, shape[axis], block)
+                want = reduce.reduceat(x, starts, axis=axis) if shape[axis] else x
+                np.testing.assert_array_equal(got, want)
+                assert got.dtype == x.dtype

@@ -812,3 +812,15 @@ def test_the_one_pass_search_finds_numba_cudas_singly_assigned_variables(monkeyp
     compile_ptx_for(kernel.py_func, kernel.signature, [(8, 0)], kernel.launch_bounds)
     assert compared and all(same for _, same in compared), compared
     assert sum(n for n, _ in compared) > 500  # a kernel with many register-held variables
+
+
+def test_a_mask_given_as_data_compiles_without_spills():
+    """m[b, i, j], a boolean tensor: its two-axis block summaries (graph kernels) and the bf16
+    forward that reads it per element in masked tiles, at D = 128, no local memory, no spills."""
+    from attncomp.passes import default_pipeline
+    from tests.cuda_sim.helpers import retyped
+    from tests.passes.specs import dense
+
+    impl = _build(retyped(dense, "bf16"), default_pipeline("cuda"))
+    assert sum(k.name.endswith("_block_reduce") for k in impl.graph_kernels) == 4
+    _check(impl, 128)

@@ -47,6 +47,25 @@ def test_causal_gradients_over_every_tile_class():
     _check(*_gradients(spec, args, [d_out]), args)
 
 
+def test_a_mask_given_as_data_over_every_tile_class():
+    """m[b, i, j], a boolean tensor: each tile classified from its minimum and maximum over the tile."""
+    from tests.passes.specs import dense
+
+    rng = np.random.default_rng(3)
+    args = [normal(rng, 1, 2, 40, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 37, 8)]
+    rows, keys = np.arange(40)[:, None], np.arange(37)[None]
+    mask = ((keys <= rows) & (rows - keys < 32))[None]
+    d_out = normal(rng, 1, 2, 40, 8)
+    interp = ac.compile(dense, backend="interp", pipeline=PIPELINE)
+    tiles = interp.block_map(*args, mask)
+    assert set(np.unique(tiles)) == {0, 1, 2} and tiles[0, 0, 1, 0] == 2 and tiles[0, 0, 2, 0] == 1
+    out, lse = interp.forward_saving(*args, mask)[-2:]
+    assert np.array_equal(interp.backward.block_map(*args, mask, out, lse, d_out), tiles)
+    got = ac.compile(dense, backend="cuda", pipeline=PIPELINE)(*args, mask)
+    assert relative_error(got, out) < 1e-5
+    _check(*_gradients(dense, [*args, mask], [d_out]), [*args, mask])
+
+
 def test_a_head_narrower_than_the_lanes_of_a_key():
     """D = E = 2 with 8 lanes per key: the padded features read zeros inside the staged tiles."""
     spec = load_example("causal").causal

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 import attncomp.hf  # noqa: E402
 
 VOCAB, T, WINDOW, CHUNK = 100, 12, 4, 4
+IMAGE = VOCAB - 1  # Gemma 3's image token
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
@@ -73,6 +74,31 @@ def llama4_config():
     )
 
 
+def gemma3_config():
+    """Gemma 3 with a one-layer SigLIP tower: 28 x 28 images become 4 tokens (id 99) that see each
+    other both ways; layer 0 slides (transformers overlays the images' blocks on it as mask
+    functions evaluated pair by pair), layer 1 sees everything."""
+    text = transformers.Gemma3TextConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=7
+    )
+    return transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=IMAGE,
+        boi_token_index=IMAGE - 2,
+        eoi_token_index=IMAGE - 1,
+    )
+
+
 def model_pair(make_config: Callable, reference: str = "sdpa", seed: int = 0, **overrides):
     """(the model on attncomp, the same weights on ``reference``), in eval mode, float32."""
     attncomp.hf.register()  # attn_implementation="attncomp": the default specs on the cpu backend
@@ -80,8 +106,13 @@ def model_pair(make_config: Callable, reference: str = "sdpa", seed: int = 0, **
     config = make_config()
     for key, value in overrides.items():
         setattr(config, key, value)
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="attncomp")
-    theirs = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=reference)
+    auto = (
+        transformers.AutoModelForImageTextToText
+        if hasattr(config, "vision_config")
+        else transformers.AutoModelForCausalLM
+    )
+    ours = auto.from_config(copy.deepcopy(config), attn_implementation="attncomp")
+    theirs = auto.from_config(copy.deepcopy(config), attn_implementation=reference)
     theirs.load_state_dict(ours.state_dict())
     assert ours.config._attn_implementation == "attncomp", ours.config._attn_implementation
     assert theirs.config._attn_implementation == reference
@@ -110,7 +141,7 @@ def logits_and_grads(model, ids, mask):
     """
     model.zero_grad(set_to_none=True)
     labels = ids
-    if mask is not None:
+    if mask is not None and mask.dim() == 2:
         counted = mask.bool()
         counted[:, 1:] &= mask[:, :-1].bool()
         labels = ids.masked_fill(~counted, -100)
@@ -120,11 +151,13 @@ def logits_and_grads(model, ids, mask):
     return out.logits.detach(), out.loss.detach(), grads
 
 
-def assert_same_model_outputs(ours, theirs, ids, mask, rtol: float = 1e-4, atol: float = 1e-5):
-    """Logits at real tokens, the loss and every gradient agree at float32 tolerances."""
+def assert_same_model_outputs(ours, theirs, ids, mask, rtol: float = 1e-4, atol: float = 1e-5, real=None):
+    """Logits at real tokens (``real``, by default where the 2D mask is set), the loss and every
+    gradient agree at float32 tolerances."""
     logits, loss, grads = logits_and_grads(ours, ids, mask)
     ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
-    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    if real is None:
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
     torch.testing.assert_close(logits[real], ref_logits[real], rtol=rtol, atol=atol)
     torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=atol)
     assert grads.keys() == ref_grads.keys()

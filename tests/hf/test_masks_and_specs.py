@@ -56,12 +56,55 @@ def test_packed_position_ids_become_document_ids():
     assert plain.q_doc is None  # one sequence per row: the spec without segments
 
 
-def test_a_four_dimensional_mask_is_refused_not_misread():
+def packed_4d_mask(kind: str) -> torch.Tensor:
+    """Two sequences packed in each row, each causal on its own (5 + 7 and 9 + 3 tokens), as a
+    caller's 4D mask: boolean, or float with the type's lowest value where hidden."""
+    rows = []
+    for first in (5, 9):
+        doc = (torch.arange(T) >= first).long()
+        rows.append((doc[:, None] == doc[None, :]) & torch.ones(T, T, dtype=torch.bool).tril())
+    mask = torch.stack(rows)[:, None]
+    if kind == "bool":
+        return mask
+    return torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_four_dimensional_mask_is_attended_as_sdpa_attends_it(kind):
+    """A 4D mask passed to the model reaches the attention as it is: attended as data (each tile
+    classified from it), logits, loss and every gradient as ``sdpa``'s on the same mask."""
+    from tests.hf.models import llama_config, model_pair
+
+    ours, theirs = model_pair(llama_config)
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(3))
+    mask = packed_4d_mask(kind)
+    assert_same_model_outputs(ours, theirs, ids, mask, real=torch.ones_like(ids, dtype=torch.bool))
+    with torch.no_grad():  # the mask matters: the same tokens causally, unpacked, differ
+        unpacked = ours(input_ids=ids).logits
+        assert not torch.allclose(unpacked, ours(input_ids=ids, attention_mask=mask).logits, atol=1e-3)
+
+
+def test_a_mask_per_head_with_biases_is_added_as_sdpa_adds_it():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     attncomp.hf.register()
-    model = transformers.AutoModelForCausalLM.from_config(gpt2_config(), attn_implementation="attncomp")
-    dense = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
-    with pytest.raises(NotImplementedError, match="4D mask"):
-        model(input_ids=torch.randint(1, VOCAB, (1, T)), attention_mask=dense)
+    torch.manual_seed(1)
+    batch, heads, kv_heads, d = 2, 4, 2, 16
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, heads // kv_heads
+    q, k, v = (torch.randn(batch, n, T, d, requires_grad=True) for n in (heads, kv_heads, kv_heads))
+    bias = torch.randn(batch, heads, T, T + 3)  # longer than the keys (a static cache's): cut to them
+    bias[:, 1, :, 6:] = -torch.inf
+    bias[0, 2, :6, :] = torch.finfo(torch.float32).min
+    bias[0, 2, :6, 0] = 0.5
+    got, _ = transformers.AttentionInterface()["attncomp"](module, q, k, v, bias, scaling=0.25)
+    want, _ = sdpa_attention_forward(module, q, k, v, bias[..., :T], scaling=0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    cotangent = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), cotangent), torch.autograd.grad(want, (q, k, v), cotangent)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="attention_mask: a 4D mask must be"):
+        transformers.AttentionInterface()["attncomp"](module, q, k, v, bias[:, :3], scaling=0.25)
 
 
 def test_a_spec_that_cannot_apply_the_padding_is_refused():

@@ -9,10 +9,12 @@ import pytest
 
 from tests.hf.models import (
     CHUNK,
+    IMAGE,
     WINDOW,
     T,
     assert_same_model_outputs,
     gemma2_config,
+    gemma3_config,
     gpt2_config,
     gpt_oss_config,
     llama4_config,
@@ -111,3 +113,23 @@ def test_llama4_generates_across_chunks_as_sdpa_does(llama4):
         tokens = ours.generate(ids, **settings)
         expected = theirs.generate(ids, **settings)
     assert torch.equal(tokens, expected)
+
+
+def test_gemma3_images_on_sliding_layers_match_sdpa():
+    """An image's 4 tokens see each other on both layers: on the full layer through the blocks read
+    from the mask function, on the sliding one (blocks OR causal, AND the window: custom overlays)
+    through the mask evaluated pair by pair, as data. Left padding, logits and greedy tokens."""
+    ours, theirs = model_pair(gemma3_config)
+    ids, mask = padded_batch("left", seed=11, lengths=(T, 9))
+    ids[0, 2:6], ids[1, 6:10] = IMAGE, IMAGE
+    images = dict(pixel_values=torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(0)))
+    images["token_type_ids"] = (ids == IMAGE).long()
+    with torch.no_grad():
+        logits = ours(input_ids=ids, attention_mask=mask, **images).logits
+        want = theirs(input_ids=ids, attention_mask=mask, **images).logits
+        real = mask.bool()
+        torch.testing.assert_close(logits[real], want[real], rtol=1e-4, atol=1e-5)
+        causal = ours(input_ids=ids, attention_mask=mask, pixel_values=images["pixel_values"]).logits
+        assert not torch.allclose(causal[real], want[real], atol=1e-3)  # without the blocks: other logits
+        settings = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0, **images)
+        assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))

@@ -100,3 +100,28 @@ def generic_alibi(
     b, h, i, j = ac.index(s)
     s = ac.where(j <= i, s + slopes[h] * (j - i), -ac.inf)
     return ac.softmax(s, axis=-1) @ v
+
+
+@ac.spec
+def dense(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    m: ac.bool_["B", "T", "S"],
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(m[b, i, j], s, -ac.inf)) @ v
+
+
+@ac.spec
+def dense_bias(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    bias: ac.f32["B", "H", "T", "S"],
+):
+    """An additive mask per head, as PyTorch's SDPA takes one: ``-inf`` hides a key."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(bias[b, h, i, j] > -ac.inf, s + bias[b, h, i, j], -ac.inf)) @ v

@@ -81,3 +81,39 @@ def test_a_row_with_no_visible_key_gives_zeros_and_minus_infinite_lse():
     ref_out, ref_lse = ac.interpret(shifted, x, x, x)
     np.testing.assert_allclose(out[1:], ref_out[1:], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(lse[1:], ref_lse[1:], rtol=1e-5)
+
+
+def test_a_mask_given_as_data_is_summarised_over_both_positions():
+    """m[b, i, j] read at a tile's rows and keys: bounded by its minimum and maximum over the tile."""
+    rng = np.random.default_rng(3)
+    T = 256
+    x = rng.standard_normal((2, 1, T, 8)).astype(np.float32)
+    causal = np.tril(np.ones((T, T), bool))
+    m = np.stack([causal, causal])
+    m[1, 130:, :64] = False  # batch 1: rows of the last two blocks see nothing of the first
+    m[1, 200, 10] = True  # but one
+    fn = ac.compile(specs.dense, backend="interp")
+    assert fn.ir("final").count("ac.block_reduce") == 4  # min and max along T, then along S
+    tiles = fn.block_map(x, x, x, m)
+    np.testing.assert_array_equal(tiles[0, 0], ac.compile(specs.causal, backend="interp").block_map(x, x, x)[0, 0])
+    assert tiles[1, 0, 2, 0] == MASKED and tiles[1, 0, 3, 0] == MASKED  # row 130 sees key 0; row 200 key 10
+    m[1, 200, 10] = False
+    tiles = fn.block_map(x, x, x, m)
+    assert tiles[1, 0, 3, 0] == SKIPPED and tiles[1, 0, 3, 1] == FULL
+    np.testing.assert_allclose(fn(x, x, x, m), ac.interpret(specs.dense, x, x, x, m), rtol=1e-6, atol=1e-7)
+
+
+def test_an_additive_mask_per_head_skips_tiles_of_minus_infinity():
+    rng = np.random.default_rng(4)
+    T = 128
+    q, k, v = (rng.standard_normal((1, 2, T, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((1, 2, T, T)).astype(np.float32)
+    bias[0, 0, :64, 64:] = -np.inf  # head 0: the first rows see only the first keys
+    bias[0, 1, 64:, :64] = -np.inf  # head 1: the last rows see only the last keys
+    fn = ac.compile(specs.dense_bias, backend="interp")
+    tiles = fn.block_map(q, k, v, bias)[0]
+    np.testing.assert_array_equal(tiles, [[[FULL, SKIPPED], [FULL, FULL]], [[FULL, FULL], [SKIPPED, FULL]]])
+    want = ac.interpret(specs.dense_bias, q, k, v, bias)
+    for backend in ("interp", "cpu"):
+        got = ac.compile(specs.dense_bias, backend=backend)(q, k, v, bias)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -19,7 +19,7 @@ from attncomp.backends.numba_cuda.host.graph_kernel_writer import (
 from attncomp.backends.numba_cuda.host.launches import MATMUL_TILE
 from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import dim
-from attncomp.ir.types import TensorType, accumulation_dtype, is_float
+from attncomp.ir.types import BOOL_DTYPE, TensorType, accumulation_dtype, is_float
 
 ROWS = {"ac.reduce", "ac.softmax", "ac.logsumexp", "ac.block_reduce"}
 
@@ -130,7 +130,11 @@ def row_kernel(name: str, op: Op, fused: FusedReduction | None = None) -> GraphK
         at[axis] = "u"
         w.line("for u in range(first + 1, stop):")
         with w.indent():
-            w.line(f"total = {'min' if kind == 'min' else 'max'}(total, {src}[{', '.join(at)}])")
+            element = f"{src}[{', '.join(at)}]"
+            if src_value.type.dtype == BOOL_DTYPE:  # a boolean's minimum is "and", its maximum "or"
+                w.line(f"total = total {'&' if kind == 'min' else '|'} {element}")
+            else:
+                w.line(f"total = {'min' if kind == 'min' else 'max'}(total, {element})")
         k.store(index, "total")
         return k.finish()
     # softmax / logsumexp: one row (all axes but one) per iteration
