@@ -21,14 +21,18 @@ from attncomp.ir.types import NUMPY_DTYPES, is_float
 from attncomp.passes.pipeline import edit_pipeline, make_pass
 
 
-def backward_of(c: Compilation) -> Compilation:
-    """The compiled backward: ``autodiff`` after the graph passes, then tiled like the forward."""
+def backward_of(c: Compilation, without: tuple[str, ...] = ()) -> Compilation:
+    """The compiled backward: ``autodiff`` after the graph passes, then tiled like the forward.
+
+    ``without``: floating arguments, by name, whose gradients it neither computes nor returns.
+    """
 
     def make() -> Compilation:
-        passes = edit_pipeline(c.passes, insert=make_pass("autodiff"), before="flash-tiling")
+        autodiff = make_pass("autodiff", without="+".join(without))
+        passes = edit_pipeline(c.passes, insert=autodiff, before="flash-tiling")
         return c.derive(passes, name=f"{c.name}_backward")
 
-    return c.variant("backward", make)
+    return c.variant(("backward", *without) if without else "backward", make)
 
 
 def saving_forward_of(c: Compilation) -> Compilation:

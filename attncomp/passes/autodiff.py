@@ -4,6 +4,10 @@ The pass replaces the module's function ``@f(args) -> results`` by
 
     @f_backward(args..., saved..., d_results...) -> (d_arg for each floating argument)
 
+but for the floating arguments named in its option ``without`` (``autodiff{without=bias+slopes}``):
+their gradients are neither returned nor computed, as if they were constants (a mask added to
+the scores that nothing learns: its gradient would be a ``T x S`` scatter).
+
 ``saved`` are, for each fused ``ac.attention`` in program order, its output
 and its log-sum-exp as the forward computed them (``save-residuals`` makes the
 forward return them: O(T) extra beside the output, never a T x S array).
@@ -227,7 +231,7 @@ def _rebind(regions: list[Block], mapping: dict[Value, Value]) -> None:
             op.operands = [mapping.get(v, v) for v in op.operands]
 
 
-def backward_function(fwd: Func) -> Func:
+def backward_function(fwd: Func, without: frozenset[str] = frozenset()) -> Func:
     block = Block()
     mapping: dict[Value, Value] = {}
     for arg in fwd.args:
@@ -257,7 +261,14 @@ def backward_function(fwd: Func) -> Func:
         )
         block.ops.append(clone)
         mapping.update(zip(op.results, clone.results))
-    float_args = [a for a in fwd.args if _is_float(a)]
+    floating = [a for a in fwd.args if _is_float(a)]
+    unknown = without - {a.name for a in floating}
+    if unknown:
+        raise PipelineError(
+            f"autodiff: without={'+'.join(sorted(unknown))} names no floating argument of @{fwd.name} "
+            f"({', '.join(a.name for a in floating)})"
+        )
+    float_args = [a for a in floating if a.name not in without]
     active = active_values(body, set(float_args))
     sweep = FunctionSweep(ad, mapping, active, saved)
     for result, cotangent in zip(results, cotangents):
@@ -282,6 +293,8 @@ def backward_function(fwd: Func) -> Func:
 class Autodiff(Pass):
     name = "autodiff"
     summary = "replace the function by its backward (reverse-mode gradients as IR)"
+    #: floating arguments that get no gradient, by name, joined by ``+``
+    without: str = ""
 
     def run(self, module: Module, remarks: list[str]) -> None:
         fwd = module.main
@@ -289,4 +302,4 @@ class Autodiff(Pass):
             raise PipelineError("autodiff: the function is already tiled; run autodiff before flash-tiling")
         if "cached_length" in fwd.attrs:
             raise PipelineError("autodiff: a decoder step has no backward")
-        module.funcs[0] = backward_function(fwd)
+        module.funcs[0] = backward_function(fwd, frozenset(filter(None, self.without.split("+"))))

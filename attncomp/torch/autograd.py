@@ -106,24 +106,37 @@ def gradients(ctx: Any, grads: Sequence[Any]) -> tuple[torch.Tensor | None, ...]
         return tuple(argument_gradients(inputs, op.floating, out if isinstance(out, tuple) else (out,)))
     if plan is None:
         plan = op.plan_of(inputs).saving(inputs)
+    without = unwanted(op, ctx)
     if not torch.is_grad_enabled():
-        return tuple(run_backward(plan, ctx.arrays, tensors))
+        return tuple(run_backward(plan, ctx.arrays, tensors, without))
     with torch.no_grad():  # create_graph: the gradients are not differentiable again
-        out = run_backward(plan, ctx.arrays, tensors)
+        out = run_backward(plan, ctx.arrays, tensors, without)
     return not_differentiable(torch, out)
 
 
-def run_backward(plan: Plan, arrays: list | None, tensors: tuple[torch.Tensor, ...]) -> list:
+def unwanted(op: TorchFunction, ctx: Any) -> tuple[str, ...]:
+    """The floating arguments, by name, whose tensors need no gradient in this backward (a mask added
+    to the scores): the backward run without them neither computes nor returns theirs."""
+    needs = getattr(ctx, "needs_input_grad", None)
+    if needs is None:
+        return ()
+    needs = needs[len(needs) - op.n_args :]  # an eager call's Function also takes the plan, first
+    return tuple(name for name, f, need in zip(op.arg_names, op.floating, needs) if f and not need)
+
+
+def run_backward(plan: Plan, arrays: list | None, tensors: tuple[torch.Tensor, ...], without: tuple = ()) -> list:
     """The compiled backward on the arguments, residuals and cotangents (``tensors``), reading the eager
-    forward's host ``arrays`` of the first two where it kept them; one gradient per argument."""
+    forward's host ``arrays`` of the first two where it kept them; one gradient per argument (None for
+    the floating arguments ``without``, whose gradients the backward it runs does not compute)."""
     inputs = tensors[: len(plan.dtypes)]
+    backward, bf16 = plan.backward_without(without) if without else (plan.backward, plan.backward_bf16)
     if arrays is None:
-        out = plan.run(plan.backward, tensors, None, plan.backward_bf16)
+        out = plan.run(backward, tensors, None, bf16)
     else:  # the forward's numpy views of what was saved, not converted again
-        bf16, torch = plan.backward_bf16, plan.torch
+        torch = plan.torch
         cotangents = tensors[len(arrays) :]
-        out = wrap(torch, plan.run_arrays(plan.backward, [*arrays, *numpy_views(torch, cotangents, bf16)], None), bf16)
-    return plan.gradients(inputs, out)
+        out = wrap(torch, plan.run_arrays(backward, [*arrays, *numpy_views(torch, cotangents, bf16)], None), bf16)
+    return plan.gradients(inputs, out, without)
 
 
 @functools.cache

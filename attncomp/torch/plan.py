@@ -102,6 +102,8 @@ class Plan:
         #: the dtypes the backward op's tensors have when autograd calls it: these arguments', then
         #: the residuals' and the cotangents' (others, from a hand-made call, are checked first)
         self.backward_dtypes: tuple = ()
+        #: backwards without some arguments' gradients (:meth:`backward_without`), by their names
+        self.partial: dict[tuple[str, ...], tuple[Compilation, bool]] = {}
 
     def saving(self, tensors: Sequence[torch.Tensor]) -> Plan:
         """Make the saving forward and the backward, once (the first call that needs them)."""
@@ -126,6 +128,14 @@ class Plan:
         self.backward_dtypes = (*self.dtypes, *[torch_dtype(self.torch, a.type.dtype) for a in rest])
         self.forward, self.backward = forward, backward
         return self
+
+    def backward_without(self, names: tuple[str, ...]) -> tuple[Compilation, bool]:
+        """The backward that neither computes nor returns the gradients of the floating arguments
+        ``names`` (a call where they need none), and whether bf16 crosses it; made on first use."""
+        if names not in self.partial:
+            backward = backward_of(self.plain, names)
+            self.partial[names] = (backward, self.bf16_in or crosses_bf16(backward))
+        return self.partial[names]
 
     # running ---------------------------------------------------------------------------------------
     def run_arrays(self, compiled: Compilation, arrays: Sequence[np.ndarray], picked: Sequence[int] | None) -> list:
@@ -153,9 +163,14 @@ class Plan:
         results = self.run(self.plain, tensors, None, self.plain_bf16)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def gradients(self, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> list:
-        """The backward's results as one gradient per argument (None for those not floating), in
-        each argument's dtype."""
+    def gradients(
+        self, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor], without: tuple[str, ...] = ()
+    ) -> list:
+        """The backward's results as one gradient per argument (None for those not floating and
+        those ``without``), in each argument's dtype."""
+        if without:
+            floating = [f and name not in without for f, name in zip(self.op.floating, self.op.arg_names)]
+            return argument_gradients(inputs, floating, out)
         return list(out) if self.plain_gradients else argument_gradients(inputs, self.op.floating, out)
 
 

@@ -171,6 +171,22 @@ def test_integer_inputs_get_no_gradient():
     assert torch.any(k.grad[:, :, :5] != 0)
 
 
+def test_an_argument_that_needs_no_gradient_gets_none_computed(alibi):
+    """Slopes that need no gradient (frozen, or a mask added to the scores): the backward that runs
+    neither computes nor returns theirs; the others' are the full backward's."""
+    full, frozen = alibi_inputs(seed=6), alibi_inputs(seed=6)
+    frozen[3].requires_grad_(False)
+    alibi(*full).square().sum().backward()
+    alibi(*frozen).square().sum().backward()
+    assert frozen[3].grad is None and full[3].grad is not None
+    for k in range(3):
+        np.testing.assert_allclose(frozen[k].grad.numpy(), full[k].grad.numpy(), rtol=1e-6, atol=1e-7)
+    plan = alibi.plan_of(frozen)
+    backward, _ = plan.partial[("slopes",)]
+    assert len(backward.func.results) == 3 and len(plan.backward.func.results) == 4
+    assert "d_slopes" not in backward.ir("autodiff") and "d_slopes" in plan.backward.ir("autodiff")
+
+
 def test_non_contiguous_inputs(alibi):
     q, k, v, slopes = alibi_inputs(requires_grad=False)
     q_t = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, other strides
