@@ -16,6 +16,7 @@ compiled once, on first use, and its torch op is shared by every layer that uses
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -203,7 +204,28 @@ def dense_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> to
         raise ValueError(f"attncomp.hf: attention_mask: the 4D mask covers {shape[3]} keys; the layer has {keys}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"attncomp.hf: attention_mask: a 4D mask must be boolean or float, got {mask.dtype}")
-    mask = mask[..., :keys].expand(batch, -1, -1, -1)
     if mask.dtype != torch.bool:
-        mask = mask.to(query.dtype)
+        mask = boolean_form(mask.to(query.dtype))
+    mask = mask[..., :keys].expand(batch, -1, -1, -1)
     return mask[:, 0] if shape[1] == 1 else mask
+
+
+#: (the float mask, its version, its boolean form or itself) last seen: a forward hands every layer
+#: the same mask, so it is read once a forward, not once a layer
+_LAST: list[Any] = [None, -1, None]
+
+
+def boolean_form(mask: torch.Tensor) -> torch.Tensor:
+    """A float mask whose every value is 0 or at most half the type's lowest (transformers' own masks:
+    0 and the lowest value) as the boolean mask it is: the same attention, whose tiles that it shows
+    whole read nothing. Else (biases, a mask that learns, under ``torch.compile``, which cannot branch
+    on data) the float mask itself."""
+    if mask.requires_grad or torch.compiler.is_compiling():
+        return mask
+    held, version, form = _LAST
+    if held is not None and held() is mask and version == mask._version:
+        return form
+    hidden = mask <= torch.finfo(mask.dtype).min / 2
+    form = ~hidden if bool((hidden | (mask == 0)).all()) else mask
+    _LAST[:] = [weakref.ref(mask), mask._version, form]
+    return form

@@ -103,8 +103,24 @@ def test_a_mask_per_head_with_biases_is_added_as_sdpa_adds_it():
     cotangent = torch.randn_like(got)
     for a, b in zip(torch.autograd.grad(got, (q, k, v), cotangent), torch.autograd.grad(want, (q, k, v), cotangent)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    shared = bias[:, :1, :, :T]  # one mask for every head: hf_attention_bias
+    got, _ = transformers.AttentionInterface()["attncomp"](module, q, k, v, shared, scaling=0.25)
+    want, _ = sdpa_attention_forward(module, q, k, v, shared, scaling=0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="attention_mask: a 4D mask must be"):
         transformers.AttentionInterface()["attncomp"](module, q, k, v, bias[:, :3], scaling=0.25)
+
+
+def test_a_float_mask_of_zeros_and_the_lowest_value_is_attended_as_a_boolean_one():
+    from attncomp.hf.attention import boolean_form
+
+    mask = packed_4d_mask("float")
+    form = boolean_form(mask)
+    assert form.dtype == torch.bool and torch.equal(form, packed_4d_mask("bool"))
+    assert boolean_form(mask) is form  # read once for every layer of a forward
+    mask[0, 0, 0, 0] = 0.5  # a bias: added, as it is
+    assert boolean_form(mask) is mask
+    assert boolean_form(packed_4d_mask("float").requires_grad_()).dtype == torch.float32  # it learns
 
 
 def test_a_spec_that_cannot_apply_the_padding_is_refused():
