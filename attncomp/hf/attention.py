@@ -24,10 +24,10 @@ import torch
 
 import attncomp as ac
 from attncomp.hf.masks import MaskFacts
-from attncomp.hf.specs import DEFAULT_SPECS, MASK_SPECS
+from attncomp.hf.specs import DEFAULT_SPECS, MASK_SPECS, hf_attention_position_bias
 
 #: the arguments filled from the mask and the layer, by name
-FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "sinks")
+FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks")
 #: the constants filled from the layer (and ``floor`` from a float mask's type), by name
 LAYER_CONSTANTS = ("scale", "window", "softcap", "causal", "floor")
 
@@ -78,7 +78,7 @@ class AttncompAttention:
         self.spec = spec
         self.backend = backend
         self.inputs = dict(inputs or {})
-        defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values()]
+        defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values(), hf_attention_position_bias]
         self._keys = {s.name: spec_key(s) for s in (defaults if spec is None else [spec])}
         if spec is not None and len(spec.arg_names) < 3:
             raise TypeError(f"attncomp.hf: @{spec.name} must take query, key and value as its first three arguments")
@@ -101,34 +101,25 @@ class AttncompAttention:
             raise NotImplementedError(
                 f"attncomp.hf: attention dropout ({dropout}) is not supported; set the config's attention dropout to 0"
             )
-        if kwargs.get("position_bias") is not None:
-            raise NotImplementedError("attncomp.hf: a model's position_bias tensor is not supported; register a spec")
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
         mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
+        bias = kwargs.get("position_bias")
+        if bias is not None:
+            bias = position_bias(bias, query, key)
+            if mask is not None:  # a mask given as data too: one float mask a head, as sdpa combines them
+                shown = mask if mask.dim() == 4 else mask[:, None]
+                mask = torch.where(shown, bias, -torch.inf) if shown.dtype == torch.bool else bias + shown
+                bias = None
         if mask is not None and mask.dtype != torch.bool:
             layer["floor"] = torch.finfo(mask.dtype).min / 2
-        blocks = facts.q_blk is not None
-        spec = self.spec
-        if spec is None and mask is not None:
-            if s_aux is not None:
-                raise NotImplementedError(
-                    "attncomp.hf: a mask given as data (a 4D mask, or a custom mask function) and attention sinks "
-                    "in one layer: no default spec takes both; register a spec that does"
-                )
-            spec = MASK_SPECS[(mask.dtype == torch.bool, mask.dim() == 4)]
-        elif spec is None:
-            if blocks and s_aux is not None:
-                raise NotImplementedError(
-                    "attncomp.hf: bidirectional blocks and attention sinks in one layer: no default spec takes "
-                    "both; register a spec that does (attncomp.hf.register(name, spec=...))"
-                )
-            spec = DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
-        self._check(spec, facts, layer, s_aux, query, key)
+        spec = self.spec or default_spec(facts, mask, bias, s_aux)
+        self._check(spec, facts, layer, s_aux, query, key, bias)
         constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and c in layer)
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
         values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux, "mask": mask}
+        values["position_bias"] = bias
         values.update(q_blk=facts.q_blk, k_blk=facts.k_blk)
         if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
             values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])
@@ -151,7 +142,7 @@ class AttncompAttention:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return MaskFacts(shift, None, None, sliding_window, bool(causal))
 
-    def _check(self, spec: ac.Spec, facts: MaskFacts, layer: dict, s_aux: Any, query: Any, key: Any) -> None:
+    def _check(self, spec: ac.Spec, facts: MaskFacts, layer: dict, s_aux: Any, query: Any, key: Any, bias: Any) -> None:
         """Refuse what the spec cannot compute rather than compute another attention."""
         names, missing = set(spec.arg_names), []
         dense = facts.dense is not None  # the mask is the whole of it: no shift, segments, window or blocks
@@ -161,6 +152,8 @@ class AttncompAttention:
             missing.append("q_doc and k_doc (the batch is padded or packed)")
         if facts.q_blk is not None and not {"q_blk", "k_blk"} <= names:
             missing.append("q_blk and k_blk (the mask has bidirectional blocks, such as an image's tokens)")
+        if bias is not None and "position_bias" not in names:
+            missing.append("position_bias (the model adds a bias per head to the scores)")
         if s_aux is not None and "sinks" not in names:
             missing.append("sinks (the layer has attention sinks)")
         if layer["window"] and "window" not in spec.constants:
@@ -208,6 +201,42 @@ def dense_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> to
         mask = boolean_form(mask.to(query.dtype))
     mask = mask[..., :keys].expand(batch, -1, -1, -1)
     return mask[:, 0] if shape[1] == 1 else mask
+
+
+def default_spec(facts: MaskFacts, mask: Any, bias: Any, s_aux: Any) -> ac.Spec:
+    """The default spec for a call: by what its mask holds, a position bias, sinks (the specs of
+    :mod:`attncomp.hf.specs`); two that no default spec takes together are refused by name."""
+    blocks = facts.q_blk is not None
+    parts = {
+        "a position_bias": bias is not None,
+        "a mask given as data (a 4D mask, or a custom mask function)": mask is not None,
+        "bidirectional blocks": blocks,
+        "attention sinks": s_aux is not None,
+    }
+    present = [name for name, there in parts.items() if there]
+    if len(present) > 1:
+        raise NotImplementedError(
+            f"attncomp.hf: {' and '.join(present)} in one layer: no default spec takes them together; register a "
+            "spec that does (attncomp.hf.register(name, spec=...))"
+        )
+    if bias is not None:
+        return hf_attention_position_bias
+    if mask is not None:
+        return MASK_SPECS[(mask.dtype == torch.bool, mask.dim() == 4)]
+    return DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
+
+
+def position_bias(bias: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """A model's ``position_bias`` (``[B or 1, H, T, S]``, T5's) as a spec reads it: ``[B, H, T, S]`` in
+    the query's type, its gradient flowing back through the expansion to the model's bias."""
+    (batch, heads, length), keys = query.shape[:3], key.shape[2]
+    shape = tuple(bias.shape)
+    if len(shape) != 4 or shape[0] not in (1, batch) or shape[1:] != (heads, length, keys):
+        raise ValueError(
+            f"attncomp.hf: position_bias must be [{batch} or 1, {heads}, {length}, {keys}] for these queries and "
+            f"keys, got {list(shape)}"
+        )
+    return bias.to(query.dtype).expand(batch, -1, -1, -1)
 
 
 #: (the float mask, its version, its boolean form or itself) last seen: a forward hands every layer

@@ -16,6 +16,8 @@ The compile-time constants are the layer's: ``scale`` (the model's ``scaling``),
 ``sliding_window_overlay``), ``softcap`` (Gemma 2's ``cap * tanh(s / cap)``, 0.0 for none) and
 ``causal`` (False for bidirectional layers).
 
+- ``position_bias[b, h, i, j]``: a model's bias per head added to the scores, T5's learned
+  relative positions (``hf_attention_position_bias``).
 - ``q_blk[b, i]``, ``k_blk[b, j]``: bidirectional blocks in a causal mask (an image's tokens,
   transformers' ``block_sequence_ids``): a query also sees every key of its own block (id >= 0),
   later ones included (``hf_attention_blocks``).
@@ -54,13 +56,17 @@ def masked_scores(
     causal: bool,
     q_blk: Any = None,
     k_blk: Any = None,
+    bias: Any = None,
 ) -> Any:
-    """The scores of the layer: scaled, soft-capped, and ``-inf`` where the mask hides a key."""
+    """The scores of the layer: scaled, soft-capped, plus ``bias[b, h, i, j]`` where given (T5's
+    ``position_bias``), and ``-inf`` where the mask hides a key."""
     n_rep = q.shape[1] // k.shape[1]
     scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
     if softcap:
         scores = softcap * ac.tanh(scores / softcap)
     b, h, i, j = ac.index(scores)
+    if bias is not None:
+        scores = scores + bias[b, h, i, j]
     position = i + shift[b]  # the query's position among the keys
     visible = None
     if causal:
@@ -203,6 +209,29 @@ def hf_attention_blocks(
     (``q_blk[b, i] == k_blk[b, j] >= 0``: an image's tokens, transformers' ``block_sequence_ids``)."""
     scores = masked_scores(
         q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, q_blk=q_blk, k_blk=k_blk
+    )
+    return attend(q, k, v, scores)
+
+
+@ac.spec
+def hf_attention_position_bias(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
+    position_bias: ac.floating["B", "H", "T", "S"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention_segments`` with a bias per head added to the scores (T5's learned relative
+    position bias, ``position_bias``; its gradient flows back to it)."""
+    scores = masked_scores(
+        q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, bias=position_bias
     )
     return attend(q, k, v, scores)
 

@@ -74,6 +74,23 @@ def llama4_config():
     )
 
 
+def t5_config():
+    # an encoder and a decoder of 2 layers each; learned relative positions in 8 buckets (the first
+    # layer's bias, shared by the others: position_bias), no scaling of the scores, no dropout
+    return transformers.T5Config(
+        vocab_size=VOCAB,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+    )
+
+
 def gemma3_config():
     """Gemma 3 with a one-layer SigLIP tower: 28 x 28 images become 4 tokens (id 99) that see each
     other both ways; layer 0 slides (transformers overlays the images' blocks on it as mask
@@ -106,11 +123,11 @@ def model_pair(make_config: Callable, reference: str = "sdpa", seed: int = 0, **
     config = make_config()
     for key, value in overrides.items():
         setattr(config, key, value)
-    auto = (
-        transformers.AutoModelForImageTextToText
-        if hasattr(config, "vision_config")
-        else transformers.AutoModelForCausalLM
-    )
+    auto = transformers.AutoModelForCausalLM
+    if hasattr(config, "vision_config"):
+        auto = transformers.AutoModelForImageTextToText
+    elif config.is_encoder_decoder:
+        auto = transformers.AutoModelForSeq2SeqLM
     ours = auto.from_config(copy.deepcopy(config), attn_implementation="attncomp")
     theirs = auto.from_config(copy.deepcopy(config), attn_implementation=reference)
     theirs.load_state_dict(ours.state_dict())

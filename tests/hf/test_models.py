@@ -21,6 +21,7 @@ from tests.hf.models import (
     mistral_config,
     model_pair,
     padded_batch,
+    t5_config,
 )
 
 torch = pytest.importorskip("torch")
@@ -132,4 +133,19 @@ def test_gemma3_images_on_sliding_layers_match_sdpa():
         causal = ours(input_ids=ids, attention_mask=mask, pixel_values=images["pixel_values"]).logits
         assert not torch.allclose(causal[real], want[real], atol=1e-3)  # without the blocks: other logits
         settings = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0, **images)
+        assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_t5_relative_position_bias_matches_sdpa(side):
+    """T5's learned relative positions reach the attention as ``position_bias`` (``[1, H, T, S]``):
+    added to the scores of the encoder, the decoder (causal) and the cross-attention (zeros), on top
+    of the padding; logits, loss, every gradient (the bias's embedding included) and greedy tokens."""
+    ours, theirs = model_pair(t5_config)
+    ids, mask = padded_batch(side, seed=12)
+    assert_same_model_outputs(ours, theirs, ids, mask)
+    bias = ours.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    with torch.no_grad():
         assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
