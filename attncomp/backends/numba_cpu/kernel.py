@@ -162,6 +162,9 @@ class KernelWriter(KernelSource):
     def scores_by_keys(self, compute: TileCompute, with_mask: bool) -> None:
         """Scores of the transposed tile ``st[c, r]`` and each row's max, vectorised over the rows."""
         w = self.w
+        if reads_along_keys(compute, with_mask):
+            self.scores_by_keys_row_first(compute, with_mask)
+            return
         w.line("for r in range(nq):")
         with w.indent():
             w.line("mx[r] = ACC(-np.inf)")
@@ -173,6 +176,27 @@ class KernelWriter(KernelSource):
                 self.score(compute, with_mask, self.row_index(compute), j, "st[c, r]")
                 w.line("st[c, r] = xv")
                 w.line("mx[r] = MAXIMUM(mx[r], xv)  # NaN-propagating, and vectorised")
+
+    def scores_by_keys_row_first(self, compute: TileCompute, with_mask: bool) -> None:
+        """``scores_by_keys`` where the scores read a captured tensor along the keys of a row
+        (``bias[b, h, i, j]``: T5's position bias, a mask given as data): the tile is scored row by
+        row, each row's reads one run of memory (by keys, each read its own cache line: a row's
+        stride apart, so 64 rows are 64 streams no prefetcher follows), and the rows' maxima taken
+        after, down the transposed tile, vectorised."""
+        w = self.w
+        w.line("for r in range(nq):")
+        with w.indent():
+            i = self.row_index(compute)
+            w.line("for c in range(nk):")
+            with w.indent():
+                self.score(compute, with_mask, i, self.key_index(compute), "st[c, r]")
+                w.line("st[c, r] = xv")
+            w.line("mx[r] = ACC(-np.inf)")
+        w.line("for c in range(nk):")
+        with w.indent():
+            w.line("for r in range(nq):")
+            with w.indent():
+                w.line("mx[r] = MAXIMUM(mx[r], st[c, r])  # NaN-propagating, and vectorised")
 
     def scores_by_rows(self, compute: TileCompute, with_mask: bool) -> None:
         """Scores of the row-major tile ``sr[r, c]`` and each row's max, vectorised over the keys."""
@@ -681,3 +705,18 @@ class KernelWriter(KernelSource):
 
 def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], jit: sig.Jit) -> str:
     return KernelWriter(name, tiled, captured, dims).write(jit)
+
+
+def reads_along_keys(compute: TileCompute, with_mask: bool) -> bool:
+    """Whether the scores (or the mask, where evaluated) gather a captured tensor at a row's keys: its
+    last index the key position, another the row's (``bias[b, h, i, j]``)."""
+    regions = [compute.score.regions[0]]
+    if with_mask and compute.mask is not None:
+        regions.append(compute.mask.regions[0])
+    for region in regions:
+        n = len(region.args) - (1 if region is compute.score.regions[0] else 0)  # the score's last is the product
+        row, key = region.args[n - 2], region.args[n - 1]
+        for op in region.ops:
+            if op.name == "ac.gather" and op.operands[-1] is key and row in op.operands[1:-1]:
+                return True
+    return False
