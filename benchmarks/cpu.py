@@ -130,6 +130,7 @@ def attention_cases(quick: bool, repeats: int) -> list[Row]:
         )
     )
     rows.append(data_mask_case(rng, 1024 if quick else 4096, repeats))
+    rows.append(position_bias_case(rng, 512 if quick else 2048, repeats))
     cache = 1024 if quick else 4096
     q, k, v = inputs(rng, 1, 32, 1, cache, 128, kv=8)
     rows.append(
@@ -162,6 +163,23 @@ def data_mask_case(rng, t: int, repeats: int) -> Row:
         repeats,
         with_numpy=False,
         pairs=int(mask.sum()),
+    )
+
+
+def position_bias_case(rng, t: int, repeats: int) -> Row:
+    """T5's attention: a ``[1, H, T, S]`` bias added to unscaled scores; SDPA takes it as its float mask."""
+    q, k, v = inputs(rng, 1, 8, t, t, 64)
+    bias = rng.standard_normal((1, 8, t, t), dtype=np.float32)
+    q8 = q * np.float32(8.0)  # SDPA scales the scores by D**-0.5 = 1/8
+    return time_case(
+        f"T5 position bias [1, 8, T, S], T=S={t}",
+        specs.position_bias,
+        (q, k, v, bias),
+        {},
+        lambda torch: peers.torch_attention(torch, q8, k, v, mask=bias),
+        lambda: None,
+        repeats,
+        with_numpy=False,
     )
 
 

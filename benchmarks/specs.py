@@ -43,6 +43,19 @@ def data_mask(
 
 
 @ac.spec
+def position_bias(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    bias: ac.f32["B", "H", "T", "S"],
+):
+    """A bias per head added to the scores, unscaled (T5's learned relative positions)."""
+    s = q @ k.mT
+    b, h, i, j = ac.index(s)
+    return ac.softmax(s + bias[b, h, i, j], axis=-1) @ v
+
+
+@ac.spec
 def gqa_decode(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "KV", "S", "D"], v: ac.f32["B", "KV", "S", "D"]):
     n_rep = q.shape[1] // k.shape[1]
     s = (q @ ac.repeat_kv(k, n_rep).mT) * q.shape[-1] ** -0.5
