@@ -14,32 +14,56 @@ if not torch.cuda.is_available():
     pytest.skip("PyTorch sees no CUDA GPU", allow_module_level=True)
 
 import attncomp.hf  # noqa: E402
-from tests.hf.models import T, llama_config, logits_and_grads, mistral_config, padded_batch  # noqa: E402
+from tests.hf.models import (  # noqa: E402
+    VOCAB,
+    T,
+    llama_config,
+    logits_and_grads,
+    mistral_config,
+    padded_batch,
+    t5_config,
+)
+from tests.hf.test_masks_and_specs import packed_4d_mask  # noqa: E402
 
 
 def cuda_pair(make_config):
     attncomp.hf.register("attncomp_cuda", backend="cuda")
     torch.manual_seed(0)
     config = make_config()
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="attncomp_cuda")
-    theirs = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+    ours = auto.from_config(copy.deepcopy(config), attn_implementation="attncomp_cuda")
+    theirs = auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
     theirs.load_state_dict(ours.state_dict())
     return ours.cuda().eval(), theirs.cuda().eval()
 
 
-@pytest.mark.parametrize("make_config", [llama_config, mistral_config], ids=["llama", "mistral"])
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_padded_batch_on_cuda_matches_sdpa(make_config, side):
-    ours, theirs = cuda_pair(make_config)
-    ids, mask = (x.cuda() for x in padded_batch(side))
+def assert_same_on_cuda(ours, theirs, ids, mask, real) -> None:
     logits, loss, grads = logits_and_grads(ours, ids, mask)
     ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
     assert logits.is_cuda
-    real = mask.bool()
     torch.testing.assert_close(logits[real], ref_logits[real], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("make_config", [llama_config, mistral_config, t5_config], ids=["llama", "mistral", "t5"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_on_cuda_matches_sdpa(make_config, side):
+    """T5: its position bias added to the scores on the device, its gradient back to the embedding."""
+    ours, theirs = cuda_pair(make_config)
+    ids, mask = (x.cuda() for x in padded_batch(side))
+    assert_same_on_cuda(ours, theirs, ids, mask, mask.bool())
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_4d_mask_on_cuda_matches_sdpa(kind):
+    """A caller's 4D mask (two packed sequences a row) as data on the device: tiles classified from
+    its block summaries, boolean or float (zeros and the lowest value: read as the boolean it is)."""
+    ours, theirs = cuda_pair(llama_config)
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(3)).cuda()
+    mask = packed_4d_mask(kind).cuda()
+    assert_same_on_cuda(ours, theirs, ids, mask, torch.ones_like(ids, dtype=torch.bool))
 
 
 def test_greedy_generate_on_cuda_gives_sdpas_tokens():
