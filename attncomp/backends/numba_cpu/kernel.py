@@ -163,7 +163,10 @@ class KernelWriter(KernelSource):
         """Scores of the transposed tile ``st[c, r]`` and each row's max, vectorised over the rows."""
         w = self.w
         if reads_along_keys(compute, with_mask):
-            self.scores_by_keys_row_first(compute, with_mask)
+            # the scores read a captured tensor along a row's keys (``bias[b, h, i, j]``: T5's position
+            # bias, a mask given as data): by keys, each read would be its own cache line, a row's
+            # stride apart (64 rows: 64 streams no prefetcher follows); row by row, one run of memory
+            self.scores_by_rows(compute, with_mask, "st[c, r]")
             return
         w.line("for r in range(nq):")
         with w.indent():
@@ -177,29 +180,9 @@ class KernelWriter(KernelSource):
                 w.line("st[c, r] = xv")
                 w.line("mx[r] = MAXIMUM(mx[r], xv)  # NaN-propagating, and vectorised")
 
-    def scores_by_keys_row_first(self, compute: TileCompute, with_mask: bool) -> None:
-        """``scores_by_keys`` where the scores read a captured tensor along the keys of a row
-        (``bias[b, h, i, j]``: T5's position bias, a mask given as data): the tile is scored row by
-        row, each row's reads one run of memory (by keys, each read its own cache line: a row's
-        stride apart, so 64 rows are 64 streams no prefetcher follows), and the rows' maxima taken
-        after, down the transposed tile, vectorised."""
-        w = self.w
-        w.line("for r in range(nq):")
-        with w.indent():
-            i = self.row_index(compute)
-            w.line("for c in range(nk):")
-            with w.indent():
-                self.score(compute, with_mask, i, self.key_index(compute), "st[c, r]")
-                w.line("st[c, r] = xv")
-            w.line("mx[r] = ACC(-np.inf)")
-        w.line("for c in range(nk):")
-        with w.indent():
-            w.line("for r in range(nq):")
-            with w.indent():
-                w.line("mx[r] = MAXIMUM(mx[r], st[c, r])  # NaN-propagating, and vectorised")
-
-    def scores_by_rows(self, compute: TileCompute, with_mask: bool) -> None:
-        """Scores of the row-major tile ``sr[r, c]`` and each row's max, vectorised over the keys."""
+    def scores_by_rows(self, compute: TileCompute, with_mask: bool, element: str = "sr[r, c]") -> None:
+        """Scores of the row-major tile ``sr[r, c]`` (or the transposed ``st[c, r]``, row by row) and
+        each row's max, vectorised over the keys."""
         w = self.w
         w.line("for r in range(nq):")
         with w.indent():
@@ -207,8 +190,8 @@ class KernelWriter(KernelSource):
             w.line("row_max = ACC(-np.inf)")
             w.line("for c in range(nk):")
             with w.indent():
-                self.score(compute, with_mask, i, self.key_index(compute), "sr[r, c]")
-                w.line("sr[r, c] = xv")
+                self.score(compute, with_mask, i, self.key_index(compute), element)
+                w.line(f"{element} = xv")
                 w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
             w.line("mx[r] = row_max")
 
