@@ -159,3 +159,26 @@ def test_tiles_of_a_chunk_pair_are_classified_at_their_absolute_positions():
         got = ac.interpret(fn.module, q, k, v, doc, sizes=sizes)
         unfused = ac.interpret(part(specs.document, "attention").module, q, k, v, doc, sizes=sizes)
         np.testing.assert_allclose(got[0], unfused[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_mask_given_as_data_is_classified_at_a_chunk_pairs_absolute_positions():
+    """m[b, i + q_start, j + k_start]: bounded by the hull of the (up to) 2 x 2 summary blocks the tile reaches."""
+    from attncomp.blockmap import block_map
+
+    pipeline = f"{FUSED},chunk-pairs{{part=attention}},flash-tiling{{block_q=8,block_k=8}},mask-elimination"
+    fn = ac.compile(specs.dense, backend="interp", pipeline=pipeline)
+    rng = np.random.default_rng(5)
+    position = np.arange(64)
+    mask = (position[:, None] // 16 == position[None, :] // 16)[None]  # blocks of 16 seeing each other
+    q, k, v = (rng.standard_normal((1, 1, 32, 8), dtype=np.float32) for _ in range(3))
+    for q_start, k_start, want in [
+        (32, 16, [[0, 0, 2, 2], [0, 0, 2, 2], [0, 0, 0, 0], [0, 0, 0, 0]]),  # rows 32..63, keys 16..47
+        (28, 12, [[1, 1, 1, 1], [0, 0, 1, 2], [0, 0, 1, 1], [0, 0, 0, 0]]),  # off the blocks of the summary
+    ]:
+        sizes = {"B": 1, "H": 1, "T": 64, "S": 64, "D": 8, "B_start": 0, "H_start": 0}
+        sizes.update(q_start=q_start, k_start=k_start)
+        tiles = block_map(fn.func, fn.constraints, (q, k, v, mask), sizes)[0, 0]
+        np.testing.assert_array_equal(tiles, want)
+        got = ac.interpret(fn.module, q, k, v, mask, sizes=sizes)
+        unfused = ac.interpret(part(specs.dense, "attention").module, q, k, v, mask, sizes=sizes)
+        np.testing.assert_allclose(got[0], unfused[0], rtol=1e-12, atol=1e-12)
