@@ -66,6 +66,17 @@ def test_a_mask_given_as_data_over_every_tile_class():
     _check(*_gradients(dense, [*args, mask], [d_out]), [*args, mask])
 
 
+def test_a_bias_per_head_given_as_data_gets_its_gradient():
+    """bias[b, h, i, j] added to the scores (T5's position bias), -inf where it hides a key: the
+    bias's gradient is the scores' own, element by element."""
+    from tests.passes.specs import dense_bias
+
+    rng = np.random.default_rng(4)
+    args = [normal(rng, 1, 2, 40, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 40, 37)]
+    args[3][0, 1, :, 20:] = -np.inf
+    _check(*_gradients(dense_bias, args, [normal(rng, 1, 2, 40, 8)]), args)
+
+
 def test_a_head_narrower_than_the_lanes_of_a_key():
     """D = E = 2 with 8 lanes per key: the padded features read zeros inside the staged tiles."""
     spec = load_example("causal").causal
