@@ -117,3 +117,29 @@ def test_an_additive_mask_per_head_skips_tiles_of_minus_infinity():
     for backend in ("interp", "cpu"):
         got = ac.compile(specs.dense_bias, backend=backend)(q, k, v, bias)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tiles_classified_from_a_mask_given_as_data_agree_with_the_mask():
+    """Random rectangles of visible pairs at sizes that are not block multiples: a skipped tile
+    holds no visible pair, a full one nothing else, and the result is the unfused graph's."""
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination"
+    fn = ac.compile(specs.dense, backend="interp", pipeline=pipeline)
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(12):
+        t, s = (int(n) for n in rng.integers(1, 40, 2))
+        mask = np.zeros((2, t, s), bool)
+        for b in range(2):
+            for _ in range(3):
+                i0, j0 = rng.integers(0, t), rng.integers(0, s)
+                mask[b, i0 : i0 + rng.integers(1, 20), j0 : j0 + rng.integers(1, 20)] = True
+        q, k, v = (rng.standard_normal((2, 1, n, 4)).astype(np.float32) for n in (t, s, s))
+        tiles = fn.block_map(q, k, v, mask)
+        for b, _, qb, kb in np.ndindex(*tiles.shape):
+            pairs = mask[b, qb * 8 : qb * 8 + 8, kb * 8 : kb * 8 + 8]
+            tile_class = tiles[b, 0, qb, kb]
+            seen.add(int(tile_class))
+            assert tile_class != SKIPPED or not pairs.any()
+            assert tile_class != FULL or pairs.all()
+        np.testing.assert_allclose(fn(q, k, v, mask), ac.interpret(specs.dense, q, k, v, mask), atol=1e-12)
+    assert seen == {SKIPPED, MASKED, FULL}
