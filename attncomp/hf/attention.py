@@ -24,7 +24,12 @@ import torch
 
 import attncomp as ac
 from attncomp.hf.masks import MaskFacts
-from attncomp.hf.specs import DEFAULT_SPECS, MASK_SPECS, hf_attention_position_bias
+from attncomp.hf.specs import (
+    DEFAULT_SPECS,
+    MASK_SPECS,
+    hf_attention_position_bias,
+    hf_attention_position_bias_rows,
+)
 
 #: the arguments filled from the mask and the layer, by name
 FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks")
@@ -78,7 +83,8 @@ class AttncompAttention:
         self.spec = spec
         self.backend = backend
         self.inputs = dict(inputs or {})
-        defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values(), hf_attention_position_bias]
+        defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values()]
+        defaults += [hf_attention_position_bias, hf_attention_position_bias_rows]
         self._keys = {s.name: spec_key(s) for s in (defaults if spec is None else [spec])}
         if spec is not None and len(spec.arg_names) < 3:
             raise TypeError(f"attncomp.hf: @{spec.name} must take query, key and value as its first three arguments")
@@ -220,15 +226,15 @@ def default_spec(facts: MaskFacts, mask: Any, bias: Any, s_aux: Any) -> ac.Spec:
             "spec that does (attncomp.hf.register(name, spec=...))"
         )
     if bias is not None:
-        return hf_attention_position_bias
+        return hf_attention_position_bias if bias.dim() == 3 else hf_attention_position_bias_rows
     if mask is not None:
         return MASK_SPECS[(mask.dtype == torch.bool, mask.dim() == 4)]
     return DEFAULT_SPECS[(facts.q_doc is not None or blocks, s_aux is not None, blocks)]
 
 
 def position_bias(bias: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """A model's ``position_bias`` (``[B or 1, H, T, S]``, T5's) as a spec reads it: ``[B, H, T, S]`` in
-    the query's type, its gradient flowing back through the expansion to the model's bias."""
+    """A model's ``position_bias`` (``[B or 1, H, T, S]``, T5's) as a spec reads it, in the query's type:
+    ``[H, T, S]`` where one serves the whole batch (never copied per row), else ``[B, H, T, S]``."""
     (batch, heads, length), keys = query.shape[:3], key.shape[2]
     shape = tuple(bias.shape)
     if len(shape) != 4 or shape[0] not in (1, batch) or shape[1:] != (heads, length, keys):
@@ -236,7 +242,8 @@ def position_bias(bias: torch.Tensor, query: torch.Tensor, key: torch.Tensor) ->
             f"attncomp.hf: position_bias must be [{batch} or 1, {heads}, {length}, {keys}] for these queries and "
             f"keys, got {list(shape)}"
         )
-    return bias.to(query.dtype).expand(batch, -1, -1, -1)
+    bias = bias.to(query.dtype)
+    return bias[0] if shape[0] == 1 else bias
 
 
 #: (the float mask, its version, its boolean form or itself) last seen: a forward hands every layer

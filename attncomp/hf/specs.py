@@ -16,8 +16,9 @@ The compile-time constants are the layer's: ``scale`` (the model's ``scaling``),
 ``sliding_window_overlay``), ``softcap`` (Gemma 2's ``cap * tanh(s / cap)``, 0.0 for none) and
 ``causal`` (False for bidirectional layers).
 
-- ``position_bias[b, h, i, j]``: a model's bias per head added to the scores, T5's learned
-  relative positions (``hf_attention_position_bias``).
+- ``position_bias[h, i, j]``: a model's bias per head added to the scores, one for the whole
+  batch, T5's learned relative positions (``hf_attention_position_bias``; ``[B, H, T, S]``, one a
+  batch row: ``hf_attention_position_bias_rows``).
 - ``q_blk[b, i]``, ``k_blk[b, j]``: bidirectional blocks in a causal mask (an image's tokens,
   transformers' ``block_sequence_ids``): a query also sees every key of its own block (id >= 0),
   later ones included (``hf_attention_blocks``).
@@ -57,16 +58,17 @@ def masked_scores(
     q_blk: Any = None,
     k_blk: Any = None,
     bias: Any = None,
+    bias_rows: bool = False,
 ) -> Any:
-    """The scores of the layer: scaled, soft-capped, plus ``bias[b, h, i, j]`` where given (T5's
-    ``position_bias``), and ``-inf`` where the mask hides a key."""
+    """The scores of the layer: scaled, soft-capped, plus ``bias[h, i, j]`` where given (T5's
+    ``position_bias``; ``bias[b, h, i, j]`` with ``bias_rows``), and ``-inf`` where the mask hides a key."""
     n_rep = q.shape[1] // k.shape[1]
     scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
     if softcap:
         scores = softcap * ac.tanh(scores / softcap)
     b, h, i, j = ac.index(scores)
     if bias is not None:
-        scores = scores + bias[b, h, i, j]
+        scores = scores + (bias[b, h, i, j] if bias_rows else bias[h, i, j])
     position = i + shift[b]  # the query's position among the keys
     visible = None
     if causal:
@@ -221,6 +223,27 @@ def hf_attention_position_bias(
     shift: ac.i32["B"],
     q_doc: ac.i32["B", "T"],
     k_doc: ac.i32["B", "S"],
+    position_bias: ac.floating["H", "T", "S"],
+    *,
+    scale: float = 1.0,
+    window: int = 0,
+    softcap: float = 0.0,
+    causal: bool = True,
+):
+    """``hf_attention_segments`` with a bias per head added to the scores, one for the whole batch
+    (T5's learned relative position bias, ``position_bias``; its gradient flows back to it)."""
+    layer = dict(scale=scale, window=window, softcap=softcap, causal=causal)
+    return attend(q, k, v, masked_scores(q, k, shift, q_doc, k_doc, bias=position_bias, **layer))
+
+
+@ac.spec
+def hf_attention_position_bias_rows(
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "KV", "S", "D"],
+    v: ac.floating["B", "KV", "S", "E"],
+    shift: ac.i32["B"],
+    q_doc: ac.i32["B", "T"],
+    k_doc: ac.i32["B", "S"],
     position_bias: ac.floating["B", "H", "T", "S"],
     *,
     scale: float = 1.0,
@@ -228,12 +251,9 @@ def hf_attention_position_bias(
     softcap: float = 0.0,
     causal: bool = True,
 ):
-    """``hf_attention_segments`` with a bias per head added to the scores (T5's learned relative
-    position bias, ``position_bias``; its gradient flows back to it)."""
-    scores = masked_scores(
-        q, k, shift, q_doc, k_doc, scale=scale, window=window, softcap=softcap, causal=causal, bias=position_bias
-    )
-    return attend(q, k, v, scores)
+    """``hf_attention_position_bias`` with a bias for each batch row."""
+    layer = dict(scale=scale, window=window, softcap=softcap, causal=causal)
+    return attend(q, k, v, masked_scores(q, k, shift, q_doc, k_doc, bias=position_bias, bias_rows=True, **layer))
 
 
 @ac.spec

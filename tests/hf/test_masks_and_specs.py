@@ -103,6 +103,10 @@ def test_a_mask_per_head_with_biases_is_added_as_sdpa_adds_it():
     cotangent = torch.randn_like(got)
     for a, b in zip(torch.autograd.grad(got, (q, k, v), cotangent), torch.autograd.grad(want, (q, k, v), cotangent)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    rows = bias[..., :T].clone()  # a position bias for each batch row, over the layer's own causal mask
+    got, _ = transformers.AttentionInterface()["attncomp"](module, q, k, v, None, scaling=0.25, position_bias=rows)
+    want, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.25, position_bias=rows, is_causal=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     shared = bias[:, :1, :, :T]  # one mask for every head: hf_attention_bias
     got, _ = transformers.AttentionInterface()["attncomp"](module, q, k, v, shared, scaling=0.25)
     want, _ = sdpa_attention_forward(module, q, k, v, shared, scaling=0.25)
