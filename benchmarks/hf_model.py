@@ -1,6 +1,7 @@
-"""A Hugging Face Llama training step with attncomp's attention against the same model on ``sdpa``.
+"""A Hugging Face Llama training step with attncomp's attention against the same model on ``sdpa``,
+and a T5 step (its learned relative positions reach the attention as a position bias).
 
-    python -m benchmarks.hf_model            # T = 4096; --quick: T = 1024, fewer repeats
+    python -m benchmarks.hf_model            # T = 4096 (T5: 1024); --quick: T = 1024 (256), fewer repeats
 
 The model: 4 layers of width 512, 8 query heads over 2 key/value heads (head size 64), MLP
 width 1408, a vocabulary of 4096, random weights from the config (nothing downloaded),
@@ -98,6 +99,54 @@ def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
     ]
 
 
+def t5_rows(quick: bool = False, repeats: int | None = None) -> list[str]:
+    """A T5 training step: encoder and decoder of 4 layers each (width 512, 8 heads of 64, MLP 1408,
+    no dropout), two sequences of T tokens to T targets, the second padded to half; attncomp's
+    attention adds the ``[1, H, T, S]`` position bias as one ``[H, T, S]`` tensor for the batch."""
+    try:
+        import torch
+        import transformers
+    except ImportError as error:
+        return [f"HF T5 step: skipped ({error.name} is not installed; the torch and hf extras)"]
+
+    import attncomp.hf
+    from benchmarks.timing import paired
+
+    T = 256 if quick else 1024
+    repeats = repeats or (3 if quick else 5)
+    attncomp.hf.register()
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=WIDTH, d_kv=WIDTH // HEADS, d_ff=MLP, num_layers=LAYERS, num_heads=HEADS,
+        dropout_rate=0.0, decoder_start_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    models = [
+        transformers.AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config), attn_implementation=name)
+        for name in ("attncomp", "sdpa")
+    ]
+    models[1].load_state_dict(models[0].state_dict())
+    generator = torch.Generator().manual_seed(0)
+    ids, labels = (torch.randint(1, VOCAB, (2, T), generator=generator) for _ in range(2))
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, T // 2 :] = 0
+
+    def t5_step(model) -> float:
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.item()
+
+    losses = [t5_step(m) for m in models]
+    if abs(losses[0] - losses[1]) > 1e-4 * abs(losses[1]):
+        raise AssertionError(f"the two T5 models' losses differ: {losses}")
+    mine, peer, ratio = paired(lambda: t5_step(models[0]), lambda: t5_step(models[1]), repeats)
+    return [
+        f"HF T5 step (forward + backward, {LAYERS} + {LAYERS} layers, width {WIDTH}, {HEADS} heads, T={T}, batch 2 "
+        f"padded, float32): attncomp {mine * 1e3:.0f} ms, sdpa {peer * 1e3:.0f} ms, ratio {ratio:.2f} "
+        f"(median of {repeats} pairs)"
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T = 1024 and 3 pairs")
@@ -107,7 +156,7 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
     start = time.perf_counter()
-    for line in rows(args.quick, args.repeats):
+    for line in rows(args.quick, args.repeats) + t5_rows(args.quick, args.repeats):
         print(line)
     print(f"({time.perf_counter() - start:.0f} s in all, the first step compiling)")
 
