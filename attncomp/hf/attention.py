@@ -246,9 +246,15 @@ def position_bias(bias: torch.Tensor, query: torch.Tensor, key: torch.Tensor) ->
     return bias[0] if shape[0] == 1 else bias
 
 
-#: (the float mask, its version, its boolean form or itself) last seen: a forward hands every layer
-#: the same mask, so it is read once a forward, not once a layer
+#: (a weak reference to the float mask last seen, its version, its boolean form or None where it has
+#: none): a forward hands every layer the same mask, so it is read once a forward, not once a layer;
+#: the entry goes with the mask, so no mask outlives its forward here
 _LAST: list[Any] = [None, -1, None]
+
+
+def _forget(held: weakref.ref) -> None:
+    if _LAST[0] is held:
+        _LAST[:] = [None, -1, None]
 
 
 def boolean_form(mask: torch.Tensor) -> torch.Tensor:
@@ -260,8 +266,10 @@ def boolean_form(mask: torch.Tensor) -> torch.Tensor:
         return mask
     held, version, form = _LAST
     if held is not None and held() is mask and version == mask._version:
-        return form
+        return mask if form is None else form
     hidden = mask <= torch.finfo(mask.dtype).min / 2
-    form = ~hidden if bool((hidden | (mask == 0)).all()) else mask
-    _LAST[:] = [weakref.ref(mask), mask._version, form]
-    return form
+    form = ~hidden if bool((hidden | (mask == 0)).all()) else None
+    held = weakref.ref(mask)
+    _LAST[:] = [held, mask._version, form]
+    weakref.finalize(mask, _forget, held)
+    return mask if form is None else form

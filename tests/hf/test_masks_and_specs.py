@@ -1,6 +1,8 @@
 # ruff: noqa: F821
 """The mask function's facts (no T x S tensor), refusals, and a user's own spec (ALiBi on GPT-2)."""
 
+import weakref
+
 import pytest
 
 from tests.hf.models import VOCAB, WINDOW, T, assert_same_model_outputs, gpt2_config, mistral_config, padded_batch
@@ -123,7 +125,10 @@ def test_a_float_mask_of_zeros_and_the_lowest_value_is_attended_as_a_boolean_one
     assert form.dtype == torch.bool and torch.equal(form, packed_4d_mask("bool"))
     assert boolean_form(mask) is form  # read once for every layer of a forward
     mask[0, 0, 0, 0] = 0.5  # a bias: added, as it is
-    assert boolean_form(mask) is mask
+    assert boolean_form(mask) is mask and boolean_form(mask) is mask
+    held = weakref.ref(mask)
+    del mask, form
+    assert held() is None  # nothing kept the mask past its use
     assert boolean_form(packed_4d_mask("float").requires_grad_()).dtype == torch.float32  # it learns
 
 
