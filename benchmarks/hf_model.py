@@ -18,6 +18,8 @@ import argparse
 import copy
 import os
 import time
+from collections.abc import Sequence
+from typing import Any
 
 LAYERS, WIDTH, HEADS, KV_HEADS, MLP, VOCAB = 4, 512, 8, 2, 1408, 4096
 
@@ -58,27 +60,41 @@ def attention_alone(torch, attention, T: int):
     return run
 
 
-def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
-    """The table's two lines (one saying why, without torch or transformers)."""
+def libraries(case: str) -> Any:
+    """``(torch, transformers)`` with ``attn_implementation="attncomp"`` registered, or the line
+    saying why ``case`` is skipped (without the torch or hf extra)."""
     try:
         import torch
         import transformers
     except ImportError as error:
-        return [f"HF Llama step: skipped ({error.name} is not installed; the torch and hf extras)"]
-
+        return f"HF {case} step: skipped ({error.name} is not installed; the torch and hf extras)"
     import attncomp.hf
+
+    attncomp.hf.register()
+    return torch, transformers
+
+
+def check_losses(case: str, losses: Sequence[float]) -> None:
+    """The two models' first losses, the same weights on both: they agree, or the timing is meaningless."""
+    if abs(losses[0] - losses[1]) > 1e-4 * abs(losses[1]):
+        raise AssertionError(f"the two {case} models' losses differ: {losses}")
+
+
+def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
+    """The table's two lines (one saying why, without torch or transformers)."""
+    found = libraries("Llama")
+    if isinstance(found, str):
+        return [found]
+    torch, transformers = found
     from attncomp.hf.specs import hf_attention
     from benchmarks.timing import paired
 
     T = 1024 if quick else 4096
     repeats = repeats or (3 if quick else 7)
-    attncomp.hf.register()
     ours, theirs = build(torch, transformers, "attncomp"), build(torch, transformers, "sdpa")
     theirs.load_state_dict(ours.state_dict())
     ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
-    losses = step(ours, ids), step(theirs, ids)
-    if abs(losses[0] - losses[1]) > 1e-4 * abs(losses[1]):
-        raise AssertionError(f"the two models' losses differ: {losses}")
+    check_losses("Llama", [step(ours, ids), step(theirs, ids)])
     mine, peer, ratio = paired(lambda: step(ours, ids), lambda: step(theirs, ids), repeats)
 
     import attncomp as ac
@@ -103,18 +119,14 @@ def t5_rows(quick: bool = False, repeats: int | None = None) -> list[str]:
     """A T5 training step: encoder and decoder of 4 layers each (width 512, 8 heads of 64, MLP 1408,
     no dropout), two sequences of T tokens to T targets, the second padded to half; attncomp's
     attention adds the ``[1, H, T, S]`` position bias as one ``[H, T, S]`` tensor for the batch."""
-    try:
-        import torch
-        import transformers
-    except ImportError as error:
-        return [f"HF T5 step: skipped ({error.name} is not installed; the torch and hf extras)"]
-
-    import attncomp.hf
+    found = libraries("T5")
+    if isinstance(found, str):
+        return [found]
+    torch, transformers = found
     from benchmarks.timing import paired
 
     T = 256 if quick else 1024
     repeats = repeats or (3 if quick else 5)
-    attncomp.hf.register()
     config = transformers.T5Config(
         vocab_size=VOCAB, d_model=WIDTH, d_kv=WIDTH // HEADS, d_ff=MLP, num_layers=LAYERS, num_heads=HEADS,
         dropout_rate=0.0, decoder_start_token_id=0,
@@ -136,9 +148,7 @@ def t5_rows(quick: bool = False, repeats: int | None = None) -> list[str]:
         loss.backward()
         return loss.item()
 
-    losses = [t5_step(m) for m in models]
-    if abs(losses[0] - losses[1]) > 1e-4 * abs(losses[1]):
-        raise AssertionError(f"the two T5 models' losses differ: {losses}")
+    check_losses("T5", [t5_step(m) for m in models])
     mine, peer, ratio = paired(lambda: t5_step(models[0]), lambda: t5_step(models[1]), repeats)
     return [
         f"HF T5 step (forward + backward, {LAYERS} + {LAYERS} layers, width {WIDTH}, {HEADS} heads, T={T}, batch 2 "
