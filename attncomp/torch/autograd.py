@@ -129,7 +129,7 @@ def run_backward(plan: Plan, arrays: list | None, tensors: tuple[torch.Tensor, .
     forward's host ``arrays`` of the first two where it kept them; one gradient per argument (None for
     the floating arguments ``without``, whose gradients the backward it runs does not compute)."""
     inputs = tensors[: len(plan.dtypes)]
-    backward, bf16 = plan.backward_without(without) if without else (plan.backward, plan.backward_bf16)
+    backward, bf16 = plan.backward_without(without)
     if arrays is None:
         out = plan.run(backward, tensors, None, bf16)
     else:  # the forward's numpy views of what was saved, not converted again

@@ -131,7 +131,10 @@ class Plan:
 
     def backward_without(self, names: tuple[str, ...]) -> tuple[Compilation, bool]:
         """The backward that neither computes nor returns the gradients of the floating arguments
-        ``names`` (a call where they need none), and whether bf16 crosses it; made on first use."""
+        ``names`` (a call where they need none; none: the whole backward), and whether bf16 crosses
+        it; made on first use."""
+        if not names:
+            return self.backward, self.backward_bf16
         if names not in self.partial:
             backward = backward_of(self.plain, names)
             self.partial[names] = (backward, self.bf16_in or crosses_bf16(backward))

@@ -402,7 +402,8 @@ def test_a_kernel_that_raises_gives_blas_its_threads_back(monkeypatch):
 
 @pytest.mark.parametrize("shape", [(3, 100, 37), (5,), (2, 0, 4), (1, 64, 8)])
 def test_block_summaries_are_numpys_reduceat(shape):
-    """The per-block minimum and maximum mask-elimination bounds tiles with, along every axis."""
+    """The per-block minimum and maximum mask-elimination bounds tiles with, along every axis (the
+    interpreter's and the cpu backend's)."""
     from attncomp.backends.numba_cpu.runtime import block_reduce
 
     x = np.random.default_rng(0).integers(-5, 5, shape).astype(np.int32)

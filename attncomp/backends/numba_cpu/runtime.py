@@ -15,6 +15,7 @@ from attncomp.errors import with_location
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
+from attncomp.ir.ops.tile import block_reduce  # noqa: F401 (drivers call rt.block_reduce)
 from attncomp.ir.quantized import CACHE_MAX, quantize
 from attncomp.ir.types import CACHE_DTYPES, NUMPY_DTYPES, dtype_of_numpy
 
@@ -117,31 +118,6 @@ def cache_append_quantized(cache: np.ndarray, scales: np.ndarray, new: np.ndarra
     index[axis] = slice(length, length + new.shape[axis])
     cache[tuple(index)] = codes
     scales[tuple(index[:-1])] = new_scales
-
-
-def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:
-    """The minimum or maximum of each block of ``block`` elements along ``axis`` (the last block may be short).
-
-    Along an inner axis, the whole blocks are reduced as an axis of their own (``reduceat`` there
-    is 15 to 150 times slower: a boolean ``[1, 4096, 4096]`` mask's maximum over rows in blocks of
-    64 takes 83 ms against 0.6 ms); along the last axis ``reduceat`` is the faster.
-    """
-    axis %= max(x.ndim, 1)
-    n = x.shape[axis]
-    reduce = np.minimum if kind == "min" else np.maximum
-    if n == 0:
-        return np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1 :], dtype=x.dtype)
-    if axis == x.ndim - 1:
-        return reduce.reduceat(x, np.arange(0, n, block), axis=axis)
-    whole = n // block * block
-    lead = (slice(None),) * axis
-    parts = []
-    if whole:
-        blocks = x[lead + (slice(0, whole),)].reshape(x.shape[:axis] + (whole // block, block) + x.shape[axis + 1 :])
-        parts.append(reduce.reduce(blocks, axis=axis + 1))
-    if whole < n:
-        parts.append(reduce.reduce(x[lead + (slice(whole, n),)], axis=axis, keepdims=True))
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 def _thread_count() -> Callable[[], int]:

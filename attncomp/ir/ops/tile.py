@@ -306,13 +306,33 @@ class BlockReduce(OpDef):
         return [src.with_shape(shape)]
 
     def evaluate(self, op, args, ctx):
-        x = args[0]
-        axis, block = op.attrs["axis"] % x.ndim, op.attrs["block"]
-        reduce = np.minimum if op.attrs["kind"] == "min" else np.maximum
-        starts = np.arange(0, x.shape[axis], block)
-        if starts.size == 0:
-            return [np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1 :], dtype=x.dtype)]
-        return [reduce.reduceat(x, starts, axis=axis)]
+        return [block_reduce(args[0], op.attrs["axis"], op.attrs["block"], op.attrs["kind"])]
+
+
+def block_reduce(x: np.ndarray, axis: int, block: int, kind: str) -> np.ndarray:
+    """The minimum or maximum of each block of ``block`` elements along ``axis`` (the last block may be
+    short): what ``ac.block_reduce`` means, and how the interpreter and the cpu backend compute it.
+
+    Along an inner axis, the whole blocks are reduced as an axis of their own (``reduceat`` there
+    is 15 to 150 times slower: a boolean ``[1, 4096, 4096]`` mask's maximum over rows in blocks of
+    64 takes 83 ms against 0.6 ms); along the last axis ``reduceat`` is the faster.
+    """
+    axis %= max(x.ndim, 1)
+    n = x.shape[axis]
+    reduce = np.minimum if kind == "min" else np.maximum
+    if n == 0:
+        return np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1 :], dtype=x.dtype)
+    if axis == x.ndim - 1:
+        return reduce.reduceat(x, np.arange(0, n, block), axis=axis)
+    whole = n // block * block
+    lead = (slice(None),) * axis
+    parts = []
+    if whole:
+        blocks = x[lead + (slice(0, whole),)].reshape(x.shape[:axis] + (whole // block, block) + x.shape[axis + 1 :])
+        parts.append(reduce.reduce(blocks, axis=axis + 1))
+    if whole < n:
+        parts.append(reduce.reduce(x[lead + (slice(whole, n),)], axis=axis, keepdims=True))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 @register
