@@ -14,6 +14,7 @@ from attncomp.functions import (
     abs,
     concat,
     cos,
+    dropout,
     exp,
     index,
     inf,
@@ -24,6 +25,7 @@ from attncomp.functions import (
     mean,
     min,
     minimum,
+    random,
     repeat_kv,
     rsqrt,
     sin,
@@ -38,8 +40,8 @@ from attncomp.plot import plot_attention
 __version__ = "0.1.0"
 
 SPEC_FUNCTIONS = (
-    "abs concat cos exp index log logsumexp max maximum mean min minimum repeat_kv rsqrt sin softmax sqrt sum tanh "
-    "where"
+    "abs concat cos dropout exp index log logsumexp max maximum mean min minimum random repeat_kv rsqrt sin softmax "
+    "sqrt sum tanh where"
 ).split()
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "compile",
     "concat",
     "cos",
+    "dropout",
     "exp",
     "bf16",
     "f8e4m3",
@@ -78,6 +81,7 @@ __all__ = [
     "minimum",
     "parse_ir",
     "plot_attention",
+    "random",
     "repeat_kv",
     "rsqrt",
     "sin",

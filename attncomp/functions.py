@@ -132,3 +132,40 @@ def repeat_kv(x: Tensor, n_rep: Any) -> Tensor:
     if reps.is_const and reps.value < 1:
         raise tracer.located(SpecError(f"repeat_kv: n_rep must be at least 1, got {reps.value}"))
     return tracer.emit("ac.repeat_kv", [x], {"n_rep": reps.value if reps.is_const else reps})
+
+
+def random(*counters: Any) -> Tensor:
+    """A uniform float32 in [0, 1) per element, hashed from integer counters (op ``ac.random``).
+
+    ``ac.random(seed, b, h, i, j)`` with ``b, h, i, j = ac.index(s)`` draws one number per score;
+    the same counters draw the same number on every backend and in the backward, nothing stored.
+    """
+    if not counters:
+        raise SpecError("ac.random needs at least one integer counter (a seed, positions)")
+    tracer = _need_tracer("random", *counters)
+    items = [tracer.lift(c) for c in counters]
+    for at, item in enumerate(items):
+        if not item.type.dtype.startswith("i") or item.type.dtype == "i1":
+            raise tracer.located(SpecError(f"ac.random: counter {at} must be an integer tensor, got {item.type.dtype}"))
+    return tracer.emit("ac.random", items)
+
+
+def dropout(p: Tensor, rate: float, seed: Any) -> Tensor:
+    """Attention dropout of the probabilities ``p``: each element kept with probability ``1 - rate``
+    and scaled by ``1 / (1 - rate)``, else zero; ``ac.dropout(ac.softmax(s), 0.1, seed) @ v``.
+
+    The element at positions ``(b, h, i, j)`` is kept where ``ac.random(seed, b, h, i, j) >= rate``:
+    ``seed`` is an integer argument of the spec (a new one each training step), ``rate`` a number
+    in [0, 1) (a keyword-only argument, a compile-time constant); a rate of 0 returns ``p``.
+    softmax-fusion keeps the dropout in the fused attention (its weight region): the mask is drawn
+    tile by tile and drawn again in the backward.
+    """
+    tracer = _need_tracer("dropout", p, seed)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise tracer.located(SpecError(f"ac.dropout: rate must be a number, got {rate!r}"))
+    if not 0.0 <= rate < 1.0:
+        raise tracer.located(SpecError(f"ac.dropout: rate must be in [0, 1), got {rate}"))
+    if rate == 0.0:
+        return p
+    keep = random(seed, *index(p)) >= rate
+    return p * where(keep, 1.0 / (1.0 - rate), 0.0)

@@ -226,6 +226,44 @@ def backward_rows(quick: bool, repeats: int) -> list[str]:
     return lines
 
 
+def dropout_rows(quick: bool, repeats: int, rate: float = 0.1) -> list[str]:
+    """Causal attention with dropout of the probabilities, forward + backward: against SDPA's
+    ``dropout_p`` (another random mask, the same law) and against attncomp without dropout."""
+    torch = peers.torch_or_none()
+    if torch is None:
+        return ["  dropout: torch is absent, nothing to compare with"]
+    t = 512 if quick else 2048
+    rng = np.random.default_rng(5)
+    q, k, v = inputs(rng, 1, 8, t, t, 64)
+    d_out = rng.standard_normal(q.shape, dtype=np.float32)
+    dropped, plain = ac.compile(specs.causal_dropout, backend="cpu", rate=rate), ac.compile(specs.causal, backend="cpu")
+    seeds = iter(range(1 << 62))
+
+    def ours():
+        _, pullback = dropped.vjp(q, k, v, np.int64(next(seeds)))
+        return pullback(d_out)[0]
+
+    def without():
+        _, pullback = plain.vjp(q, k, v)
+        return pullback(d_out)[0]
+
+    def theirs():
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, dropout_p=rate, is_causal=True)
+        out.backward(torch.from_numpy(d_out))
+        return tq.grad.numpy()
+
+    if not (np.all(np.isfinite(ours())) and np.all(np.isfinite(theirs()))):
+        raise AssertionError("dropout: a gradient is not finite")
+    name = f"causal, dropout {rate}, T=S={t}"
+    lines = [f"  {'forward+backward, H=8 D=64':<34} {'attncomp':>10} {'peer':>10} {'ratio':>7}"]
+    mine, other, ratio = paired(ours, theirs, repeats)
+    lines.append(f"  {name + ' vs SDPA':<34} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}")
+    mine, other, ratio = paired(ours, without, repeats)
+    lines.append(f"  {name + ' vs none':<34} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}")
+    return lines
+
+
 # decoding with the kv cache -------------------------------------------------------------
 def copy_bandwidth() -> float:
     """Bytes per second of a large array copy (read + write), the machine's practical ceiling."""
@@ -541,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         rows = attention_cases(args.quick, args.repeats)
         print_table(rows)
-        for line in backward_rows(args.quick, args.repeats):
+        for line in backward_rows(args.quick, args.repeats) + dropout_rows(args.quick, args.repeats):
             print(line)
         for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
             print(line)

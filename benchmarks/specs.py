@@ -17,6 +17,20 @@ def causal(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f
 
 
 @ac.spec
+def causal_dropout(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    seed: ac.i64,
+    *,
+    rate: float = 0.1,
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.dropout(ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1), rate, seed) @ v
+
+
+@ac.spec
 def causal_window(
     q: ac.f32["B", "H", "T", "D"],
     k: ac.f32["B", "H", "S", "D"],

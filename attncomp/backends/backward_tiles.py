@@ -49,6 +49,19 @@ class BackwardTile:
     score: Op
     mask: Op | None  # None: every key in bounds is visible
     gradient: Op
+    #: the probabilities' weight (dropout's): dp and the dv product are weighted; None: no weight
+    weight: Op | None = None
+
+
+def _dp(ds: Op) -> Op:
+    """The product ``d_out_tile @ v_tileᵀ`` in ``ds = p * (dp - delta)``, where ``dp`` may be weighted
+    (``dp * w``: attention dropout)."""
+    dp = producer(producer(ds.operands[1]).operands[0])
+    if dp is not None and dp.name == "ac.mul":
+        dp = producer(dp.operands[0])
+    if dp is None or dp.name != "ac.matmul":
+        raise LoweringError("unrecognised backward tile computation: expected dp = d_out_tile @ v_tileᵀ")
+    return dp
 
 
 def _scalar_ops(block: Block, carried: list[Value]) -> list[Op]:
@@ -84,7 +97,7 @@ def _tile(block: Block, carried: list[Value]) -> BackwardTile:
     exp = producer(p.operands[1])
     lse = producer(exp.operands[0]).operands[1]
     dp_minus_delta = producer(ds.operands[1])
-    dp = producer(dp_minus_delta.operands[0])
+    dp = _dp(ds)
     scalar_ops = _scalar_ops(block, carried)
     return BackwardTile(
         block,
@@ -96,6 +109,7 @@ def _tile(block: Block, carried: list[Value]) -> BackwardTile:
         score,
         maps.get("mask"),
         gradient,
+        maps.get("weight"),
     )
 
 
@@ -123,6 +137,11 @@ class TiledBackward:
     @property
     def batch_args(self) -> list[Value]:
         return self.grid.regions[0].args[:-1]
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the probabilities carry a weight region (attention dropout)."""
+        return self.masked.weight is not None
 
     @property
     def j0(self) -> Value:
@@ -153,7 +172,7 @@ def read_tiled_backward(grid: Op) -> TiledBackward:
         classify, masked, full, tile_class = [], _tile(loop_body, loop_body.args[1:]), None, None
         default = loop.attrs.get("tile_class", 1)
     qk = producer(masked.score.operands[-1])
-    dp = producer(producer(producer(masked.gradient.operands[-1]).operands[1]).operands[0])
+    dp = _dp(producer(masked.gradient.operands[-1]))
     k_load = _load_of(producer(qk.operands[1]).operands[0])
     v_load = _load_of(producer(dp.operands[1]).operands[0])
     return TiledBackward(grid, prologue, k_load, v_load, loop, classify, tile_class, default, masked, full)

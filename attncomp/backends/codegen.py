@@ -222,6 +222,11 @@ class ScalarEmitter:
             expr = self.typed(choose(a[0], a[1], a[2], self.select), dtype)
         elif name == "ac.cast":
             expr = f"({a[0]} != 0)" if dtype == "i1" else self.typed(a[0], dtype)
+        elif name == "ac.random":  # the counters hashed one by one (attncomp/ir/ops/random.py)
+            state = "np.uint64(0)"
+            for counter in a:
+                state = f"random_step({state}, np.uint64({counter}))"
+            expr = f"random_unit({state})"
         elif name == "ac.gather":
             src = self.array_ref(op.operands[0])
             expr = f"{src}[{', '.join(a[1:])}]"

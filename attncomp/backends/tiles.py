@@ -30,6 +30,8 @@ class TileCompute:
     v_load: Op
     score: Op
     mask: Op | None  # None: every key in bounds is visible
+    #: the probabilities' weight (dropout's), multiplied in after their row sums; None: no weight
+    weight: Op | None = None
 
 
 @dataclass
@@ -65,6 +67,11 @@ class TiledAttention:
         return len(self.grid.results) == 2
 
     @property
+    def weighted(self) -> bool:
+        """Whether the probabilities carry a weight region (attention dropout)."""
+        return self.masked.weight is not None
+
+    @property
     def rows(self) -> Value:
         return self.masked.score.operands[-3]
 
@@ -82,7 +89,7 @@ def _compute(block: Block) -> TileCompute:
         raise LoweringError("unrecognised key-tile computation (expected the flash-tiling structure)")
     v_load = next(op for op in loads if op is not k_loads[0])
     scalar_ops = [op for op in block.ops if op.results and op.results[0].type.rank == 0]
-    return TileCompute(block, scalar_ops, k_loads[0], v_load, maps["score"], maps.get("mask"))
+    return TileCompute(block, scalar_ops, k_loads[0], v_load, maps["score"], maps.get("mask"), maps.get("weight"))
 
 
 def _through_cast(value: Value, block: Block) -> set[Value]:

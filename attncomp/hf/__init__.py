@@ -45,6 +45,7 @@ from attncomp.hf.specs import (
     hf_attention_segments,
     hf_attention_segments_sinks,
     hf_attention_sinks,
+    with_dropout,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "hf_attention_segments_sinks",
     "hf_attention_sinks",
     "register",
+    "with_dropout",
 ]
 
 BACKENDS = ("cpu", "cuda", "interp")

@@ -8,9 +8,11 @@ is what :func:`attncomp.hf.masks.attncomp_mask` returned (:class:`MaskFacts`), o
 
 The spec's arguments are filled by name (docs/api.md section 10): its first three are query,
 key and value; ``shift``, ``q_doc``, ``k_doc`` come from the mask's facts; ``sinks`` is the
-layer's ``s_aux``; any other name is ``inputs[name](module)`` or the attention module's
-attribute of that name. Its keyword constants ``scale``, ``window``, ``softcap`` and
-``causal``, where it declares them, are the layer's. Each (spec, backend, constants) is
+layer's ``s_aux``; ``seed`` a new random integer each call where the layer drops out attention
+(training with an attention dropout rate, the constant ``dropout``); any other name is
+``inputs[name](module)`` or the attention module's attribute of that name. Its keyword constants
+``scale``, ``window``, ``softcap``, ``causal`` and ``dropout``, where it declares them, are the
+layer's. Each (spec, backend, constants) is
 compiled once, on first use, and its torch op is shared by every layer that uses it.
 """
 
@@ -29,12 +31,13 @@ from attncomp.hf.specs import (
     MASK_SPECS,
     hf_attention_position_bias,
     hf_attention_position_bias_rows,
+    with_dropout,
 )
 
 #: the arguments filled from the mask and the layer, by name
-FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks")
+FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks", "seed")
 #: the constants filled from the layer (and ``floor`` from a float mask's type), by name
-LAYER_CONSTANTS = ("scale", "window", "softcap", "causal", "floor")
+LAYER_CONSTANTS = ("scale", "window", "softcap", "causal", "floor", "dropout")
 
 #: "spec key/backend/constants" -> its torch op (see :func:`op_key`)
 OPS: dict[str, Any] = {}
@@ -103,13 +106,10 @@ class AttncompAttention:
         s_aux: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        if dropout:
-            raise NotImplementedError(
-                f"attncomp.hf: attention dropout ({dropout}) is not supported; set the config's attention dropout to 0"
-            )
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
+        layer["dropout"] = float(dropout or 0.0)
         mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
         bias = kwargs.get("position_bias")
         if bias is not None:
@@ -121,11 +121,16 @@ class AttncompAttention:
         if mask is not None and mask.dtype != torch.bool:
             layer["floor"] = torch.finfo(mask.dtype).min / 2
         spec = self.spec or default_spec(facts, mask, bias, s_aux)
+        if layer["dropout"] and self.spec is None:
+            spec = with_dropout(spec)
+            self._keys.setdefault(spec.name, spec_key(spec))
         self._check(spec, facts, layer, s_aux, query, key, bias)
         constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and c in layer)
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
         values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux, "mask": mask}
         values["position_bias"] = bias
+        if "seed" in spec.arg_names:  # a new draw of the dropout mask each call, from torch's generator
+            values["seed"] = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=query.device)
         values.update(q_blk=facts.q_blk, k_blk=facts.k_blk)
         if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
             values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])
@@ -160,6 +165,11 @@ class AttncompAttention:
             missing.append("q_blk and k_blk (the mask has bidirectional blocks, such as an image's tokens)")
         if bias is not None and "position_bias" not in names:
             missing.append("position_bias (the model adds a bias per head to the scores)")
+        if layer["dropout"] and not ("seed" in names and "dropout" in spec.constants):
+            missing.append(
+                f"seed and the constant dropout (the layer drops out attention with rate {layer['dropout']}: "
+                "ac.dropout(ac.softmax(s), dropout, seed), or put the model in eval mode)"
+            )
         if s_aux is not None and "sinks" not in names:
             missing.append("sinks (the layer has attention sinks)")
         if layer["window"] and "window" not in spec.constants:
@@ -172,7 +182,7 @@ class AttncompAttention:
             raise TypeError(f"attncomp.hf: @{spec.name} takes no {'; no '.join(missing)}")
 
     def _argument(self, name: str, values: dict[str, Any], module: Any) -> Any:
-        if name in FACTS and values[name] is not None:
+        if name in FACTS and values.get(name) is not None:
             return values[name]
         if name in self.inputs:
             return self.inputs[name](module)

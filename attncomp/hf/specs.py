@@ -30,6 +30,10 @@ The compile-time constants are the layer's: ``scale`` (the model's ``scaling``),
   mask's minimum and maximum over it, so tiles it hides are skipped and tiles it shows whole
   computed without reading it.
 
+Attention dropout (a model in training mode with an attention dropout rate): each spec's
+:func:`with_dropout` variant takes a ``seed`` after its arguments and the rate as the constant
+``dropout``, and drops out the probabilities with ``ac.dropout``.
+
 The ``*_sinks`` specs add gpt-oss's attention sinks: one learned logit per head that joins
 each row's softmax denominator and gives no value,
 ``out * exp(lse) / (exp(lse) + exp(sinks[h]))``, written from the row's log-sum-exp so that
@@ -39,6 +43,8 @@ the sinks get their gradient too.
 # Dimension names such as ac.f32["B", "T"] are sizes, not forward references.
 # ruff: noqa: F821
 
+import inspect
+from contextvars import ContextVar
 from typing import Any
 
 import attncomp as ac
@@ -101,8 +107,46 @@ def dense_scores(q: Any, k: Any, mask: Any, *, heads: bool, scale: float, softca
 
 
 def attend(q: Any, k: Any, v: Any, scores: Any) -> Any:
-    """``softmax(scores) @ v`` with ``v`` shared by each group of query heads."""
-    return ac.softmax(scores, axis=-1) @ ac.repeat_kv(v, q.shape[1] // k.shape[1])
+    """``softmax(scores) @ v`` with ``v`` shared by each group of query heads; in a spec made by
+    :func:`with_dropout`, the probabilities dropped out (``ac.dropout``) first."""
+    p = ac.softmax(scores, axis=-1)
+    if (drop := DROPOUT.get()) is not None:
+        p = ac.dropout(p, *drop)
+    return p @ ac.repeat_kv(v, q.shape[1] // k.shape[1])
+
+
+#: (rate, seed) while a :func:`with_dropout` spec traces its base spec's body; None otherwise
+DROPOUT: ContextVar[tuple[float, Any] | None] = ContextVar("attncomp_hf_dropout", default=None)
+#: base spec -> its dropout variant (made on first use: tracing a spec takes a while)
+DROPOUT_SPECS: dict[ac.Spec, ac.Spec] = {}
+
+
+def with_dropout(base: ac.Spec) -> ac.Spec:
+    """``base`` (a spec of this module) with attention dropout, as a model in training mode asks:
+    its arguments then ``seed: ac.i64`` (a new one each call), its constants and ``dropout`` (the
+    rate). Its name is ``base``'s with ``_dropout``; made once per base spec."""
+    if base in DROPOUT_SPECS:
+        return DROPOUT_SPECS[base]
+    signature = inspect.signature(base.fn, eval_str=True)
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    seed = inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ac.i64)
+    rate = inspect.Parameter("dropout", inspect.Parameter.KEYWORD_ONLY, default=0.0)
+
+    def attention_with_dropout(*args: Any, dropout: float = 0.0, **constants: Any) -> Any:
+        *inputs, seed = args
+        token = DROPOUT.set((dropout, seed))
+        try:
+            return base.fn(*inputs, **constants)
+        finally:
+            DROPOUT.reset(token)
+
+    attention_with_dropout.__signature__ = signature.replace(parameters=[*positional, seed, *keywords, rate])
+    attention_with_dropout.__name__ = attention_with_dropout.__qualname__ = f"{base.name}_dropout"
+    attention_with_dropout.__doc__ = f"``{base.name}`` with attention dropout of rate ``dropout``, drawn from ``seed``."
+    DROPOUT_SPECS[base] = ac.spec(attention_with_dropout)
+    return DROPOUT_SPECS[base]
 
 
 def with_sinks(out: Any, scores: Any, sinks: Any) -> Any:

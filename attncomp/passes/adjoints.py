@@ -74,7 +74,7 @@ RULES: dict[str, Rule] = {}
 
 #: ops whose results carry no gradient (integers, booleans, positions, constants)
 NO_GRADIENT = frozenset(
-    "ac.constant ac.dim ac.iota ac.cmp ac.and ac.or ac.not ac.floordiv ac.block_reduce ac.check_index".split()
+    "ac.constant ac.dim ac.iota ac.cmp ac.and ac.or ac.not ac.floordiv ac.block_reduce ac.check_index ac.random".split()
 )
 
 

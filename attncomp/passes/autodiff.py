@@ -205,11 +205,12 @@ class FunctionSweep(Sweep):
         out, lse = self.saved[op]
         d_out = gs[0] if gs[0] is not None else self.ad.zeros(out.type)
         d_lse = gs[1] if len(gs) > 1 and gs[1] is not None else self.ad.zeros(lse.type)
-        score, mask = op.regions
+        score, mask, *weight = op.regions
         grad, sites = gradient_region(score, {v for v in _captured(score) if v in self.active})
         q, k, v = (self.value(x) for x in op.operands)
         declared = [q.type, k.type, v.type] + [t for _, t in sites]
-        regions = [clone_block(score), clone_block(mask), grad]
+        # the weight (dropout's) reads no floating argument (softmax-fusion): it has no gradient
+        regions = [clone_block(score), clone_block(mask), grad, *(clone_block(w) for w in weight)]
         _rebind(regions, self.mapping)
         grads = self.ad.op(
             "ac.attention_grad",

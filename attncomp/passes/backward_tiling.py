@@ -7,10 +7,10 @@
         for each block of queries i0:                   # ac.tile_for over query blocks
             s  = score(q_tile @ k_tileᵀ), visible = mask & in bounds
             p  = exp(s - lse) where visible
-            ds = p * (d_out_tile @ v_tileᵀ - delta)
+            ds = p * (d_out_tile @ v_tileᵀ - delta)          # (d_out_tile @ v_tileᵀ) * w with a weight w
             ds_raw, site contributions = gradient(s, ds)     # the score's derivative
             dq_part[i0 ..] += ds_raw @ k_tile
-            dk += ds_rawᵀ @ q_tile;  dv += pᵀ @ d_out_tile
+            dk += ds_rawᵀ @ q_tile;  dv += pᵀ @ d_out_tile    # (p * w)ᵀ with a weight
             site += contributions added at their indices
         yield dq_part, dk, dv, sites
 
@@ -120,7 +120,8 @@ def _query_loop(
     row_inputs: list[Value],
 ) -> Block:
     q, d_out, lse_rows, delta = row_inputs
-    score_region, mask_region, grad_region = op.regions
+    score_region, mask_region, grad_region, *weights = op.regions
+    weight_region = weights[0] if weights else None
     sites = op.results[3:]
     body = Block()
     qb = body.add_arg(TensorType((), "i64"), "qb")
@@ -161,13 +162,19 @@ def _query_loop(
     zero = b.const(0.0, acc)
     p = named(b.emit("ac.where", visible, b.emit("ac.exp", b.emit("ac.sub", s, lse_tile)), zero), "p")
     dp = named(b.emit("ac.matmul", do_tile, b.emit("ac.transpose", v_tile, perm=[1, 0])), "dp")
+    p_v = p  # what multiplies d_out into dv: the probabilities, weighted as the forward's were
+    if weight_region is not None:  # dropout: dP and dV see the weighted probabilities, delta does not
+        weight_region = retyped_region(weight_region, index, [acc])
+        w = named(b.op("ac.map", [*grid_index, rows, cols], {"role": "weight"}, [tile], [weight_region]).result, "w")
+        dp = named(b.emit("ac.mul", dp, w), "dp_weighted")
+        p_v = named(b.emit("ac.mul", p, w), "p_weighted")
     ds = named(b.emit("ac.mul", p, b.emit("ac.sub", dp, delta_tile)), "ds")
     grad_types = [tile] + [tile.with_dtype(acc if f else "i64") for f in floats[1:]]
     grads = b.op("ac.map", [*grid_index, rows, cols, qk, ds], {"role": "gradient"}, grad_types, [gradient]).results
     ds_raw = named(b.emit("ac.where", visible, grads[0], zero), "ds_raw")
     dq = b.op("ac.tile_add", [carried[0], i0, b.emit("ac.matmul", ds_raw, k_tile)]).result
     dk = b.emit("ac.add", carried[1], b.emit("ac.matmul", b.emit("ac.transpose", ds_raw, perm=[1, 0]), q_tile))
-    dv = b.emit("ac.add", carried[2], b.emit("ac.matmul", b.emit("ac.transpose", p, perm=[1, 0]), do_tile))
+    dv = b.emit("ac.add", carried[2], b.emit("ac.matmul", b.emit("ac.transpose", p_v, perm=[1, 0]), do_tile))
     new_sites = []
     at = 1
     for site, acc_in in zip(sites, carried[3:]):

@@ -7,6 +7,7 @@ queries loads its query tile and runs an ``ac.tile_for`` over key blocks of
     s    = score(q_tile @ k_tileᵀ)  masked by the mask and by j < S
     m'   = max(m, rowmax(s));  p = exp(s - m');  alpha = exp(m - m')
     l'   = alpha * l + rowsum(p);  acc' = alpha * acc + p @ v_tile
+                                    (p * weight(...) @ v_tile with a weight region: dropout)
 
 then ``out = acc / l`` and ``lse = m + log(l)``.  A row that saw no visible
 key has ``l = 0``: its output is 0 and its LSE ``-inf`` (``m`` is replaced
@@ -92,6 +93,10 @@ def _key_loop(
     alpha = named(b.emit("ac.exp", b.emit("ac.sub", m, m_safe)), "alpha")
     row_sum = b.op("ac.reduce", [p], {"kind": "sum", "axes": [1], "keepdims": True}).result
     l_new = named(b.emit("ac.add", b.emit("ac.mul", alpha, lsum), row_sum), "l_new")
+    if len(attn.regions) == 3:  # a weight on the probabilities (dropout): after their sum, before @ v
+        weight_region = retyped_region(attn.regions[2], index_types, [acc])
+        weight = b.op("ac.map", [*grid_index, rows, cols], {"role": "weight"}, [tile], [weight_region]).result
+        p = named(b.emit("ac.mul", p, named(weight, "w")), "p_weighted")
     acc_new = named(b.emit("ac.add", b.emit("ac.mul", alpha, acc_in), b.emit("ac.matmul", p, v_tile)), "acc_new")
     b.yield_(m_new, l_new, acc_new)
     return body

@@ -11,8 +11,9 @@ Recognised shapes of the same computation:
 
 The score function (everything elementwise between ``q @ kᵀ`` and the
 softmax) and the mask (the outermost ``where(cond, s, -inf)`` conditions,
-and-ed) become the op's two regions, which see one score element at a time.
-When the probabilities are used for anything but ``p @ v`` nothing is fused
+and-ed) become the op's two regions, which see one score element at a time;
+a weight the probabilities are multiplied by before ``@ v`` (``ac.dropout``'s) becomes a
+third.  When the probabilities are used for anything but ``p @ v`` nothing is fused
 and a remark says why.
 """
 
@@ -157,6 +158,8 @@ class Match:
     q_scale: list[Value]
     conds: list[Value]
     score_input: Value
+    #: the weight the probabilities are multiplied by before ``@ v`` (dropout's), or None
+    weight: Value | None = None
 
 
 def _peel_mask(scores: Value) -> tuple[list[tuple[Value, bool]], Value]:
@@ -221,7 +224,10 @@ def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], n
     uses = use_table.get(p, [])
     if p in func.results:
         raise NotFusable(f"the probabilities %{namer[p]} are also returned")
-    if len(uses) != 1 or uses[0].name != "ac.matmul" or uses[0].operands[0] is not p:
+    weight = None
+    if len(uses) == 1 and uses[0].name == "ac.mul":
+        weight, uses = _weighted(func, p, uses[0], use_table, namer)
+    if len(uses) != 1 or uses[0].name != "ac.matmul" or uses[0].operands[0] is not (weight or p):
         raise NotFusable(f"the probabilities %{namer[p]} are used by something other than p @ v")
     pv = uses[0]
     conds, x = _peel_mask(softmax.operands[0])
@@ -257,7 +263,43 @@ def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], n
     rk, rv = producer(k, "ac.repeat_kv"), producer(v, "ac.repeat_kv")
     if rk is not None and rv is not None and dim(rk.attrs["n_rep"]) == dim(rv.attrs["n_rep"]):
         k, v, kv_repeat = rk.operands[0], rv.operands[0], rk.attrs["n_rep"]
-    return Match(softmax, pv, q, k, v, kv_repeat, k_is_transposed, qk, q_scale + k_scale, conds, x)
+    factor = None if weight is None else _factor(producer(weight), p)
+    return Match(softmax, pv, q, k, v, kv_repeat, k_is_transposed, qk, q_scale + k_scale, conds, x, factor)
+
+
+def _factor(mul: Op, p: Value) -> Value:
+    """The weight ``w`` of ``p * w``."""
+    return mul.operands[1] if mul.operands[0] is p else mul.operands[0]
+
+
+def _weighted(func: Func, p: Value, mul: Op, use_table: dict[Value, list[Op]], namer: Namer) -> tuple[Value, list[Op]]:
+    """``p * w`` with a weight ``w`` of the positions (attention dropout: ``ac.dropout``) -> (``p * w``,
+    its users).  The weight may read integer and boolean arguments (a seed), constants and sizes, not
+    the scores nor a floating argument: its gradient is not computed."""
+    w = _factor(mul, p)
+    if mul.result.type.shape != p.type.shape or not is_float(w.type.dtype):
+        raise NotFusable(f"the probabilities %{namer[p]} are multiplied by something other than a weight")
+    graph = use_def_graph(func.body)
+    inputs = set(func.args)
+    stack, seen = [w], set()
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in inputs and is_float(value.type.dtype):
+            raise NotFusable(f"the weight of the probabilities %{namer[p]} reads the floating argument %{namer[value]}")
+        op = producer(value)
+        if op is None:
+            continue
+        if op.name not in ELEMENTWISE and op.name not in ("ac.iota", "ac.constant", "ac.dim", "ac.gather"):
+            raise NotFusable(f"the weight of the probabilities %{namer[p]} passes through {op.name}")
+        if op is producer(p) or producer(p) in nx.ancestors(graph, op):
+            raise NotFusable(f"the weight of the probabilities %{namer[p]} depends on the scores")
+        stack.extend(op.operands)
+    if mul.result in func.results:
+        raise NotFusable(f"the weighted probabilities %{namer[mul.result]} are also returned")
+    return mul.result, use_table.get(mul.result, [])
 
 
 def _swap_last(rank: int) -> list[int]:
@@ -285,7 +327,11 @@ def build_regions(m: Match) -> list[Block]:
         visible = c if visible is None else mask.emit("ac.and", [visible, c])
     if visible is None:
         visible = mask.builder.const(True, "i1")
-    return [score_block, mask.finish(visible, "i1")]
+    regions = [score_block, mask.finish(visible, "i1")]
+    if m.weight is not None:
+        weight = RegionBuilder(score_type, with_score=False)
+        regions.append(weight.finish(weight.value(m.weight), score_type.dtype))
+    return regions
 
 
 def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import TORCH_COMPILE
-from tests.hf.models import VOCAB, T, assert_same_model_outputs, llama_config, model_pair, padded_batch
+from tests.hf.models import (
+    VOCAB,
+    T,
+    assert_same_model_outputs,
+    llama_config,
+    logits_and_grads,
+    model_pair,
+    padded_batch,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -97,3 +105,52 @@ def test_bfloat16_model_runs_in_bfloat16_close_to_sdpa():
         expected = theirs(input_ids=ids).logits
     assert logits.dtype == torch.bfloat16
     assert (logits.float() - expected.float()).abs().max() < 3e-2 * expected.float().abs().max()
+
+
+def test_attention_dropout_in_training_is_the_eager_attentions_with_the_same_mask(monkeypatch):
+    """A model in training mode with an attention dropout rate drops out attention (it was refused):
+    against transformers' eager attention whose dropout draws the same mask law (``ac.random`` of a
+    seed from torch's generator and the positions), logits, loss and every gradient agree."""
+    from attncomp.ir.ops.random import uniform
+
+    rate = 0.25
+    ours, theirs = model_pair(llama_config, reference="eager", seed=4, attention_dropout=rate)
+    ours.train(), theirs.train()
+
+    draws = []
+
+    def same_law(weights, p=0.5, training=True, inplace=False):
+        assert training and p == rate and weights.dim() == 4
+        draws.append(weights.shape)
+        seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+        b, h, i, j = (
+            torch.arange(n).reshape([-1 if a == k else 1 for a in range(4)]) for k, n in enumerate(weights.shape)
+        )
+        keep = torch.from_numpy(uniform(seed.numpy(), b.numpy(), h.numpy(), i.numpy(), j.numpy()) >= rate)
+        return weights * keep / (1 - rate)
+
+    ids, mask = padded_batch("right")
+    torch.manual_seed(11)
+    logits, loss, grads = logits_and_grads(ours, ids, mask)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.functional, "dropout", same_law)
+        torch.manual_seed(11)
+        ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
+    assert len(draws) == 2  # one mask a layer
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], ref_logits[real], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    # the dropout does drop: another seed, another mask; eval mode, none
+    torch.manual_seed(12)
+    again = logits_and_grads(ours, ids, mask)[0]
+    assert (again[real] - logits[real]).abs().max() > 1e-2
+    ours.eval(), theirs.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(input_ids=ids, attention_mask=mask).logits[real],
+            theirs(input_ids=ids, attention_mask=mask).logits[real],
+            rtol=1e-4,
+            atol=1e-5,
+        )

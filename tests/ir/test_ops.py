@@ -781,6 +781,29 @@ def test_page_view_reads_each_row_through_its_sequence_table(rng):
         ac.interpret(module, pages, table + 1, sizes={"R": 10})
 
 
+RANDOM_IR = """\
+ac.func @draws(%seed: tensor<i64>, %rows: tensor<T x 1 x i32>, %cols: tensor<1 x S x i64>) -> tensor<T x S x f32> {
+  %0 = ac.random %seed, %rows, %cols : tensor<T x S x f32>
+  ac.return %0
+}
+"""
+IR_TEXTS.append(RANDOM_IR)
+
+
+def test_random_hashes_its_counters_into_float32_in_zero_to_one():
+    from attncomp.ir.ops.random import uniform
+
+    module = ac.parse_ir(RANDOM_IR)
+    assert str(module) == RANDOM_IR
+    rows, cols = np.arange(5, dtype=np.int32)[:, None], np.arange(7)[None, :]
+    draws = ac.interpret(module, np.int64(3), rows, cols)
+    assert draws.shape == (5, 7) and np.all((0 <= draws) & (draws < 1))
+    assert_same(draws, uniform(np.int64(3), rows.astype(np.int64), cols))  # the counters' type does not count
+    assert not np.array_equal(draws, ac.interpret(module, np.int64(4), rows, cols))
+    with pytest.raises(ac.VerifyError, match="ac.random: operands must be integer tensors, got f32"):
+        ac.parse_ir(RANDOM_IR.replace("%seed: tensor<i64>", "%seed: tensor<f32>"))
+
+
 # coverage ---------------------------------------------------------------------------------------
 def test_every_op_is_covered():
     covered = op_names(decoder_module()[1])

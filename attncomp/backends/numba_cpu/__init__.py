@@ -65,7 +65,15 @@ from attncomp.backends.numba_cpu.shared_calls import (
     softmax_by_rows,
     transpose_into,
 )
-from attncomp.backends.numba_cpu.tile_math import exp2_f32, exp_nonpositive_f32, prefetch_rows, tanh, tanh_f32
+from attncomp.backends.numba_cpu.tile_math import (
+    exp2_f32,
+    exp_nonpositive_f32,
+    prefetch_rows,
+    random_step,
+    random_unit,
+    tanh,
+    tanh_f32,
+)
 
 FASTMATH = {fastmath!r}
 

@@ -12,7 +12,8 @@ gradient is summed in the same order on every run (no atomics):
                 prologue (GQA head, query-loop bounds from the IR)
                 for qb in [first, end):     # skipped, masked or full per the IR's classification
                     s = q_tile @ kt; dp = d_out_tile @ vt   # BLAS; kt, vt: the key block's k, v transposed once
-                    per element: score, mask, p = exp(s - lse), ds = p (dp - delta),
+                    per element: score, mask, p = exp(s - lse), ds = p (dp - delta)
+                    (ds = p (dp w - delta) and p w into dv with a weight w: dropout),
                                  the score's derivative -> ds_raw, site contributions
                     dv += pᵀ d_out_tile;  dk += ds_rawᵀ q_tile          # BLAS, accumulating in place
                     dq[rows of the tile] += ds_raw k_tile                 # this unit owns these rows
@@ -107,9 +108,16 @@ class BackwardKernelWriter(KernelSource):
                 # masked elements are selected away, not branched around, so the loop vectorises
                 hidden = "" if visible is None else f" if {visible} else ACC(0.0)"
                 w.line(f"pv = EXP(ACC({x} - lse_r)){hidden}")
-                w.line("dsv = pv * (dp[r, c] - delta_r)")
+                if tile.weight is None:
+                    w.line("dsv = pv * (dp[r, c] - delta_r)")
+                    w.line("pm[r, c] = pv")
+                else:  # dropout: dp and the probabilities dv is made of carry the forward's weight
+                    weight_batch = [self.scalar().ref(v) for v in tile.weight.operands[:-2]]
+                    (factor,) = self.scalar().block(tile.weight.regions[0], weight_batch + [i, j])
+                    w.line(f"wv = {factor}")
+                    w.line("dsv = pv * (dp[r, c] * wv - delta_r)")
+                    w.line("pm[r, c] = pv * wv")
                 grads = self.scalar().block(tile.gradient.regions[0], grad_batch + [i, j, "s[r, c]", "dsv"])
-                w.line("pm[r, c] = pv")
                 w.line(f"dsm[r, c] = {grads[0]}{hidden}")
                 at = 1
                 for k, rank in enumerate(self.t.site_ranks):

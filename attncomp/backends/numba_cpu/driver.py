@@ -44,6 +44,7 @@ GRAPH_OPS = {
     "ac.rsqrt": lambda a, attrs, out: f"1.0 / np.sqrt({a[0]})",
     "ac.cmp": lambda a, attrs, out: f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})",
     "ac.where": lambda a, attrs, out: f"np.where({a[0]}, {a[1]}, {a[2]})",
+    "ac.random": lambda a, attrs, out: f"rt.uniform({', '.join(a)})",
     "ac.cast": lambda a, attrs, out: a[0],
     "ac.matmul": lambda a, attrs, out: f"np.matmul({a[0]}, {a[1]})",
     "ac.transpose": lambda a, attrs, out: f"np.transpose({a[0]}, {tuple(attrs['perm'])})",

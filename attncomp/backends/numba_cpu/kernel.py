@@ -195,6 +195,25 @@ class KernelWriter(KernelSource):
                 w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
             w.line("mx[r] = row_max")
 
+    def weights(self, compute: TileCompute, by_rows: bool) -> None:
+        """The probabilities times the weight region (attention dropout), after their row sums and
+        before the values' product: ``st[c, r]`` by keys, ``sr[r, c]`` row by row."""
+        if compute.weight is None:
+            return
+        w = self.w
+        batch = [self.scalar().ref(v) for v in compute.weight.operands[:-2]]
+        outer, inner = ("r", "c") if by_rows else ("c", "r")
+        w.line(f"for {outer} in range({'nq' if by_rows else 'nk'}):")
+        with w.indent():
+            first = self.row_index(compute) if by_rows else self.key_index(compute)
+            w.line(f"for {inner} in range({'nk' if by_rows else 'nq'}):")
+            with w.indent():
+                second = self.key_index(compute) if by_rows else self.row_index(compute)
+                i, j = (first, second) if by_rows else (second, first)
+                (factor,) = self.scalar().block(compute.weight.regions[0], batch + [i, j])
+                element = "sr[r, c]" if by_rows else "st[c, r]"
+                w.line(f"{element} = ACC({element} * {factor})")
+
     def key_tile(self, compute: TileCompute, mask_when: str | None) -> None:
         """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
         decoding) by loops on row-major scores, each row vectorised over its keys.  The CPU writes
@@ -226,6 +245,7 @@ class KernelWriter(KernelSource):
             self.scores_by_keys(compute, with_mask)
             # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
             w.line("softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g)")
+            self.weights(compute, by_rows=False)
             w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
@@ -254,6 +274,7 @@ class KernelWriter(KernelSource):
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
             w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
+            self.weights(compute, by_rows=True)
             w.line("active[g] = 1")
             if self.paged(compute.v_load):  # where the values' pages are read from, after the heads
                 for name, v in zip(self.group_value_at(compute.v_load), compute.v_load.operands[1:-1]):

@@ -13,6 +13,7 @@ from attncomp.backends.numba_cpu.quantize import append_rows
 from attncomp.backends.scalars import array_dtype, kernel_scalar  # noqa: F401 (drivers call rt.kernel_scalar)
 from attncomp.errors import with_location
 from attncomp.ir.ops.compute import safe_max
+from attncomp.ir.ops.random import uniform  # noqa: F401 (drivers call rt.uniform)
 from attncomp.ir.ops.shape import check_pages as _check_pages
 from attncomp.ir.ops.structural import check_index_range, check_indices
 from attncomp.ir.ops.tile import block_reduce  # noqa: F401 (drivers call rt.block_reduce)

@@ -40,6 +40,7 @@ from attncomp.backends.numba_cpu.vector_loops import (
     f32_bits,
     prefetch_row,
 )
+from attncomp.ir.ops import random as counters
 
 #: fast-math flags that keep infinities and NaN meaningful (masked scores are -inf)
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -103,6 +104,11 @@ def _exp2(x):
 # tanh x = x (1 + z (c3 + z (c5 + ...))), z = x * x: its Taylor series to x**13.  Below |x| = 1/2
 # the first term left out (929569 x**15 / 638512875) is under 1e-7 of tanh x.
 TANH_C = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075)
+
+
+#: ``ac.random``'s hash (``attncomp/ir/ops/random.py``), compiled into the kernels that draw dropout's mask
+random_step = njit(inline="always")(counters.step)
+random_unit = njit(inline="always")(counters.unit)
 
 
 @njit(fastmath=FASTMATH, inline="always")

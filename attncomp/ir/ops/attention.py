@@ -13,7 +13,10 @@
 
 Meaning: with ``s = q @ kᵀ`` (head ``h`` of ``k`` and ``v`` is head
 ``h // kv_repeat``), ``s' = where(mask, score(s), -inf)``; the result is
-``softmax(s') @ v`` and, when ``with_lse``, ``logsumexp(s')``.  A query row with
+``softmax(s') @ v`` and, when ``with_lse``, ``logsumexp(s')``.  An optional third
+region, the **weight**, takes the positions and yields a factor for each probability
+before ``@ v``, not counted in the softmax's sum (attention dropout: ``ac.dropout``):
+the result is then ``(softmax(s') * weight) @ v``.  A query row with
 no visible key gives zeros and an LSE of ``-inf``.  The regions see one score
 element at a time and may use values defined outside the op.
 """
@@ -75,6 +78,13 @@ def index_grids(shape: tuple[int, ...]) -> list[np.ndarray]:
     return grids
 
 
+def weight_of(op, grids: list[np.ndarray], ctx, at: int = 2) -> np.ndarray | float:
+    """The weight region's values (region ``at``) over the scores' positions; 1 without one."""
+    if len(op.regions) <= at:
+        return 1.0
+    return ctx.run_block(op.regions[at], grids)[0]
+
+
 def expand_heads(x: np.ndarray, kv_repeat: int) -> np.ndarray:
     return x if kv_repeat == 1 else np.repeat(x, kv_repeat, axis=1)
 
@@ -104,11 +114,12 @@ class Attention(OpDef):
         expected = [
             [index] * rank + [TensorType((), scores)],
             [index] * rank,
+            [index] * rank,
         ]
-        yields = [TensorType((), scores), TensorType((), BOOL_DTYPE)]
-        if len(op.regions) != 2:
-            raise TypeCheckError("ac.attention: needs a score region and a mask region")
-        for which, region, args, result in zip(("score", "mask"), op.regions, expected, yields):
+        yields = [TensorType((), scores), TensorType((), BOOL_DTYPE), TensorType((), scores)]
+        if len(op.regions) not in (2, 3):
+            raise TypeCheckError("ac.attention: needs a score region, a mask region and optionally a weight region")
+        for which, region, args, result in zip(("score", "mask", "weight"), op.regions, expected, yields):
             if [a.type for a in region.args] != args:
                 shown = ", ".join(map(str, args))
                 raise TypeCheckError(f"ac.attention: the {which} region takes ({shown})")
@@ -129,7 +140,7 @@ class Attention(OpDef):
             m = safe_max(masked, -1)
             p = np.exp(masked - m)
             total = np.sum(p, axis=-1, keepdims=True)
-            out = np.matmul(p, v) / np.where(total == 0.0, 1.0, total)
+            out = np.matmul(p * weight_of(op, grids, ctx), v) / np.where(total == 0.0, 1.0, total)
             results = [out]
             if op.attrs["with_lse"]:
                 results.append(np.squeeze(m + np.log(total), axis=-1))

@@ -30,7 +30,7 @@ import numpy as np
 
 from attncomp.errors import TypeCheckError
 from attncomp.ir.dims import Dim, dim
-from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids
+from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids, weight_of
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.ops.structural import check_indices
@@ -130,8 +130,16 @@ class AttentionGrad(OpDef):
         return declared
 
     def verify_regions(self, op) -> None:
-        if len(op.regions) != 3:
-            raise TypeCheckError(f"{self.name}: needs a score, a mask and a gradient region")
+        if len(op.regions) not in (3, 4):
+            raise TypeCheckError(
+                f"{self.name}: needs a score, a mask and a gradient region, optionally a weight region"
+            )
+        if len(op.regions) == 4:
+            index = [TensorType((), "i64")] * op.operands[3].type.rank
+            score = TensorType((), score_dtype(promote([op.operands[0].type, op.operands[1].type])))
+            weight = op.regions[3]
+            if [a.type for a in weight.args] != index or [v.type for v in weight.ops[-1].operands] != [score]:
+                raise TypeCheckError(f"{self.name}: the weight region takes the positions and yields one {score}")
         rank = op.operands[3].type.rank
         score = TensorType((), score_dtype(promote([op.operands[0].type, op.operands[1].type])))
         index = TensorType((), "i64")
@@ -165,13 +173,14 @@ class AttentionGrad(OpDef):
             lse_b = np.asarray(lse)[..., None]
             p = np.where(visible & np.isfinite(lse_b), np.exp(scored - np.where(np.isfinite(lse_b), lse_b, 0.0)), 0.0)
             delta = np.sum(d_out * out, axis=-1) - d_lse
-            dp = np.matmul(d_out, np.swapaxes(ve, -1, -2))
+            weight = weight_of(op, grids, ctx, at=3)
+            dp = np.matmul(d_out, np.swapaxes(ve, -1, -2)) * weight
             ds = p * (dp - delta[..., None])
             grads = ctx.run_block(op.regions[2], [*grids, raw, ds])
             ds_raw = np.where(visible, np.broadcast_to(grads[0], raw.shape), 0.0)
             dq = np.matmul(ds_raw, ke)
             dk = np.matmul(np.swapaxes(ds_raw, -1, -2), q)
-            dv = np.matmul(np.swapaxes(p, -1, -2), d_out)
+            dv = np.matmul(np.swapaxes(p * weight, -1, -2), d_out)
         results = [sum_to(dq, q.shape)]
         for full, operand in ((dk, k), (dv, v)):
             if n_rep != 1:
