@@ -824,3 +824,21 @@ def test_a_mask_given_as_data_compiles_without_spills():
     impl = _build(retyped(dense, "bf16"), default_pipeline("cuda"))
     assert sum(k.name.endswith("_block_reduce") for k in impl.graph_kernels) == 4
     _check(impl, 128)
+
+
+def test_dropout_kernels_compile_without_spills():
+    """Attention dropout's hash (``ac.random``: 64-bit multiplies and shifts, per element) in the bf16
+    forward and backward on tensor cores at D = 64, and in the scalar float32 forward: no local
+    memory, no spills."""
+    from attncomp.backends import numba_cuda
+    from attncomp.passes import default_pipeline
+    from tests.cuda_sim.helpers import retyped
+    from tests.e2e.test_dropout import dropout_gqa
+
+    bf16 = ac.compile(retyped(dropout_gqa, "bf16"), backend="interp", pipeline=default_pipeline("cuda"))
+    impl = _build(retyped(dropout_gqa, "bf16"), default_pipeline("cuda"))
+    texts: dict = {}
+    _check(impl, 64, texts=texts)
+    _check(numba_cuda.build(bf16.backward.module), 64, texts=texts)
+    assert all("mul.lo.s64" in ptx or "mul.lo.u64" in ptx for ptx in texts.values() if "mma.sync" in ptx)
+    _check(_build(dropout_gqa, "cse,softmax-fusion,flash-tiling{precision=ieee},mask-elimination,cse,dce"), 64)

@@ -17,6 +17,7 @@ import attncomp.hf  # noqa: E402
 from tests.hf.models import (  # noqa: E402
     VOCAB,
     T,
+    assert_same_dropout,
     llama_config,
     logits_and_grads,
     mistral_config,
@@ -26,13 +27,15 @@ from tests.hf.models import (  # noqa: E402
 from tests.hf.test_masks_and_specs import packed_4d_mask  # noqa: E402
 
 
-def cuda_pair(make_config):
+def cuda_pair(make_config, reference: str = "sdpa", **overrides):
     attncomp.hf.register("attncomp_cuda", backend="cuda")
     torch.manual_seed(0)
     config = make_config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
     ours = auto.from_config(copy.deepcopy(config), attn_implementation="attncomp_cuda")
-    theirs = auto.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    theirs = auto.from_config(copy.deepcopy(config), attn_implementation=reference)
     theirs.load_state_dict(ours.state_dict())
     return ours.cuda().eval(), theirs.cuda().eval()
 
@@ -73,3 +76,12 @@ def test_greedy_generate_on_cuda_gives_sdpas_tokens():
     with torch.no_grad():
         assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
     assert ids.shape[1] == T
+
+
+def test_attention_dropout_on_cuda_is_the_eager_attentions_with_the_same_mask(monkeypatch):
+    """Training mode with an attention dropout rate: the mask drawn on the device from a seed on the
+    device, against transformers' eager attention dropping what ``ac.dropout`` drops."""
+    ours, theirs = cuda_pair(llama_config, reference="eager", attention_dropout=0.25)
+    ids, mask = (x.cuda() for x in padded_batch("right"))
+    logits = assert_same_dropout(ours, theirs, ids, mask, 0.25, monkeypatch, rtol=1e-3, atol=1e-4)
+    assert logits.is_cuda

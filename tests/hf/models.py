@@ -180,3 +180,44 @@ def assert_same_model_outputs(ours, theirs, ids, mask, rtol: float = 1e-4, atol:
     assert grads.keys() == ref_grads.keys()
     for name in grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=rtol, atol=atol, msg=name)
+
+
+def dropout_with_attncomps_law(rate: float, draws: list) -> Callable:
+    """A stand-in for ``torch.nn.functional.dropout`` in transformers' eager attention that drops what
+    attncomp's ``ac.dropout`` drops: a seed drawn as ``attncomp.hf`` draws it (one ``int64`` from torch's
+    generator on the weights' device), each probability kept where ``ac.random(seed, b, h, i, j) >=
+    rate``.  Each call's weights' shape is appended to ``draws``."""
+    import numpy as np
+
+    from attncomp.ir.ops.random import uniform
+
+    def dropout(weights, p=0.5, training=True, inplace=False):
+        assert training and p == rate and weights.dim() == 4
+        draws.append(tuple(weights.shape))
+        seed = torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=weights.device)
+        keep = uniform(np.int64(seed.item()), *np.ogrid[tuple(slice(n) for n in weights.shape)]) >= rate
+        return weights * torch.from_numpy(keep).to(weights.device) / (1 - rate)
+
+    return dropout
+
+
+def assert_same_dropout(ours, theirs, ids, mask, rate: float, monkeypatch, rtol: float = 1e-4, atol: float = 1e-5):
+    """In training mode, ``ours`` and ``theirs`` (on ``eager``, its dropout :func:`dropout_with_attncomps_law`)
+    from the same generator state: logits at real tokens, the loss and every gradient agree.  Gives
+    ``ours``' logits."""
+    ours.train(), theirs.train()
+    torch.manual_seed(11)
+    logits, loss, grads = logits_and_grads(ours, ids, mask)
+    draws: list = []
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.functional, "dropout", dropout_with_attncomps_law(rate, draws))
+        torch.manual_seed(11)
+        ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
+    assert len(draws) == ours.config.num_hidden_layers  # one mask a layer
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], ref_logits[real], rtol=rtol, atol=atol)
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=atol)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=rtol, atol=atol, msg=name)
+    return logits

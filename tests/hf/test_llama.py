@@ -8,6 +8,7 @@ from tests.conftest import TORCH_COMPILE
 from tests.hf.models import (
     VOCAB,
     T,
+    assert_same_dropout,
     assert_same_model_outputs,
     llama_config,
     logits_and_grads,
@@ -111,40 +112,14 @@ def test_attention_dropout_in_training_is_the_eager_attentions_with_the_same_mas
     """A model in training mode with an attention dropout rate drops out attention (it was refused):
     against transformers' eager attention whose dropout draws the same mask law (``ac.random`` of a
     seed from torch's generator and the positions), logits, loss and every gradient agree."""
-    from attncomp.ir.ops.random import uniform
-
     rate = 0.25
     ours, theirs = model_pair(llama_config, reference="eager", seed=4, attention_dropout=rate)
-    ours.train(), theirs.train()
-
-    draws = []
-
-    def same_law(weights, p=0.5, training=True, inplace=False):
-        assert training and p == rate and weights.dim() == 4
-        draws.append(weights.shape)
-        seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-        b, h, i, j = (
-            torch.arange(n).reshape([-1 if a == k else 1 for a in range(4)]) for k, n in enumerate(weights.shape)
-        )
-        keep = torch.from_numpy(uniform(seed.numpy(), b.numpy(), h.numpy(), i.numpy(), j.numpy()) >= rate)
-        return weights * keep / (1 - rate)
-
     ids, mask = padded_batch("right")
-    torch.manual_seed(11)
-    logits, loss, grads = logits_and_grads(ours, ids, mask)
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.nn.functional, "dropout", same_law)
-        torch.manual_seed(11)
-        ref_logits, ref_loss, ref_grads = logits_and_grads(theirs, ids, mask)
-    assert len(draws) == 2  # one mask a layer
-    real = mask.bool()
-    torch.testing.assert_close(logits[real], ref_logits[real], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    logits = assert_same_dropout(ours, theirs, ids, mask, rate, monkeypatch)
     # the dropout does drop: another seed, another mask; eval mode, none
     torch.manual_seed(12)
-    again = logits_and_grads(ours, ids, mask)[0]
+    real = mask.bool()
+    again = logits_and_grads(ours.train(), ids, mask)[0]
     assert (again[real] - logits[real]).abs().max() > 1e-2
     ours.eval(), theirs.eval()
     with torch.no_grad():

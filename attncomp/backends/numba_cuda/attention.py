@@ -143,13 +143,14 @@ class AttentionKernels:
     @property
     def score_work(self) -> str:
         """What the score and mask regions do per element (``forward_plan.FLASH_SHAPES``): "positional"
-        where the score reads the query or key position (ALiBi, a relative bias), "elementwise" where it
+        where the score reads the query or key position (ALiBi, a relative bias) or a weight region
+        does (dropout), "elementwise" where it
         does more than scale the product (soft-capping) or the mask more than ``MASK_OPS`` compares and
         arithmetic, or gathers (``forward_plan.MASK_OPS``: a sliding window, documents), else "scale"."""
         region = self.tiled.masked.score.regions[0]
         positions = region.args[:-1]
-        if any(x is p for op in region.ops for x in op.operands for p in positions):
-            return "positional"
+        if any(x is p for op in region.ops for x in op.operands for p in positions) or self.tiled.weighted:
+            return "positional"  # a weight (dropout's hash) reads the positions of every element too
         mask = self.tiled.masked.mask
         ops = [op.name for op in mask.regions[0].ops if op.name != "ac.yield"] if mask is not None else []
         if len(ops) > MASK_OPS or "ac.gather" in ops:

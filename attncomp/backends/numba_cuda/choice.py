@@ -146,7 +146,7 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     keeps bf16 arguments 16-bit, ``tensor_core_types``); by default "f16" for f16 and "f32" otherwise."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.numba_cuda.fp8_codes import codes_of
-    from attncomp.backends.tiles import LoweringError, read_tiled_attention
+    from attncomp.backends.tiles import read_tiled_attention
 
     if op.name == "ac.tile_grid":
         family, deterministic = FORWARD, False
@@ -158,11 +158,6 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
         loads = (t.masked.q_load, t.k_load, t.v_load, t.masked.d_out_load)
     else:
         raise ValueError(f"no attention kernel for {op.name}")
-    if t.weighted:
-        raise LoweringError(
-            "the cuda backend does not run a weight on the probabilities (attention dropout, ac.dropout) yet; "
-            "compile the spec with backend='cpu' or 'interp'"
-        )
     types = {load.operands[0].type.dtype for load in loads}
     element = types.pop() if len(types) == 1 else None
     operands, exact = None, False

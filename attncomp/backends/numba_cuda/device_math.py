@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda
 
 from attncomp.backends.numba_cuda.warp import SIMULATED
+from attncomp.ir.ops import random as counters
 
 #: op name -> helper, for ``ScalarEmitter(functions=...)``
 FUNCTIONS = {
@@ -31,8 +33,11 @@ FUNCTIONS = {
 }
 #: the name of the kernels' choice between computed values (``codegen.choose``), defined below
 SELECT = "select"
-#: a generated kernel's import of these and of ``select``
-IMPORT = f"from attncomp.backends.numba_cuda.device_math import {', '.join(sorted([*FUNCTIONS.values(), SELECT]))}"
+#: ``ac.random``'s hash, as the scalar code calls it (``codegen.ScalarEmitter``), defined below
+RANDOM = ("random_step", "random_unit")
+#: a generated kernel's import of these, of ``select`` and of the hash
+NAMES = ", ".join(sorted([*FUNCTIONS.values(), SELECT, *RANDOM]))
+IMPORT = f"from attncomp.backends.numba_cuda.device_math import {NAMES}"
 
 
 @cuda.jit(device=True, inline="always")
@@ -82,12 +87,28 @@ def ac_cos(x):
 
 
 if SIMULATED:
+    WORD = (1 << 64) - 1
+
+    def random_step(x, counter):
+        """``counters.step`` in Python's integers, wrapped to 64 bits as the GPU's are (NumPy's 64-bit
+        scalars would warn at every overflow the hash means to have)."""
+        z = (int(x) + (int(counter) + 1) * int(counters.GOLDEN)) & WORD
+        z = ((z ^ (z >> 30)) * int(counters.MIX_1)) & WORD
+        z = ((z ^ (z >> 27)) * int(counters.MIX_2)) & WORD
+        return np.uint64(z ^ (z >> 31))
+
+    def random_unit(x):
+        """``counters.unit`` (as the GPU's below)."""
+        return counters.unit(np.uint64(x))
 
     def select(c, a, b):
         """``a`` where ``c`` holds, else ``b`` (as the GPU's below)."""
         return a if c else b
 
 else:
+    random_step = cuda.jit(device=True, inline="always")(counters.step)
+    random_unit = cuda.jit(device=True, inline="always")(counters.unit)
+
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
     from numba.cuda.typing import signature

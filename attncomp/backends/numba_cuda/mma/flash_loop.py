@@ -12,7 +12,7 @@ the products of the other:
         the next chunk to compute       # its tile's class, found by the IR's classification
         wait for V(i); barrier          # V(i) seen by all; every warp done with K(i)
         K(i + 1) in flight
-        online softmax; O += P V(i)     # overlaps K(i + 1)'s copy
+        online softmax; O += P V(i)     # overlaps K(i + 1)'s copy (P times the weight region: dropout)
 
 Whole chunks of full tiles (class 2: no mask) run in a loop of their own, the main loop, as
 FlashAttention-2 runs its unmasked iterations: at the start of a run the tiles ahead are classified
@@ -164,7 +164,7 @@ class FlashKeyLoop:
             w.line("if more:")
             with w.indent():
                 self.copies("k", p.head_dim, f"jc + {p.chunk}", full=True)
-            self.chunk_end("scale_log2" if self.scale is not None else None)
+            self.chunk_end(hoisted, "scale_log2" if self.scale is not None else None)
             w.line("if not more:")
             with w.indent():
                 w.line("break")
@@ -185,9 +185,11 @@ class FlashKeyLoop:
         w.line("# S = Q K^T")
         self.score_products()
 
-    def chunk_end(self, scale: str | None = None) -> None:
-        """The online softmax (``scale``: folded into it) and O += P V(i)."""
+    def chunk_end(self, hoisted: dict[Op, list[Op]], scale: str | None = None) -> None:
+        """The online softmax (``scale``: folded into it), P times the weight region (dropout), and
+        O += P V(i)."""
         self.softmax_update(scale)
+        self.weigh(self.t.masked, hoisted)
         self.w.line("# O += P V")
         self.value_products()
 
@@ -217,7 +219,7 @@ class FlashKeyLoop:
         w.line("if nkb < kb_top:")
         with w.indent():
             self.copies("k", p.head_dim, f"nkb * {p.block_k} + nc0")
-        self.chunk_end()
+        self.chunk_end(hoisted)
         w.line("kb = nkb")
         w.line("c0 = nc0")
         w.line("cls = ncls")

@@ -201,6 +201,7 @@ class MmaKernelWriter(FragmentRows, AttentionKernelWriter):
         self.score_products()
         self.scores(compute, masked, hoisted)
         self.softmax_update()
+        self.weigh(compute, hoisted)
         w.line("# O += P V")
         self.value_products()
 

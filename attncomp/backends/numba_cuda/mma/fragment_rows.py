@@ -76,7 +76,22 @@ class FragmentRows:
             s = f"{tile_name('s', t)}_{n}_{e}"
             x = self.apply(compute.score, hoisted[compute.score], [*at, s])
             w.line(f"{s} = ACC({x})")
+        #: the chunk's positions, for the weight region after the softmax (:meth:`weigh`)
+        self.chunk_positions = rows, cols, elements
         return rows, cols, elements
+
+    def weigh(self, compute: TileCompute, hoisted: dict[Op, list[Op]]) -> None:
+        """P times the weight region (attention dropout), after the rows' sums and before ``P V``, at
+        the positions the chunk's scores were computed at."""
+        if compute.weight is None:
+            return
+        c, w = self.atom.c, self.w
+        rows, cols, elements = self.chunk_positions
+        for t, n, e in elements:
+            at = [rows[f"r{row_letter(t, e)}"], cols[n, c.offsets[e][1]]]
+            weight = self.apply(compute.weight, hoisted[compute.weight], at)
+            s = f"{tile_name('s', t)}_{n}_{e}"
+            w.line(f"{s} = {s} * ACC({weight})")
 
     def scores(self, compute: TileCompute, masked: str | None, hoisted: dict[Op, list[Op]]) -> None:
         """The score region on every element a lane holds, the mask region where it applies, and

@@ -15,6 +15,7 @@ features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs
             every lanes-th key: sum the parts, score region,
                 mask region (class 1 only) -> shared scores              syncthreads
             online softmax over the chunk: one rescale, acc += p v      syncthreads
+                (p times the weight region after its sum: dropout)
     out = acc / l, lse = m + log(l)    # rows with no visible key: 0 and -inf
 
 Flash-decoding: when a call has too few (batch, query block) units to fill the GPU (one new
@@ -196,6 +197,11 @@ class AttentionKernelWriter(CudaKernelSource):
         with w.indent():
             w.line("pc = ACC(math.exp(scores[c, r] - m_safe))")
             w.line("l += pc")
+            if compute.weight is not None:  # dropout: after the sum, before the values (each lane of the row)
+                j = self.fresh("j")
+                w.line(f"{j} = {self.index_element(compute.score.operands[-2], '0', '(c0 + c)')}")
+                weight = self.apply(compute.weight, hoisted[compute.weight], [rows, j])
+                w.line(f"pc = pc * ACC({weight})")
             for k in range(p.value_slice):
                 w.line(f"acc_{k} += pc * v_tile[c, {self.feature(k)}]")
         w.line("m = m_new")
@@ -275,8 +281,9 @@ class AttentionKernelWriter(CudaKernelSource):
         """The score and mask regions' ops that do not depend on the element, written once."""
         compute = self.t.masked
         hoisted = {compute.score: self.hoist(compute.score, 3)}
-        if compute.mask is not None:
-            hoisted[compute.mask] = self.hoist(compute.mask, 2)
+        for region in (compute.mask, compute.weight):
+            if region is not None:
+                hoisted[region] = self.hoist(region, 2)
         return hoisted
 
     @property
