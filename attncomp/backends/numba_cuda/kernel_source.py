@@ -120,6 +120,16 @@ class CudaKernelSource(KernelSource):
                 self.reciprocals[divisor] = name
         return rest
 
+    def hoist_maps(self, maps: dict[Op | None, int]) -> dict[Op, list[Op]]:
+        """:meth:`hoist` of each map (by its number of per-element arguments; None: absent)."""
+        return {op: self.hoist(op, n) for op, n in maps.items() if op is not None}
+
+    def weight_factor(self, map_op: Op, hoisted: dict[Op, list[Op]], at: list[str]) -> str:
+        """The weight region (dropout's) at positions ``at``, as the local ``wv``."""
+        (weight,) = self.apply_all(map_op, hoisted[map_op], at)
+        self.w.line(f"wv = ACC({weight})")
+        return "wv"
+
     def apply_all(self, map_op: Op, rest: list[Op], variant: list[str]) -> list[str]:
         """Emit the position-dependent ops of a region for one element; return what it yields."""
         region = map_op.regions[0]

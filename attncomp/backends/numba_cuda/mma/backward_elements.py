@@ -114,12 +114,9 @@ class BackwardElements:
         with w.indent():
             (x,) = self.apply_all(tile.score, hoisted[tile.score], [rows[n, b], cols[h], s])
             w.line(f"pv = exp2_approx(ACC({x}) * LOG2E - lse_{b})")
-            if tile.weight is None:
-                w.line(f"gv = pv * ({dp} - delta_{b})")
-            else:  # dropout: dP, and the p that dV is made of, carry the forward's weight
-                (weight,) = self.apply_all(tile.weight, hoisted[tile.weight], [rows[n, b], cols[h]])
-                w.line(f"wv = ACC({weight})")
-                w.line(f"gv = pv * ({dp} * wv - delta_{b})")
+            # dropout: dP, and the p that dV is made of, carry the forward's weight
+            wv = tile.weight and self.weight_factor(tile.weight, hoisted, [rows[n, b], cols[h]])
+            w.line(f"gv = pv * ({dp}{f' * {wv}' if wv else ''} - delta_{b})")
             at_element = [g_rows[n, b], g_cols[h], s, "gv"]
             grads = self.apply_all(tile.gradient, hoisted[tile.gradient], at_element)
             w.line(f"dsv = ACC({grads[0]})")
@@ -127,8 +124,8 @@ class BackwardElements:
             for k, (rank, _, _) in enumerate(self.sites):
                 self.site_add(k, grads[at], grads[at + 1 : at + 1 + rank])
                 at += 1 + rank
-            if tile.weight is not None:
-                w.line("pv = pv * wv")
+            if wv:
+                w.line(f"pv = pv * {wv}")
         w.line(f"{s} = pv")
         w.line(f"{dp} = dsv")
 

@@ -13,10 +13,9 @@ in registers (see ``simt/backward_plan.py``).  Each thread block runs:
         for each chunk of ``rows`` query rows of the tile:
             q, d_out rows -> shared                                                  syncthreads
             per (row, key) element, one thread: s = q.k, dp = d_out.v, the score region,
-                the mask region (class 1 only), p = exp(s - lse), ds = p (dp - delta)
-                (dp w with a weight w, dropout's; p w into dV),
+                the mask region (class 1 only), p = exp(s - lse), ds = p (dp w - delta) (w: dropout's),
                 the gradient region -> ds_raw and site contributions; p, ds_raw -> shared   syncthreads
-            dv slice += pᵀ d_out, dk slice += ds_rawᵀ q                          (registers)
+            dv slice += (p w)ᵀ d_out, dk slice += ds_rawᵀ q                      (registers)
             dq rows += ds_raw k: one thread per (row, feature), cuda.atomic.add              syncthreads
     dk, dv rows -> the key/value head's rows (atomics where several thread blocks share them)
 
@@ -170,21 +169,17 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
                 delta = self.array_ref(tile.delta_load.operands[0])
                 w.line(f"delta_r = ACC({delta}[{self.prefix(tile.delta_load)}{row}, 0])")
                 w.line(f"pv = ACC(math.exp(ACC({x} - lse_r)))")
-                if tile.weight is None:
-                    w.line("gv = pv * (dpv - delta_r)")
-                else:  # dropout: dP, and the p that dV is made of, carry the forward's weight
-                    wi, wj = self.positions(tile.weight, 2)
-                    (weight,) = self.apply_all(tile.weight, hoisted[tile.weight], [wi, wj])
-                    w.line(f"wv = ACC({weight})")
-                    w.line("gv = pv * (dpv * wv - delta_r)")
+                # dropout: dP, and the p that dV is made of, carry the forward's weight
+                wv = tile.weight and self.weight_factor(tile.weight, hoisted, self.positions(tile.weight, 2))
+                w.line(f"gv = pv * (dpv{f' * {wv}' if wv else ''} - delta_r)")
                 grads = self.apply_all(tile.gradient, hoisted[tile.gradient], [gi, gj, "s_raw", "gv"])
                 w.line(f"dsv = ACC({grads[0]})")
                 at = 1
                 for k, (rank, _, _) in enumerate(self.sites):
                     self.site_add(k, grads[at], grads[at + 1 : at + 1 + rank])
                     at += 1 + rank
-                if tile.weight is not None:
-                    w.line("pv = pv * wv")
+                if wv:
+                    w.line(f"pv = pv * {wv}")
 
     def accumulate(self) -> None:
         """dk, dv slices += this chunk's part (registers); dq rows += ds_raw k (atomics)."""
@@ -369,13 +364,9 @@ class BackwardKernelWriter(SiteRuns, CudaKernelSource):
             self.tile_loop(hoisted)
 
     def hoist_regions(self) -> dict[Op, list[Op]]:
-        """Emit the score, mask and gradient regions' position-independent ops; per region, the others."""
-        compute = self.t.masked
-        hoisted = {compute.score: self.hoist(compute.score, 3), compute.gradient: self.hoist(compute.gradient, 4)}
-        for region in (compute.mask, compute.weight):
-            if region is not None:
-                hoisted[region] = self.hoist(region, 2)
-        return hoisted
+        """Emit the score, mask, weight and gradient regions' position-independent ops; per region, the others."""
+        c = self.t.masked
+        return self.hoist_maps({c.score: 3, c.gradient: 4, c.mask: 2, c.weight: 2})
 
     def tile_loop(self, hoisted: dict[Op, list[Op]]) -> None:
         """The loop over the IR's query blocks, then the stores."""

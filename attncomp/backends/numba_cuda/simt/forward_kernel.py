@@ -14,8 +14,7 @@ features ``g, g + lanes, ...`` (see ``simt/forward_plan.py``).  Each thread runs
             this lane's part of q.k for every key -> shared partials    syncthreads
             every lanes-th key: sum the parts, score region,
                 mask region (class 1 only) -> shared scores              syncthreads
-            online softmax over the chunk: one rescale, acc += p v      syncthreads
-                (p times the weight region after its sum: dropout)
+            online softmax over the chunk: one rescale, acc += p w v    syncthreads (w: dropout's)
     out = acc / l, lse = m + log(l)    # rows with no visible key: 0 and -inf
 
 Flash-decoding: when a call has too few (batch, query block) units to fill the GPU (one new
@@ -198,10 +197,8 @@ class AttentionKernelWriter(CudaKernelSource):
             w.line("pc = ACC(math.exp(scores[c, r] - m_safe))")
             w.line("l += pc")
             if compute.weight is not None:  # dropout: after the sum, before the values (each lane of the row)
-                j = self.fresh("j")
-                w.line(f"{j} = {self.index_element(compute.score.operands[-2], '0', '(c0 + c)')}")
-                weight = self.apply(compute.weight, hoisted[compute.weight], [rows, j])
-                w.line(f"pc = pc * ACC({weight})")
+                j = self.index_element(compute.score.operands[-2], "0", "(c0 + c)")
+                w.line(f"pc = pc * {self.weight_factor(compute.weight, hoisted, [rows, j])}")
             for k in range(p.value_slice):
                 w.line(f"acc_{k} += pc * v_tile[c, {self.feature(k)}]")
         w.line("m = m_new")
@@ -278,13 +275,9 @@ class AttentionKernelWriter(CudaKernelSource):
         self.names[t.i0] = "i0"
 
     def hoisted_regions(self) -> dict[Op, list[Op]]:
-        """The score and mask regions' ops that do not depend on the element, written once."""
+        """The score, mask and weight regions' ops that do not depend on the element, written once."""
         compute = self.t.masked
-        hoisted = {compute.score: self.hoist(compute.score, 3)}
-        for region in (compute.mask, compute.weight):
-            if region is not None:
-                hoisted[region] = self.hoist(region, 2)
-        return hoisted
+        return self.hoist_maps({compute.score: 3, compute.mask: 2, compute.weight: 2})
 
     @property
     def key_splits(self) -> bool:
