@@ -101,12 +101,16 @@ def gradients(ctx: Any, grads: Sequence[Any]) -> tuple[torch.Tensor | None, ...]
     cotangents = cotangents_of(op, ctx, inputs, grads)
     tensors = (*inputs, *residuals, *cotangents)
     plan = ctx.plan  # an eager forward's: what it saved are plain tensors on the device, as it took them
+    without = unwanted(op, ctx)
     if not skips_dispatcher(torch, tensors if plan is None else cotangents, op.device_type):
-        out = op.backward_op(*tensors)  # traced, fake, or watched: the registered op
-        return tuple(argument_gradients(inputs, op.floating, out if isinstance(out, tuple) else (out,)))
+        # traced, fake, or watched: the registered op, without the gradients nobody wants
+        floating = [f and name not in without for f, name in zip(op.floating, op.arg_names)]
+        if not any(floating):
+            return tuple(None for _ in inputs)
+        out = op.backward_op_without(without)(*tensors)
+        return tuple(argument_gradients(inputs, floating, out if isinstance(out, tuple) else (out,)))
     if plan is None:
         plan = op.plan_of(inputs).saving(inputs)
-    without = unwanted(op, ctx)
     if not torch.is_grad_enabled():
         return tuple(run_backward(plan, ctx.arrays, tensors, without))
     with torch.no_grad():  # create_graph: the gradients are not differentiable again

@@ -111,6 +111,8 @@ class TorchFunction:
             schema=f"({backward_params}) -> {_returns(backward.func.results)}",
         )
         self.backward_op.register_fake(self.backward_fake)
+        #: the registered backward ops by the floating arguments they leave out (``backward_op_without``)
+        self.backward_ops: dict[tuple[str, ...], Any] = {(): self.backward_op}
         self.op.register_autograd(self.backward_rule, setup_context=self.setup_context)
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -178,6 +180,35 @@ class TorchFunction:
             bf16 = True
         return _tuple_or_one(plan.run(plan.backward, tensors, None, bf16))
 
+    def backward_op_without(self, without: tuple[str, ...]) -> Any:
+        """The registered backward op that neither computes nor returns the gradients of the floating
+        arguments ``without`` (none: ``backward_op``): what a traced backward (``torch.compile``)
+        calls where they need none, registered on first use as ``attncomp::NAME_backward_without_A_B``.
+        Its arguments are ``backward_op``'s; its results the other floating arguments' gradients."""
+        if without not in self.backward_ops:
+            torch = self.torch
+            params = ", ".join(f"Tensor {n}" for n in self.backward_names)
+            wanted = [f and n not in without for f, n in zip(self.floating, self.arg_names)]
+
+            def impl(*tensors: torch.Tensor) -> Any:
+                self.check_devices(tensors, self.backward_names)
+                plan = self.plan_of(tensors[: self.n_args]).saving(tensors[: self.n_args])
+                backward, bf16 = plan.backward_without(without)
+                return _tuple_or_one(plan.run(backward, tensors, None, bf16))
+
+            def fake(*tensors: torch.Tensor) -> Any:
+                return _tuple_or_one([g for g, want in zip(self.gradient_fakes(tensors), wanted) if want])
+
+            op = torch.library.custom_op(
+                f"attncomp::{self.name}_backward_without_{'_'.join(without)}",
+                impl,
+                mutates_args=(),
+                schema=f"({params}) -> {_returns([w for w in wanted if w])}",
+            )
+            op.register_fake(fake)
+            self.backward_ops[without] = op
+        return self.backward_ops[without]
+
     def setup_context(self, ctx: Any, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
         """The forward op's autograd: what it saves (``autograd.setup_context``)."""
         autograd.setup_context(self, ctx, inputs, output)
@@ -229,15 +260,18 @@ class TorchFunction:
         return _tuple_or_one([self.empty(v, sizes, tensors[0]) for v in distinct])
 
     def backward_fake(self, *tensors: torch.Tensor) -> Any:
+        return _tuple_or_one([g for g, floating in zip(self.gradient_fakes(tensors), self.floating) if floating])
+
+    def gradient_fakes(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Per argument of a backward call's ``tensors``: an uninitialised gradient of its type, None
+        where it is not floating."""
         torch = self.torch
         args = tensors[: self.n_args]
         func = self.plan_of(args).saving(args).forward.func
-        grads = [
-            torch.empty_like(t, dtype=torch_dtype(torch, a.type.dtype))
+        return [
+            torch.empty_like(t, dtype=torch_dtype(torch, a.type.dtype)) if floating else None
             for t, a, floating in zip(args, func.args, self.floating)
-            if floating
         ]
-        return _tuple_or_one(grads)
 
 
 def _returns(values: Sequence[Any]) -> str:

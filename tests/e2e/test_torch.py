@@ -260,6 +260,10 @@ def test_opcheck_of_the_backward_op(alibi_fn, alibi):
     saved = outputs[len(outputs) - saving.func.attrs["residuals"] :]
     d_out = torch.ones(1, 2, 9, 8)
     torch.library.opcheck(alibi.backward_op, (*inputs, *map(torch.from_numpy, saved), d_out))
+    # the backward a traced call runs where the slopes need no gradient: three results, not four
+    without = alibi.backward_op_without(("slopes",))
+    torch.library.opcheck(without, (*inputs, *map(torch.from_numpy, saved), d_out))
+    assert len(without(*inputs, *map(torch.from_numpy, saved), d_out)) == 3
 
 
 @pytest.mark.parametrize("backend", ["cpu", "interp"])
@@ -305,6 +309,31 @@ def cxx_compiler_works() -> bool:
         [compiler, "-x", "c++", "-c", "-o", os.devnull, "-"], input=program, text=True, capture_output=True
     )
     return result.returncode == 0
+
+
+@TORCH_COMPILE
+def test_torch_compile_leaves_out_the_gradients_nobody_wants(alibi):
+    """Traced, the backward of a call whose slopes need no gradient is the registered op without
+    them (``backward_op_without``): no slopes' gradient computed, the others the eager call's."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(graph, example_inputs):  # the traced graph, run as it is
+        graphs.append(str(graph.graph))
+        return graph.forward
+
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    compiled = torch.compile(lambda *a: alibi(*a).square().sum(), fullgraph=True, backend=backend)
+    eager_inputs, compiled_inputs = alibi_inputs(seed=8), alibi_inputs(seed=8)
+    for inputs in (eager_inputs, compiled_inputs):
+        inputs[3].requires_grad_(False)
+    alibi(*eager_inputs).square().sum().backward()
+    compiled(*compiled_inputs).backward()
+    assert compiled_inputs[3].grad is None
+    assert len(graphs) == 2 and "_backward_without_slopes" in graphs[1] and "_backward." not in graphs[1]
+    for k in range(3):
+        np.testing.assert_allclose(compiled_inputs[k].grad.numpy(), eager_inputs[k].grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @TORCH_COMPILE
