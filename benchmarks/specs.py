@@ -18,9 +18,9 @@ def causal(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f
 
 @ac.spec
 def causal_dropout(
-    q: ac.f32["B", "H", "T", "D"],
-    k: ac.f32["B", "H", "S", "D"],
-    v: ac.f32["B", "H", "S", "D"],
+    q: ac.floating["B", "H", "T", "D"],
+    k: ac.floating["B", "H", "S", "D"],
+    v: ac.floating["B", "H", "S", "D"],
     seed: ac.i64,
     *,
     rate: float = 0.1,

@@ -222,11 +222,11 @@ class ScalarEmitter:
             expr = self.typed(choose(a[0], a[1], a[2], self.select), dtype)
         elif name == "ac.cast":
             expr = f"({a[0]} != 0)" if dtype == "i1" else self.typed(a[0], dtype)
-        elif name == "ac.random":  # the counters hashed one by one (attncomp/ir/ops/random.py)
+        elif name == "ac.random":  # the counters hashed one by one, the last cheaply (attncomp/ir/ops/random.py)
             state = "np.uint64(0)"
-            for counter in a:
+            for counter in a[:-1]:
                 state = f"random_step({state}, np.uint64({counter}))"
-            expr = f"random_unit({state})"
+            expr = f"random_unit({state}, np.uint64({a[-1]}))"
         elif name == "ac.gather":
             src = self.array_ref(op.operands[0])
             expr = f"{src}[{', '.join(a[1:])}]"

@@ -82,13 +82,14 @@ def test_the_numbers_are_uniform_distinct_and_the_same_compiled():
     assert 0.0 <= u.min() and u.max() < 1.0
     assert np.all(u * 2**24 == np.round(u * 2**24))  # multiples of 2**-24
     assert abs(u.mean() - 0.5) < 0.01 and abs((u < RATE).mean() - RATE) < 0.01
-    assert abs(np.corrcoef(u[:, :-1].ravel(), u[:, 1:].ravel())[0, 1]) < 0.02  # neighbours independent
+    for rows, cols in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:])):  # neighbours independent, along both axes
+        assert abs(np.corrcoef(rows.ravel(), cols.ravel())[0, 1]) < 0.02
     assert (uniform(np.int64(8), i, j) != u).mean() > 0.99  # another seed, other numbers
-    for counters in [(7, 0, 0), (7, 255, 3), (-1, 12, 250), (2**62, 1, 1)]:
+    for counters in [(7, 0, 0), (7, 255, 3), (-1, 12, 250), (2**62, 1, 1), (5,)]:
         state = np.uint64(0)
-        for c in counters:
+        for c in counters[:-1]:
             state = np.uint64(random_step(state, np.int64(c)))  # a negative counter wraps, as in uniform
-        assert random_unit(state) == uniform(*(np.int64(c) for c in counters))
+        assert random_unit(state, np.int64(counters[-1])) == uniform(*(np.int64(c) for c in counters))
 
 
 def test_softmax_fusion_keeps_the_dropout_in_the_fused_attention():

@@ -97,9 +97,13 @@ if SIMULATED:
         z = ((z ^ (z >> 27)) * int(counters.MIX_2)) & WORD
         return np.uint64(z ^ (z >> 31))
 
-    def random_unit(x):
-        """``counters.unit`` (as the GPU's below)."""
-        return counters.unit(np.uint64(x))
+    def random_unit(x, counter):
+        """``counters.unit`` in Python's integers (as the GPU's below)."""
+        z = (int(x) + (int(counter) + 1) * int(counters.GOLDEN)) & WORD
+        y = (z ^ (z >> 32)) & 0xFFFFFFFF
+        y = ((y ^ (y >> 16)) * int(counters.FMIX_1)) & 0xFFFFFFFF
+        y = ((y ^ (y >> 13)) * int(counters.FMIX_2)) & 0xFFFFFFFF
+        return np.float32((y ^ (y >> 16)) >> 8) * counters.UNIT
 
     def select(c, a, b):
         """``a`` where ``c`` holds, else ``b`` (as the GPU's below)."""
