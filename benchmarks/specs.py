@@ -25,6 +25,7 @@ def causal_dropout(
     *,
     rate: float = 0.1,
 ):
+    """``causal`` with attention dropout (a new ``seed`` each step)."""
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)
     return ac.dropout(ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1), rate, seed) @ v

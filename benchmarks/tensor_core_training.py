@@ -53,6 +53,19 @@ def rows(quick: bool) -> list[Row]:
             True,
             deterministic=True,
         ),
+        # attention dropout: the mask hashed in the kernels, against FlashAttention-2's Philox dropout
+        Row(
+            f"bf16 causal dropout 0.1 T=S={t8} D=64 H=16",
+            bf16,
+            specs.causal_dropout,
+            1,
+            16,
+            t8,
+            64,
+            True,
+            constants={"rate": 0.1},
+            dropout=0.1,
+        ),
         Row(
             f"bf16 causal window 256 T=S={t8} D=64 H=16",
             bf16,
@@ -101,6 +114,7 @@ def warm_row(torch, row: Row) -> None:
     shape = (row.b, row.h, row.t, row.d)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype).requires_grad_() for _ in range(3))
     extra = [alibi_slopes(torch, row.h).to(dtype).requires_grad_()] if row.alibi else []
+    extra += [torch.tensor(7)] if row.dropout else []  # a CPU scalar: passed by value
     attn = compiled(row)
     attn(q, k, v, *extra).backward(torch.randn(shape, device="cuda", dtype=dtype))
     torch.cuda.synchronize()
@@ -120,20 +134,24 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     if row.alibi:  # the slopes' gradient taken; SDPA's reference adds the same bias as a dense mask
         slopes = alibi_slopes(torch, row.h).to(dtype).requires_grad_()
         extra, mask = [slopes], alibi_mask(torch, row, slopes.detach())
+    seeds = torch.tensor(0)
+    if row.dropout:  # a new seed each step: a CPU scalar, passed to the kernels by value
+        extra = [seeds]
 
     def step(forward):
         def run():
             q.grad = k.grad = v.grad = None
             for x in extra:
                 x.grad = None
+            seeds.add_(1)
             forward().backward(d_out)
             return q.grad
 
         return run
 
-    def sdpa(mask=mask):
+    def sdpa(mask=mask, dropout=row.dropout):
         return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=row.causal and mask is None
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=row.causal and mask is None
         )
 
     def restricted(backend, mask=mask):
@@ -145,9 +163,12 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
 
     ours = step(lambda: attn(q, k, v, *extra))
     got = ours().float().clone()
-    want = step(sdpa)().float()
+    want = step(lambda: sdpa(dropout=0.0))().float()
     error = float((got - want).abs().max() / want.abs().max())
-    if error > row.tolerance:
+    if row.dropout:  # other masks than SDPA's: the gradient is finite and not the one without dropout
+        if not bool(torch.isfinite(got).all()) or error < 1e-2:
+            raise AssertionError(f"{row.name}: attncomp's query gradient with dropout is not finite or not dropped")
+    elif error > row.tolerance:
         raise AssertionError(f"{row.name}: attncomp's query gradient differs from torch's by {error:.2e}")
     if row.alibi:
         peer, peer_name = step(restricted(SDPBackend.FLASH_ATTENTION, None)), "flash, no ALiBi"
@@ -160,7 +181,7 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
     _, default, default_ratio = paired_ms(torch, ours, step(sdpa), repeats)
     with torch.no_grad():
-        choice = sdpa_choice(torch, q, k, v, row.causal, mask)
+        choice = sdpa_choice(torch, q, k, v, row.causal, mask, row.dropout)
     flops, traffic = 3.5 * row.flops(), row.bytes(STEP_ARRAYS)
     return Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, flops, traffic)
 

@@ -50,6 +50,7 @@ class Row:
     tolerance: float = 5e-2  # largest error relative to SDPA's largest output
     deterministic: bool = False  # ``ac.compile(..., deterministic=True)``: a backward without atomics
     alibi: bool = False  # the spec takes ALiBi slopes [H] (in the row's type, their gradient taken)
+    dropout: float = 0.0  # attention dropout's rate (the spec takes a seed [1] and the constant ``rate``)
 
     def pipeline(self) -> str | None:
         if self.precision is None:
@@ -150,12 +151,12 @@ def rows(quick: bool) -> list[Row]:
     ]
 
 
-def sdpa_choice(torch, q, k, v, causal: bool, mask) -> str:
+def sdpa_choice(torch, q, k, v, causal: bool, mask, dropout: float = 0.0) -> str:
     """The SDPA backend PyTorch picks for these inputs (its dispatcher's answer), or "unknown"."""
     try:
         from torch.nn.attention import SDPBackend
 
-        choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal and mask is None)
+        choice = torch._fused_sdp_choice(q, k, v, mask, dropout, causal and mask is None)
         return SDPBackend(choice).name.lower()
     except Exception:  # a private function: absent or changed in this torch
         return "unknown"

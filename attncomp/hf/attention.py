@@ -129,8 +129,9 @@ class AttncompAttention:
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
         values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux, "mask": mask}
         values["position_bias"] = bias
-        if "seed" in spec.arg_names:  # a new draw of the dropout mask each call, from torch's generator
-            values["seed"] = torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=query.device)
+        if "seed" in spec.arg_names:  # a new draw of the dropout mask each call, from torch's CPU generator:
+            # a CPU scalar, which the op passes to the device by value (no copy back, no synchronisation)
+            values["seed"] = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
         values.update(q_blk=facts.q_blk, k_blk=facts.k_blk)
         if facts.q_doc is None and "q_doc" in spec.arg_names:  # a spec that reads segments, on a batch without
             values["q_doc"] = facts.shift.new_zeros(query.shape[0], query.shape[2])

@@ -111,8 +111,7 @@ def attend(q: Any, k: Any, v: Any, scores: Any) -> Any:
     :func:`with_dropout`, the probabilities dropped out (``ac.dropout``) first."""
     p = ac.softmax(scores, axis=-1)
     if (drop := DROPOUT.get()) is not None:
-        rate, seed = drop
-        p = ac.dropout(p, rate, seed[0])
+        p = ac.dropout(p, *drop)
     return p @ ac.repeat_kv(v, q.shape[1] // k.shape[1])
 
 
@@ -124,16 +123,15 @@ DROPOUT_SPECS: dict[ac.Spec, ac.Spec] = {}
 
 def with_dropout(base: ac.Spec) -> ac.Spec:
     """``base`` (a spec of this module) with attention dropout, as a model in training mode asks:
-    its arguments then ``seed: ac.i64[1]`` (a new one each call), its constants and ``dropout`` (the
-    rate). Its name is ``base``'s with ``_dropout``; made once per base spec.  The seed is a
-    one-element tensor, read by the kernels where they run: on a GPU, no copy to the host a call."""
+    its arguments then ``seed: ac.i64`` (a new one each call), its constants and ``dropout`` (the
+    rate). Its name is ``base``'s with ``_dropout``; made once per base spec."""
     if base in DROPOUT_SPECS:
         return DROPOUT_SPECS[base]
     signature = inspect.signature(base.fn, eval_str=True)
     params = list(signature.parameters.values())
     positional = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     keywords = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    seed = inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ac.i64[1])
+    seed = inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ac.i64)
     rate = inspect.Parameter("dropout", inspect.Parameter.KEYWORD_ONLY, default=0.0)
 
     def attention_with_dropout(*args: Any, dropout: float = 0.0, **constants: Any) -> Any:

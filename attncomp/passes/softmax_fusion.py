@@ -287,6 +287,8 @@ def _weighted(func: Func, p: Value, mul: Op, use_table: dict[Value, list[Op]], n
         if value in seen:
             continue
         seen.add(value)
+        if value.type.rank == 0 and not is_float(value.type.dtype) and value not in inputs:
+            continue  # an integer computed once outside (``seed[0]`` of a seed tensor): the region uses it as it is
         if value in inputs and is_float(value.type.dtype):
             raise NotFusable(f"the weight of the probabilities %{namer[p]} reads the floating argument %{namer[value]}")
         op = producer(value)

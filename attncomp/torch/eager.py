@@ -18,6 +18,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
+from attncomp.torch.tensors import is_host_scalar
+
 #: torch's internal checks, by module and name: whether a functorch transform (``vmap``, ``grad``,
 #: ``functionalize``) is active, and the innermost dispatch mode (None when none is)
 PRIVATE_CHECKS = (
@@ -47,8 +49,8 @@ def skips_dispatcher(torch: Any, tensors: Sequence[Any], device_type: str) -> bo
         return False
     plain = (torch.Tensor, torch.nn.Parameter)  # a parameter is a tensor whose torch functions are a tensor's
     cpu = device_type == "cpu"
-    for t in tensors:
-        if type(t) not in plain or not (t.is_cpu if cpu else t.device.type == device_type):
+    for t in tensors:  # on the device, or a CPU scalar (0-d), which a device call takes by value
+        if type(t) not in plain or not (t.is_cpu if cpu else t.device.type == device_type or is_host_scalar(t)):
             return False
     if torch.overrides.has_torch_function(tensors):
         return False

@@ -158,7 +158,7 @@ class TorchFunction:
         """Each tensor on the program's device (``ValueError`` naming the argument: of the spec, or ``names``)."""
         program = self.fn.compilation.program
         for t, name in zip(tensors, self.arg_names if names is None else names):
-            check_device(name, t.device, program, allow_meta=allow_meta)
+            check_device(name, t.device, program, allow_meta=allow_meta, scalar=t.dim() == 0)
 
     def __repr__(self) -> str:
         return f"<attncomp torch op attncomp::{self.name} ({self.fn.backend})>"

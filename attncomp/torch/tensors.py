@@ -30,11 +30,14 @@ BF16 = np.dtype(NUMPY_DTYPES["bf16"])
 
 
 # checks: the binding's errors, naming the argument -------------------------------------------
-def check_device(name: str, device: torch.device, program: Program, *, allow_meta: bool = False) -> None:
+def check_device(
+    name: str, device: torch.device, program: Program, *, allow_meta: bool = False, scalar: bool = False
+) -> None:
     """Raise ``ValueError`` naming the argument if ``device`` is not where ``program`` reads tensors
-    (``Program.device_type``).  ``allow_meta``: the fake (shape-only) functions also serve meta tensors."""
+    (``Program.device_type``).  ``allow_meta``: the fake (shape-only) functions also serve meta tensors;
+    ``scalar``: the tensor is 0-d, and a CPU one goes by value to any device, as PyTorch's CPU scalars do."""
     want = program.device_type
-    if device.type == want or (allow_meta and device.type == "meta"):
+    if device.type == want or (allow_meta and device.type == "meta") or (scalar and device.type == "cpu"):
         return
     raise ValueError(
         f"{name}: a {device.type} tensor, but this function runs on the {program.backend!r} backend, "
@@ -187,19 +190,20 @@ def run_in_place(
     on the inputs' device, aliasing no input and no other result.
     """
     program = compiled.program
-    device = tensors[0].device
-    # detach: __cuda_array_interface__ refuses tensors that require grad
+    device = next((t.device for t in tensors if not is_host_scalar(t)), tensors[0].device)
+    # detach: __cuda_array_interface__ refuses tensors that require grad; a CPU scalar goes by value
     inputs = [t.detach().contiguous() if t.requires_grad or not t.is_contiguous() else t for t in tensors]
     bits = program.bf16_bits
     args = [
         (program.bf16_patterns(t.view(torch.int16)) if k in bits else t.float()) if t.dtype == torch.bfloat16 else t
         for k, t in enumerate(inputs)
     ]
+    args = [a.numpy() if is_host_scalar(a) else a for a in args]  # a CPU scalar by value (bf16: as float32)
     memory = DeviceMemory(torch, device)
     with program.on_stream(torch.cuda.current_stream(device).cuda_stream, memory):
         outputs = compiled.run(args, sizes)
     results: list[torch.Tensor] = []
-    taken = {t.untyped_storage().data_ptr() for t in inputs}
+    taken = {t.untyped_storage().data_ptr() for t in inputs if not is_host_scalar(t)}
     for out, value in zip(outputs, compiled.func.results):
         if isinstance(out, np.ndarray):  # 0-d results stay on the host
             result = from_numpy(torch, np.array(out)).to(device)
@@ -219,6 +223,12 @@ def run_in_place(
         taken.add(result.untyped_storage().data_ptr())
         results.append(result)
     return results
+
+
+def is_host_scalar(tensor: Any) -> bool:
+    """Whether ``tensor`` is a 0-d CPU tensor: a device call takes it by value (as PyTorch's ops take
+    CPU scalars beside CUDA tensors), with no copy to or from the device."""
+    return tensor.dim() == 0 and tensor.device.type == "cpu"
 
 
 def run_tensors(

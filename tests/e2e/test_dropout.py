@@ -38,6 +38,18 @@ def dropout_gqa(
 
 
 @ac.spec
+def dropout_seed_tensor(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "E"],
+    seed: ac.i64[1],
+):
+    """The seed as a one-element tensor (read where the kernels run: on a GPU, no copy to the host)."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    return ac.dropout(ac.softmax(s, axis=-1), 0.5, seed[0]) @ v
+
+
+@ac.spec
 def weighted_by_a_tensor(
     q: ac.f32["B", "H", "T", "D"],
     k: ac.f32["B", "H", "S", "D"],
@@ -92,8 +104,10 @@ def test_the_numbers_are_uniform_distinct_and_the_same_compiled():
         assert random_unit(state, np.int64(counters[-1])) == uniform(*(np.int64(c) for c in counters))
 
 
-def test_softmax_fusion_keeps_the_dropout_in_the_fused_attention():
-    fn = ac.compile(dropout_gqa, backend="interp")
+@pytest.mark.parametrize("spec", [dropout_gqa, dropout_seed_tensor], ids=["seed", "seed[0]"])
+def test_softmax_fusion_keeps_the_dropout_in_the_fused_attention(spec):
+    fn = ac.compile(spec, backend="interp")
+    assert not fn.remarks, fn.remarks
     fused = ac.parse_ir(fn.ir("softmax-fusion"))
     attention = [op for op in fused.main.body.ops if op.name == "ac.attention"]
     assert len(attention) == 1 and len(attention[0].regions) == 3  # score, mask, weight

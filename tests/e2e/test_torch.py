@@ -24,8 +24,9 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed: p
 import attncomp as ac  # noqa: E402
 from attncomp.compilation import Compilation  # noqa: E402
 from attncomp.testing import relative_error  # noqa: E402
+from attncomp.torch.eager import skips_dispatcher  # noqa: E402
 from attncomp.torch.op import op_name  # noqa: E402
-from attncomp.torch.tensors import check_device  # noqa: E402
+from attncomp.torch.tensors import check_device, is_host_scalar  # noqa: E402
 from examples.alibi import alibi_slopes, causal_alibi  # noqa: E402
 from examples.lse import key_padding_with_lse  # noqa: E402
 from tests.conftest import TORCH_COMPILE  # noqa: E402
@@ -389,6 +390,12 @@ def test_device_checks():
         check_device("v", torch.device("cpu"), device)
     with pytest.raises(ValueError, match=r"^k: a meta tensor"):
         check_device("k", torch.device("meta"), host)
+    # a CPU scalar (0-d: a seed, a temperature) goes to a device call by value, as PyTorch's do
+    check_device("seed", torch.device("cpu"), device, scalar=True)
+    with pytest.raises(ValueError, match=r"^seed: a cuda tensor, but this function runs on the 'interp' backend"):
+        check_device("seed", torch.device("cuda", 0), host, scalar=True)
+    assert is_host_scalar(torch.tensor(3)) and not is_host_scalar(torch.tensor([3]))
+    assert skips_dispatcher(torch, [torch.tensor(3)], "cuda") and not skips_dispatcher(torch, [torch.ones(2)], "cuda")
 
 
 def test_meta_tensors_give_shapes_without_running(alibi):

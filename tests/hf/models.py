@@ -185,8 +185,8 @@ def assert_same_model_outputs(ours, theirs, ids, mask, rtol: float = 1e-4, atol:
 def dropout_with_attncomps_law(rate: float, draws: list) -> Callable:
     """A stand-in for ``torch.nn.functional.dropout`` in transformers' eager attention that drops what
     attncomp's ``ac.dropout`` drops: a seed drawn as ``attncomp.hf`` draws it (one ``int64`` from torch's
-    generator on the weights' device), each probability kept where ``ac.random(seed, b, h, i, j) >=
-    rate``.  Each call's weights' shape is appended to ``draws``."""
+    CPU generator), each probability kept where ``ac.random(seed, b, h, i, j) >= rate``.  Each call's
+    weights' shape is appended to ``draws``."""
     import numpy as np
 
     from attncomp.ir.ops.random import uniform
@@ -194,7 +194,7 @@ def dropout_with_attncomps_law(rate: float, draws: list) -> Callable:
     def dropout(weights, p=0.5, training=True, inplace=False):
         assert training and p == rate and weights.dim() == 4
         draws.append(tuple(weights.shape))
-        seed = torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=weights.device)
+        seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
         keep = uniform(np.int64(seed.item()), *np.ogrid[tuple(slice(n) for n in weights.shape)]) >= rate
         return weights * torch.from_numpy(keep).to(weights.device) / (1 - rate)
 

@@ -132,6 +132,17 @@ def test_a_float_mask_of_zeros_and_the_lowest_value_is_attended_as_a_boolean_one
     assert boolean_form(packed_4d_mask("float").requires_grad_()).dtype == torch.float32  # it learns
 
 
+def test_every_default_specs_dropout_variant_is_one_fused_attention():
+    """``with_dropout`` of each default spec: one ``ac.attention`` with a weight region (the dropout
+    inside the fused kernels, no T x S mask), its seed read as ``seed[0]``."""
+    hf = attncomp.hf
+    defaults = [*hf.DEFAULT_SPECS.values(), *hf.MASK_SPECS.values()]
+    for base in [*defaults, hf.hf_attention_position_bias, hf.hf_attention_position_bias_rows]:
+        fn = ac.compile(hf.with_dropout(base), backend="interp", dropout=0.1)
+        fused = [op for op in ac.parse_ir(fn.ir("softmax-fusion")).main.body.ops if op.name == "ac.attention"]
+        assert not fn.remarks and len(fused) == 1 and len(fused[0].regions) == 3, (base.name, fn.remarks)
+
+
 def test_a_spec_that_cannot_apply_the_padding_is_refused():
     @ac.spec
     def causal_only(
