@@ -191,14 +191,16 @@ class CompiledFunction:
         """The forward that also returns what the backward reads (``save-residuals``)."""
         return CompiledFunction(saving_forward_of(self.compilation))
 
-    def vjp(self, *args: Any):
+    def vjp(self, *args: Any, wrt: Sequence[str] | None = None):
         """Run the forward; return its result and ``pullback(*cotangents) -> one gradient per argument``.
 
         ``pullback`` takes one cotangent per result (``None``: zero) and gives, per
         argument, an array of its shape and element type (float64 on ``interp``, the
-        reference), or ``None`` for integer and boolean arguments.
+        reference), or ``None`` for integer and boolean arguments.  ``wrt`` names the floating
+        arguments whose gradients are wanted (default: all); the others' are None, and not computed
+        where the fused attention does not need them (a mask or bias it reads).
         """
-        return vjp(self.for_args(args).compilation, args)
+        return vjp(self.for_args(args).compilation, args, wrt)
 
     # features --------------------------------------------------------------------
     def decoder(self, max_len: int, dtype: str | None = None, cache: Any = None) -> Decoder:

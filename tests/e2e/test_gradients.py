@@ -123,6 +123,30 @@ def test_pullback_arguments_are_checked():
     assert all(np.all(g == 0.0) for g in zero)
 
 
+def test_wrt_leaves_out_the_gradients_nobody_wants():
+    """``fn.vjp(..., wrt=names)``: the other floating arguments' gradients are None, the backward
+    compiled without them (a captured tensor's not computed at all); the wanted ones are the full
+    backward's."""
+    from attncomp.gradients import backward_of
+    from examples.alibi import causal_alibi, make_inputs
+
+    fn = ac.compile(causal_alibi, backend="interp", window=7)
+    args = make_inputs(np.random.default_rng(1), T=20, S=20)
+    d_out = np.random.default_rng(2).standard_normal(fn(*args).shape)
+    full = fn.vjp(*args)[1](d_out)
+    some = fn.vjp(*args, wrt=("q", "slopes"))[1](d_out)
+    assert some[1] is None and some[2] is None
+    for got, want in ((some[0], full[0]), (some[3], full[3])):
+        np.testing.assert_array_equal(got, want)
+    backward = backward_of(fn.compilation, ("k", "v"))  # the variant vjp made and ran
+    assert "ac.return %d_q, %d_slopes\n" in backward.ir("autodiff")  # returns these two
+    assert fn.vjp(*args, wrt=())[1](d_out) == (None, None, None, None)
+    with pytest.raises(TypeError, match=r"wrt: @causal_alibi has no argument 'x'; its arguments: q, k, v, slopes"):
+        fn.vjp(*args, wrt=("x",))
+    with pytest.raises(TypeError, match=r"a sequence of argument names, such as \('q',\)"):
+        fn.vjp(*args, wrt="q")
+
+
 def test_gradients_agree_with_torch_autograd():
     torch = pytest.importorskip("torch", reason="the torch extra is not installed")
     from examples.softcap import causal_softcap
