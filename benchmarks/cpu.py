@@ -264,6 +264,47 @@ def dropout_rows(quick: bool, repeats: int, rate: float = 0.1) -> list[str]:
     return lines
 
 
+def sdpa_rows(quick: bool, repeats: int) -> list[str]:
+    """``attncomp.sdpa.scaled_dot_product_attention`` against PyTorch's, the same call: causal, a
+    boolean mask of four causal documents, and a training step with dropout."""
+    torch = peers.torch_or_none()
+    if torch is None:
+        return ["  sdpa: torch is absent, nothing to compare with"]
+    from attncomp.sdpa import scaled_dot_product_attention as ours
+
+    theirs = torch.nn.functional.scaled_dot_product_attention
+    t = 512 if quick else 2048
+    q, k, v = (torch.from_numpy(x) for x in inputs(np.random.default_rng(6), 1, 8, t, t, 64))
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None]
+    documents = ((i // (t // 4)) == (j // (t // 4))) & (j <= i)
+    trained = [x.clone().requires_grad_() for x in (q, k, v)]
+    d_out = torch.randn_like(q)
+
+    def step(fn):
+        def run():
+            for x in trained:
+                x.grad = None
+            fn(*trained, is_causal=True, dropout_p=0.1).backward(d_out)
+
+        return run
+
+    cases = [
+        ("causal forward", lambda fn: lambda: fn(q, k, v, is_causal=True)),
+        ("4 documents, [T, T] bool mask, forward", lambda fn: lambda: fn(q, k, v, attn_mask=documents)),
+        ("causal fwd+bwd, dropout_p 0.1", step),
+    ]
+    lines = [f"  {f'scaled_dot_product_attention, T=S={t}':<42} {'attncomp':>10} {'torch':>10} {'ratio':>7}"]
+    with torch.no_grad():
+        for name, make in cases[:2]:
+            check(name, make(ours)().numpy(), make(theirs)().numpy())
+            mine, other, ratio = paired(make(ours), make(theirs), repeats)
+            lines.append(f"  {name:<42} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}")
+    name, make = cases[2]
+    mine, other, ratio = paired(make(ours), make(theirs), repeats)
+    lines.append(f"  {name:<42} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}")
+    return lines
+
+
 # decoding with the kv cache -------------------------------------------------------------
 def copy_bandwidth() -> float:
     """Bytes per second of a large array copy (read + write), the machine's practical ceiling."""
@@ -580,6 +621,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = attention_cases(args.quick, args.repeats)
         print_table(rows)
         for line in backward_rows(args.quick, args.repeats) + dropout_rows(args.quick, args.repeats):
+            print(line)
+        for line in sdpa_rows(args.quick, args.repeats):
             print(line)
         for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
             print(line)

@@ -50,6 +50,7 @@ LAYERS = {
     "attncomp": 7,
     "cli": 7,
     "hf": 7,
+    "sdpa": 7,
     "fuzz": 7,
     "__main__": 7,
 }

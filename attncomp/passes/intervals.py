@@ -162,6 +162,8 @@ class IntervalEmitter:
     def _minimum(self, op: Op) -> Bounds:
         (al, ah), (bl, bh) = self.numeric(op.operands[0]), self.numeric(op.operands[1])
         mn = lambda x, y: self.emit("ac.minimum", x, y)  # noqa: E731
+        if al is not None and al is ah and bl is not None and bl is bh:  # a point stays a point
+            return self.point(mn(al, bl))
         lo = self._both(mn, al, bl)
         hi = ah if bh is None else bh if ah is None else mn(ah, bh)
         return lo, hi
@@ -169,6 +171,8 @@ class IntervalEmitter:
     def _maximum(self, op: Op) -> Bounds:
         (al, ah), (bl, bh) = self.numeric(op.operands[0]), self.numeric(op.operands[1])
         mx = lambda x, y: self.emit("ac.maximum", x, y)  # noqa: E731
+        if al is not None and al is ah and bl is not None and bl is bh:  # a point stays a point
+            return self.point(mx(al, bl))
         lo = al if bl is None else bl if al is None else mx(al, bl)
         return lo, self._both(mx, ah, bh)
 
