@@ -17,13 +17,15 @@ generator (``torch.manual_seed`` repeats a run).
 
 Where PyTorch's semantics have a choice of their own: a query that sees no key gets zeros (PyTorch's
 math backend gives NaN); attncomp's dropout mask is its own hash of the positions, not PyTorch's.
-``import attncomp`` does not import this module (nor torch).
+It needs the ``torch`` extra; ``import attncomp`` does not import this module (nor torch).
 """
 
 # Dimension names such as ac.floating["B", "T"] are sizes, not forward references.
 # ruff: noqa: F821
 
 from typing import Any
+
+import torch
 
 import attncomp as ac
 
@@ -138,8 +140,24 @@ MASK_SPECS = {
 }
 
 
-#: (spec name, backend, constants) -> the compiled spec's torch op
-OPS: dict[tuple, Any] = {}
+#: "spec/backend/constants" -> the compiled spec's torch op (see :func:`op_key`)
+OPS: dict[str, Any] = {}
+#: the specs by name, for :func:`op_key` (which takes only constants)
+SPECS = {spec.name: spec for spec in (sdpa_attention, *MASK_SPECS.values())}
+
+
+def op_key(spec: str, backend: str, constants: tuple[tuple[str, Any], ...]) -> str:
+    """Compile ``spec`` (a name in ``SPECS``) with ``constants`` on ``backend`` once; give the key of
+    its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in the graph
+    (``torch.compiler.assume_constant_result``): compiling never breaks the graph."""
+    key = f"{spec}/{backend}/{constants}"
+    if key not in OPS:
+        OPS[key] = ac.compile(SPECS[spec], backend=backend, **dict(constants)).to_torch()
+    return key
+
+
+#: ``op_key`` as torch.compile sees it: a constant of the trace
+constant_op_key = torch.compiler.assume_constant_result(op_key)
 
 
 def scaled_dot_product_attention(
@@ -162,8 +180,6 @@ def scaled_dot_product_attention(
     ``enable_gqa`` lets ``KV`` divide ``H``.  ``backend``: "cpu", "cuda" or "interp" (default: the
     tensors' device's).
     """
-    import torch
-
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: attn_mask and is_causal are exclusive: give one")
     if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
@@ -205,8 +221,5 @@ def scaled_dot_product_attention(
         torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64) if dropout_p else torch.zeros((), dtype=torch.int64)
     )
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
-    key_of = (spec.name, backend, tuple(sorted(constants.items())))
-    if key_of not in OPS:
-        OPS[key_of] = ac.compile(spec, backend=backend, **constants).to_torch()
-    out = OPS[key_of](*args, seed)
+    out = OPS[constant_op_key(spec.name, backend, tuple(sorted(constants.items())))](*args, seed)
     return out[:, 0] if three else out

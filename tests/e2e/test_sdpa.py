@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="the torch extra is not installed: p
 
 from attncomp.ir.ops.random import uniform  # noqa: E402
 from attncomp.sdpa import scaled_dot_product_attention as sdpa  # noqa: E402
+from tests.conftest import TORCH_COMPILE  # noqa: E402
 
 F = torch.nn.functional.scaled_dot_product_attention
 B, H, KV, L, S = 2, 4, 2, 70, 75
@@ -86,3 +87,23 @@ def test_dropout_drops_what_ac_random_draws():
     want = (scores.softmax(-1) * keep / 0.75) @ vr
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert (sdpa(q, k, v, dropout_p=0.25, is_causal=True, enable_gqa=True, backend="interp") - got).abs().max() > 0.1
+
+
+@TORCH_COMPILE
+def test_under_torch_compile_fullgraph():
+    """The spec compiles at trace time (a constant of the trace), the op is opaque to the graph: no
+    graph break, the gradients PyTorch's."""
+    q, k, v = qkv(requires_grad=True)
+    mask = masks()["bool"]
+
+    def loss(q, k, v):
+        return sdpa(q, k, v, attn_mask=mask, enable_gqa=True, backend="interp").square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    compiled(q, k, v).backward()
+    ours = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    F(q, k, v, attn_mask=mask, enable_gqa=True).square().sum().backward()
+    for got, x in zip(ours, (q, k, v)):
+        torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
