@@ -634,7 +634,9 @@ def main(argv: list[str] | None = None) -> None:
             print(line)
         from benchmarks import hf_model  # a Hugging Face model's training step (the hf extra)
 
-        for line in hf_model.rows(args.quick, args.repeats) + hf_model.t5_rows(args.quick, args.repeats):
+        for line in hf_model.rows(args.quick, args.repeats) + hf_model.dropout_rows(args.quick, args.repeats):
+            print(line)
+        for line in hf_model.t5_rows(args.quick, args.repeats):
             print(line)
         if not args.skip_processes:
             for line in memory_rows(args.quick) + compile_rows():

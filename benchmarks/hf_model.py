@@ -1,7 +1,7 @@
 """A Hugging Face Llama training step with attncomp's attention against the same model on ``sdpa``,
 and a T5 step (its learned relative positions reach the attention as a position bias).
 
-    python -m benchmarks.hf_model            # T = 4096 (T5: 1024); --quick: T = 1024 (256), fewer repeats
+    python -m benchmarks.hf_model            # T = 4096 (dropout: 2048, T5: 1024); --quick: smaller, fewer repeats
 
 The model: 4 layers of width 512, 8 query heads over 2 key/value heads (head size 64), MLP
 width 1408, a vocabulary of 4096, random weights from the config (nothing downloaded),
@@ -24,7 +24,7 @@ from typing import Any
 LAYERS, WIDTH, HEADS, KV_HEADS, MLP, VOCAB = 4, 512, 8, 2, 1408, 4096
 
 
-def build(torch, transformers, implementation: str, seed: int = 0):
+def build(torch, transformers, implementation: str, seed: int = 0, dropout: float = 0.0):
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -34,6 +34,7 @@ def build(torch, transformers, implementation: str, seed: int = 0):
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=16384,
+        attention_dropout=dropout,
     )
     return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=implementation)
 
@@ -115,6 +116,31 @@ def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
     ]
 
 
+def dropout_rows(quick: bool = False, repeats: int | None = None, rate: float = 0.1) -> list[str]:
+    """The Llama step in training mode with attention dropout: attncomp's ``ac.dropout`` in its kernels
+    against ``sdpa``'s ``dropout_p`` (other masks, the same law: the losses agree to a few percent)."""
+    found = libraries("Llama dropout")
+    if isinstance(found, str):
+        return [found]
+    torch, transformers = found
+    from benchmarks.timing import paired
+
+    T = 512 if quick else 2048
+    repeats = repeats or (3 if quick else 5)
+    ours = build(torch, transformers, "attncomp", dropout=rate).train()
+    theirs = build(torch, transformers, "sdpa", dropout=rate).train()
+    theirs.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    losses = [step(ours, ids), step(theirs, ids)]
+    if abs(losses[0] - losses[1]) > 0.05 * abs(losses[1]):
+        raise AssertionError(f"the two Llama dropout models' losses differ by more than dropout would: {losses}")
+    mine, peer, ratio = paired(lambda: step(ours, ids), lambda: step(theirs, ids), repeats)
+    return [
+        f"HF Llama step in training mode, attention dropout {rate} ({LAYERS} layers, T={T}, batch 1, float32): "
+        f"attncomp {mine * 1e3:.0f} ms, sdpa {peer * 1e3:.0f} ms, ratio {ratio:.2f} (median of {repeats} pairs)"
+    ]
+
+
 def t5_rows(quick: bool = False, repeats: int | None = None) -> list[str]:
     """A T5 training step: encoder and decoder of 4 layers each (width 512, 8 heads of 64, MLP 1408,
     no dropout), two sequences of T tokens to T targets, the second padded to half; attncomp's
@@ -166,7 +192,9 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
     start = time.perf_counter()
-    for line in rows(args.quick, args.repeats) + t5_rows(args.quick, args.repeats):
+    for line in rows(args.quick, args.repeats) + dropout_rows(args.quick, args.repeats):
+        print(line)
+    for line in t5_rows(args.quick, args.repeats):
         print(line)
     print(f"({time.perf_counter() - start:.0f} s in all, the first step compiling)")
 
