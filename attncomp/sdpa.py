@@ -5,15 +5,14 @@
     out = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1, is_causal=False)
 
 Each call picks one of five specs (below) by what it gets (a mask or none, boolean or float, a
-row for every query or one for all),
-compiles it once per (spec, scale, causal, dropout rate, backend) and runs its torch op
-(``fn.to_torch()``): differentiable, CPU tensors on the ``cpu`` backend and CUDA tensors on ``cuda``
-(or ``backend=``).  A mask given as data is read where it broadcasts (``[L, S]``, ``[B or 1, H or 1,
-L or 1, S]``: never copied to the batch, the heads or the queries), and mask-elimination classifies
-its tiles from its per-tile minimum and maximum: tiles it hides are skipped, tiles it shows whole
-computed without reading it.
-Dropout is ``ac.dropout``, inside the fused kernels, with a new seed each call from torch's CPU
-generator (``torch.manual_seed`` repeats a run).
+row for every query or one for all), compiles it once per (spec, scale, causal, dropout rate,
+backend) and runs its torch op (``fn.to_torch()``): differentiable, CPU tensors on the ``cpu``
+backend and CUDA tensors on ``cuda`` (or ``backend=``).  A mask given as data is read where it
+broadcasts (``[L, S]``, ``[B or 1, H or 1, L or 1, S]``: never copied to the batch, the heads or
+the queries), and mask-elimination classifies its tiles from its per-tile minimum and maximum:
+tiles it hides are skipped, tiles it shows whole computed without reading it.  Dropout is
+``ac.dropout``, inside the fused kernels, with a new seed each call from torch's CPU generator
+(``torch.manual_seed`` repeats a run).
 
 Where PyTorch's semantics have a choice of their own: a query that sees no key gets zeros (PyTorch's
 math backend gives NaN); attncomp's dropout mask is its own hash of the positions, not PyTorch's.

@@ -39,6 +39,17 @@ def build(torch, transformers, implementation: str, seed: int = 0, dropout: floa
     return transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=implementation)
 
 
+def llama_pair(torch, transformers, T: int, dropout: float = 0.0) -> tuple[Any, Any, Any]:
+    """(the model on attncomp, the same weights on ``sdpa``, a sequence of ``T`` token ids); in
+    training mode where they drop out attention."""
+    ours = build(torch, transformers, "attncomp", dropout=dropout)
+    theirs = build(torch, transformers, "sdpa", dropout=dropout)
+    theirs.load_state_dict(ours.state_dict())
+    if dropout:
+        ours.train(), theirs.train()
+    return ours, theirs, torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+
+
 def step(model, ids) -> float:
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -92,9 +103,7 @@ def rows(quick: bool = False, repeats: int | None = None) -> list[str]:
 
     T = 1024 if quick else 4096
     repeats = repeats or (3 if quick else 7)
-    ours, theirs = build(torch, transformers, "attncomp"), build(torch, transformers, "sdpa")
-    theirs.load_state_dict(ours.state_dict())
-    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    ours, theirs, ids = llama_pair(torch, transformers, T)
     check_losses("Llama", [step(ours, ids), step(theirs, ids)])
     mine, peer, ratio = paired(lambda: step(ours, ids), lambda: step(theirs, ids), repeats)
 
@@ -127,10 +136,7 @@ def dropout_rows(quick: bool = False, repeats: int | None = None, rate: float = 
 
     T = 512 if quick else 2048
     repeats = repeats or (3 if quick else 5)
-    ours = build(torch, transformers, "attncomp", dropout=rate).train()
-    theirs = build(torch, transformers, "sdpa", dropout=rate).train()
-    theirs.load_state_dict(ours.state_dict())
-    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    ours, theirs, ids = llama_pair(torch, transformers, T, rate)
     losses = [step(ours, ids), step(theirs, ids)]
     if abs(losses[0] - losses[1]) > 0.05 * abs(losses[1]):
         raise AssertionError(f"the two Llama dropout models' losses differ by more than dropout would: {losses}")
