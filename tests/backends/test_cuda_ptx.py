@@ -827,9 +827,9 @@ def test_a_mask_given_as_data_compiles_without_spills():
 
 
 def test_dropout_kernels_compile_without_spills():
-    """Attention dropout's hash (``ac.random``: 64-bit multiplies and shifts, per element) in the bf16
-    forward and backward on tensor cores at D = 64, and in the scalar float32 forward: no local
-    memory, no spills."""
+    """Attention dropout's hash (``ac.random``: 64-bit and 32-bit multiplies and shifts, per element) in
+    the bf16 forward and backward on tensor cores at D = 64 (the backward near the register file's
+    limit): no local memory, no spills.  (The scalar kernels' weight is checked in the simulator.)"""
     from attncomp.backends import numba_cuda
     from attncomp.passes import default_pipeline
     from tests.cuda_sim.helpers import retyped
@@ -841,4 +841,3 @@ def test_dropout_kernels_compile_without_spills():
     _check(impl, 64, texts=texts)
     _check(numba_cuda.build(bf16.backward.module), 64, texts=texts)
     assert all("mul.lo.s64" in ptx or "mul.lo.u64" in ptx for ptx in texts.values() if "mma.sync" in ptx)
-    _check(_build(dropout_gqa, "cse,softmax-fusion,flash-tiling{precision=ieee},mask-elimination,cse,dce"), 64)
