@@ -44,6 +44,15 @@ def _mask_at(mask: Any, s: Any, one_row: bool = False) -> Any:
     return mask[ac.minimum(b, mask.shape[0] - 1), ac.minimum(h, mask.shape[1] - 1), 0 if one_row else i, j]
 
 
+def _masked(s: Any, mask: Any, one_row: bool = False) -> Any:
+    """The scores with ``mask`` applied where it broadcasts: a boolean hides a key where False, a float
+    is added (``-inf`` hides it: tiles it hides are skipped)."""
+    at = _mask_at(mask, s, one_row)
+    if at.type.dtype == "i1":
+        return ac.where(at, s, -ac.inf)
+    return ac.where(at > -ac.inf, s + at, -ac.inf)
+
+
 def _attend(q: Any, k: Any, v: Any, seed: Any, scores: Any, dropout: float) -> Any:
     p = ac.dropout(ac.softmax(scores, axis=-1), dropout, seed)
     return p @ ac.repeat_kv(v, q.shape[1] // k.shape[1])
@@ -76,8 +85,7 @@ def sdpa_attention_mask(
     dropout: float = 0.0,
 ):
     """SDPA with a boolean mask (True: the key takes part), ``M`` 1 or ``B``, ``N`` 1 or ``H``."""
-    s = _scores(q, k, scale, False)
-    return _attend(q, k, v, seed, ac.where(_mask_at(mask, s), s, -ac.inf), dropout)
+    return _attend(q, k, v, seed, _masked(_scores(q, k, scale, False), mask), dropout)
 
 
 @ac.spec
@@ -92,8 +100,7 @@ def sdpa_attention_key_mask(
     dropout: float = 0.0,
 ):
     """``sdpa_attention_mask`` with one row of the mask for every query (key padding)."""
-    s = _scores(q, k, scale, False)
-    return _attend(q, k, v, seed, ac.where(_mask_at(mask, s, one_row=True), s, -ac.inf), dropout)
+    return _attend(q, k, v, seed, _masked(_scores(q, k, scale, False), mask, one_row=True), dropout)
 
 
 @ac.spec
@@ -108,9 +115,7 @@ def sdpa_attention_bias(
     dropout: float = 0.0,
 ):
     """SDPA with a float mask added to the scores (``-inf`` hides a key: such tiles are skipped)."""
-    s = _scores(q, k, scale, False)
-    at = _mask_at(mask, s)
-    return _attend(q, k, v, seed, ac.where(at > -ac.inf, s + at, -ac.inf), dropout)
+    return _attend(q, k, v, seed, _masked(_scores(q, k, scale, False), mask), dropout)
 
 
 @ac.spec
@@ -125,9 +130,7 @@ def sdpa_attention_key_bias(
     dropout: float = 0.0,
 ):
     """``sdpa_attention_bias`` with one row of the mask for every query."""
-    s = _scores(q, k, scale, False)
-    at = _mask_at(mask, s, one_row=True)
-    return _attend(q, k, v, seed, ac.where(at > -ac.inf, s + at, -ac.inf), dropout)
+    return _attend(q, k, v, seed, _masked(_scores(q, k, scale, False), mask, one_row=True), dropout)
 
 
 #: (boolean, one row for every query) -> the spec of a call with a mask

@@ -87,23 +87,17 @@ def ac_cos(x):
 
 
 if SIMULATED:
-    WORD = (1 << 64) - 1
 
     def random_step(x, counter):
-        """``counters.step`` in Python's integers, wrapped to 64 bits as the GPU's are (NumPy's 64-bit
-        scalars would warn at every overflow the hash means to have)."""
-        z = (int(x) + (int(counter) + 1) * int(counters.GOLDEN)) & WORD
-        z = ((z ^ (z >> 30)) * int(counters.MIX_1)) & WORD
-        z = ((z ^ (z >> 27)) * int(counters.MIX_2)) & WORD
-        return np.uint64(z ^ (z >> 31))
+        """``counters.step``, the one definition, with NumPy's 64-bit scalar overflow (the wrapping the
+        hash means to have, as the GPU's) not warned of."""
+        with np.errstate(over="ignore"):
+            return counters.step(x, counter)
 
     def random_unit(x, counter):
-        """``counters.unit`` in Python's integers (as the GPU's below)."""
-        z = (int(x) + (int(counter) + 1) * int(counters.GOLDEN)) & WORD
-        y = (z ^ (z >> 32)) & 0xFFFFFFFF
-        y = ((y ^ (y >> 16)) * int(counters.FMIX_1)) & 0xFFFFFFFF
-        y = ((y ^ (y >> 13)) * int(counters.FMIX_2)) & 0xFFFFFFFF
-        return np.float32((y ^ (y >> 16)) >> 8) * counters.UNIT
+        """``counters.unit``, as :func:`random_step`."""
+        with np.errstate(over="ignore"):
+            return counters.unit(x, counter)
 
     def select(c, a, b):
         """``a`` where ``c`` holds, else ``b`` (as the GPU's below)."""
