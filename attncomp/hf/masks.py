@@ -11,9 +11,15 @@ attention turns them into the default spec's captured tensors.
 How each pattern is read, without ever evaluating the mask on T x S pairs:
 
 - causal or not: ``mask_function`` is ``causal_mask_function`` or a composition of it, or
-  ``bidirectional_mask_function`` (``config.is_causal = False`` models, encoders).
+  ``bidirectional_mask_function`` or an intersection with it (``config.is_causal = False``
+  models, encoders; transformers composes functions with ``and_masks``, whose parts it keeps in
+  the closure: :func:`_bidirectional`).
 - the sliding window: the ``local_size`` the sliding-window mask passes, which is
-  ``config.sliding_window``.
+  ``config.sliding_window``. A causal window shows ``local_size`` keys, the query's own
+  included; a bidirectional one (ModernBERT's local layers, T5Gemma's encoder)
+  the keys at most ``local_size`` positions away on either side, which the facts give as the
+  window ``local_size + 1`` (a key shown when ``|i - j| < window``), checked against the mask
+  function itself on one row before it is used (:func:`_check_two_sided`).
 - chunked attention (Llama 4's ``attention_chunk_size``, the ``local_size`` the chunked mask
   passes): a query sees the keys of its own chunk, causally; each chunk becomes a segment, its id
   ``(position - left padding) // chunk`` at absolute positions (:func:`_chunks`), so the
@@ -52,8 +58,9 @@ class MaskFacts(NamedTuple):
     ``shift[b]``: query ``i`` sits at key position ``i + shift[b]`` (int32, ``[B]``).
     ``q_doc`` (``[B, T]``) and ``k_doc`` (``[B, S]``): segment ids, or None where every query
     sees every key its causality and window allow (no padding, one sequence per row).
-    ``window``: the sliding window (None: full attention). ``causal``: False for
-    bidirectional masks.  A query sees a key when causality and the window allow it or the two
+    ``window``: the sliding window (None: full attention): a causal query sees ``window`` keys, itself
+    included; a bidirectional one the keys less than ``window`` positions away on either side.
+    ``causal``: False for bidirectional masks.  A query sees a key when causality and the window allow it or the two
     share a block, and only then if the two share a segment (where there are segments).
     """
 
@@ -88,7 +95,7 @@ def attncomp_mask(
     **kwargs: Any,
 ) -> MaskFacts:
     """The mask function for ``AttentionMaskInterface``: the facts of the mask, not the mask."""
-    causal = mask_function is not masking_utils.bidirectional_mask_function
+    causal = not _bidirectional(mask_function)
     if use_vmap:  # a custom overlay, which only evaluating it pair by pair can read
         dense = masking_utils.sdpa_mask(
             batch_size=batch_size,
@@ -115,6 +122,8 @@ def attncomp_mask(
             )
         else:
             window = int(local_size)
+            if not causal:
+                window = _check_two_sided(mask_function, window, kv_offset, device) + 1
     shift = _shift(q_offset, kv_offset, batch_size, device)
     q_doc = k_doc = None
     keys = None
@@ -129,7 +138,7 @@ def attncomp_mask(
     elif keys is not None:
         k_doc = torch.where(keys, 0, -1).to(torch.int32)
         q_doc = torch.zeros(batch_size, q_length, dtype=torch.int32, device=device)
-    elif _may_be_packed(mask_function, q_length, kv_length, q_offset, kv_offset):
+    elif causal and _may_be_packed(mask_function, q_length, kv_length, q_offset, kv_offset):
         q_doc = _documents(mask_function, batch_size, q_length, device)
         if q_doc is not None:
             k_doc = q_doc
@@ -168,6 +177,42 @@ def _chunks(
     keys = torch.arange(kv_length, device=device)[None, :] + start
     q_doc = torch.div(queries, chunk, rounding_mode="floor").to(torch.int32)
     return q_doc, torch.div(keys, chunk, rounding_mode="floor").to(torch.int32)
+
+
+def _bidirectional(mask_function: Any) -> bool:
+    """Whether ``mask_function`` is ``bidirectional_mask_function`` or an intersection (``and_masks``)
+    whose parts include it and not ``causal_mask_function``: a mask with no causality."""
+    parts, found = [mask_function], set()
+    while parts:
+        part = parts.pop()
+        if part is masking_utils.bidirectional_mask_function:
+            found.add("bidirectional")
+        elif part is masking_utils.causal_mask_function:
+            found.add("causal")
+        elif getattr(part, "__name__", None) == "and_mask":  # and_masks(*mask_functions)'s function
+            cells = dict(zip(part.__code__.co_freevars, part.__closure__ or ()))
+            if "mask_functions" in cells:
+                parts.extend(cells["mask_functions"].cell_contents)
+    return found == {"bidirectional"}
+
+
+def _check_two_sided(mask_function: Any, size: int, kv_offset: int, device: Any) -> int:
+    """``size``, once the bidirectional ``mask_function`` is seen to show a query exactly the keys at most
+    ``size`` positions away on either side (transformers' ``sliding_window_bidirectional_overlay``): one
+    query's row of ``2 * size + 5`` keys evaluated (not under ``torch.compile``, which cannot branch
+    on it). Any other pattern is refused rather than attended as another one."""
+    if torch.compiler.is_compiling():
+        return size
+    query = kv_offset + size + 2
+    keys = torch.arange(kv_offset, kv_offset + 2 * size + 5, device=device)
+    at = torch.tensor(query, device=device)
+    shown = torch.as_tensor(mask_function(torch.tensor(0, device=device), 0, at, keys), device=device)
+    if not torch.equal(shown.expand(keys.shape), (keys - query).abs() <= size):
+        raise NotImplementedError(
+            f"attncomp.hf: a bidirectional mask with local_size={size} whose keys are not those at most {size} "
+            "positions from the query is not supported by the default spec"
+        )
+    return size
 
 
 def _plain(mask_function: Any) -> bool:

@@ -12,9 +12,10 @@ heads through ``ac.repeat_kv``, never copied), and the mask's facts as small cap
   padded keys have ``k_doc = -1``, and packed sequences one id per sequence.
 
 The compile-time constants are the layer's: ``scale`` (the model's ``scaling``), ``window``
-(its sliding window, 0 for none: a query sees ``window`` keys, itself included, as HF's
-``sliding_window_overlay``), ``softcap`` (Gemma 2's ``cap * tanh(s / cap)``, 0.0 for none) and
-``causal`` (False for bidirectional layers).
+(its sliding window, 0 for none: a causal query sees ``window`` keys, itself included, as HF's
+``sliding_window_overlay``; a bidirectional one the keys less than ``window`` positions away on
+either side, ``sliding_window_bidirectional_overlay`` of ``window - 1``), ``softcap`` (Gemma 2's
+``cap * tanh(s / cap)``, 0.0 for none) and ``causal`` (False for bidirectional layers).
 
 - ``position_bias[h, i, j]``: a model's bias per head added to the scores, one for the whole
   batch, T5's learned relative positions (``hf_attention_position_bias``; ``[B, H, T, S]``, one a
@@ -81,6 +82,8 @@ def masked_scores(
         visible = j <= position
     if window:
         near = position - j < window
+        if not causal:  # both sides
+            near = near & (j - position < window)
         visible = near if visible is None else visible & near
     if q_blk is not None:  # a block's keys, later ones too
         block = (q_blk[b, i] == k_blk[b, j]) & (q_blk[b, i] >= 0)

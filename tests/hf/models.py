@@ -91,6 +91,13 @@ def t5_config():
     )
 
 
+def modernbert_config():
+    # an encoder: layer 0 global, layer 1 local (a token sees the tokens at most local_attention / 2 = 2
+    # positions away, on both sides)
+    tokens = dict(pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
+    return transformers.ModernBertConfig(**SMALL, local_attention=WINDOW, global_attn_every_n_layers=2, **tokens)
+
+
 def gemma3_config():
     """Gemma 3 with a one-layer SigLIP tower: 28 x 28 images become 4 tokens (id 99) that see each
     other both ways; layer 0 slides (transformers overlays the images' blocks on it as mask
@@ -124,7 +131,9 @@ def model_pair(make_config: Callable, reference: str = "sdpa", seed: int = 0, **
     for key, value in overrides.items():
         setattr(config, key, value)
     auto = transformers.AutoModelForCausalLM
-    if hasattr(config, "vision_config"):
+    if config.model_type == "modernbert":
+        auto = transformers.AutoModelForMaskedLM
+    elif hasattr(config, "vision_config"):
         auto = transformers.AutoModelForImageTextToText
     elif config.is_encoder_decoder:
         auto = transformers.AutoModelForSeq2SeqLM

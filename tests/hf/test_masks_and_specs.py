@@ -293,3 +293,24 @@ def test_bidirectional_blocks_are_read_from_the_mask_and_attended_as_sdpa_does()
     expected = torch.autograd.grad(want, (q, k, v), cotangent)
     for a, b in zip(grads, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_bidirectional_window_is_two_sided_and_another_pattern_is_refused():
+    """A bidirectional sliding window (``|i - j| <= sliding_window``, transformers' intersection of its
+    overlay with ``bidirectional_mask_function``) is no causal mask: its facts say so, with the window
+    that shows the keys less than ``window`` positions away; a bidirectional mask whose local pattern is
+    another one is refused, not attended as a window."""
+    from transformers import masking_utils
+
+    mask = attncomp.hf.attncomp_mask
+    two_sided = masking_utils.sliding_window_bidirectional_mask_function(3)
+    facts = mask(batch_size=2, q_length=T, kv_length=T, mask_function=two_sided, local_size=3)
+    assert not facts.causal and facts.window == 4 and facts.q_blk is None and facts.q_doc is None
+    causal = masking_utils.sliding_window_causal_mask_function(3)
+    facts = mask(batch_size=2, q_length=T, kv_length=T, mask_function=causal, local_size=3)
+    assert facts.causal and facts.window == 3
+    one_sided = masking_utils.and_masks(
+        masking_utils.sliding_window_overlay(3), masking_utils.bidirectional_mask_function
+    )
+    with pytest.raises(NotImplementedError, match="bidirectional mask with local_size=3"):
+        mask(batch_size=2, q_length=T, kv_length=T, mask_function=one_sided, local_size=3)

@@ -1,7 +1,7 @@
-"""Sliding windows (Mistral), soft-capping with alternating windows (Gemma 2), learned positions
-without rotary embeddings (GPT-2), attention sinks (gpt-oss) and chunked attention (Llama 4), each
-against its own model on ``sdpa`` or, where ``sdpa`` cannot express the layer (soft-capping,
-sinks), on ``eager``."""
+"""Sliding windows (Mistral; both sides in ModernBERT), soft-capping with alternating windows
+(Gemma 2), learned positions without rotary embeddings (GPT-2), attention sinks (gpt-oss) and
+chunked attention (Llama 4), each against its own model on ``sdpa`` or, where ``sdpa`` cannot
+express the layer (soft-capping, sinks), on ``eager``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.hf.models import (
     llama4_config,
     mistral_config,
     model_pair,
+    modernbert_config,
     padded_batch,
     t5_config,
 )
@@ -148,3 +149,12 @@ def test_t5_relative_position_bias_matches_sdpa():
     settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
     with torch.no_grad():
         assert torch.equal(ours.generate(ids, **settings), theirs.generate(ids, **settings))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_modernbert_two_sided_local_windows_match_sdpa(side):
+    """An encoder whose local layers show a token the tokens at most 2 positions away on either side
+    (a bidirectional sliding window): the window's both edges, padding, and the global layer."""
+    ours, theirs = model_pair(modernbert_config)
+    assert ours.config.layer_types == ["full_attention", "sliding_attention"]
+    assert_same_model_outputs(ours, theirs, *padded_batch(side))
