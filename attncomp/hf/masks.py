@@ -78,6 +78,12 @@ class MaskFacts(NamedTuple):
     #: boolean, or float added to the scores); None for masks told by the facts above
     dense: torch.Tensor | None = None
 
+    #: transformers' ``generate`` with a static cache builds each step's masks ahead of the forward and
+    #: hands them to the model as its ``attention_mask``; the model's mask builders then ask it for
+    #: ``ndim`` (a 2D mask is read as padding) and pass any other on to the mask function, which gives
+    #: facts back as they are (:func:`attncomp_mask`)
+    ndim = 4
+
 
 def attncomp_mask(
     batch_size: int,
@@ -94,7 +100,10 @@ def attncomp_mask(
     block_sequence_ids: Any = None,
     **kwargs: Any,
 ) -> MaskFacts:
-    """The mask function for ``AttentionMaskInterface``: the facts of the mask, not the mask."""
+    """The mask function for ``AttentionMaskInterface``: the facts of the mask, not the mask.  Facts
+    given as ``attention_mask`` (built ahead for this step by ``generate``) are the answer as they are."""
+    if isinstance(attention_mask, MaskFacts):
+        return attention_mask
     causal = not _bidirectional(mask_function)
     if use_vmap:  # a custom overlay, which only evaluating it pair by pair can read
         dense = masking_utils.sdpa_mask(

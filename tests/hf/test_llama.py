@@ -30,10 +30,15 @@ def test_padded_batch_logits_and_gradients_match_sdpa(llama, side):
     assert_same_model_outputs(*llama, ids, mask)
 
 
-def test_greedy_generate_with_left_padding_gives_sdpas_tokens(llama):
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_greedy_generate_with_left_padding_gives_sdpas_tokens(llama, cache):
+    """With a static cache, ``generate`` builds each step's mask ahead (the mask function's facts) and
+    hands it to the model, whose mask builder passes it back to the mask function."""
     ours, theirs = llama
     ids, mask = padded_batch("left", seed=1)
     settings = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    if cache:
+        settings["cache_implementation"] = cache
     with torch.no_grad():
         tokens = ours.generate(ids, **settings)
         expected = theirs.generate(ids, **settings)
