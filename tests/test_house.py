@@ -51,6 +51,7 @@ LAYERS = {
     "cli": 7,
     "hf": 7,
     "sdpa": 7,
+    "flex": 7,
     "fuzz": 7,
     "__main__": 7,
 }

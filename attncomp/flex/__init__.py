@@ -1,0 +1,193 @@
+"""PyTorch's FlexAttention, computed by attncomp: the same calls, one import to swap.
+
+    from attncomp.flex import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    block_mask = create_block_mask(causal, None, None, L, S)
+    out = flex_attention(q, k, v, score_mod=alibi, block_mask=block_mask)
+
+A call reads its ``score_mod`` and its block mask's ``mask_mod`` as expressions, by calling each
+once on stand-ins (:mod:`attncomp.flex.recording`: nothing is evaluated on positions), and runs the
+spec those expressions make (:mod:`attncomp.flex.specs`), compiled once per expression, tensor
+types, scale and backend: differentiable (the gradients of ``q``, ``k``, ``v`` and of float tensors
+the modifications read, a learned bias), CPU tensors on the ``cpu`` backend, CUDA tensors on
+``cuda``.  The mask is never evaluated into a block mask: mask-elimination classifies each tile
+from ``mask_mod``'s expression, so :func:`create_block_mask` only keeps the function, and a block
+mask from ``torch.nn.attention.flex_attention.create_block_mask`` is read for its ``mask_mod``.
+
+Where the semantics differ: a query that sees no key gets zeros and a log-sum-exp of ``-inf``
+(as FlexAttention's); the modifications may use what :mod:`attncomp.flex.recording` lists (torch's
+arithmetic, comparisons, ``& | ~``, ``torch.where``, ``exp log tanh sqrt rsqrt sin cos sigmoid abs
+maximum minimum clamp``, casts, and captured tensors indexed by positions), and no Python branch on
+a tensor.  Under ``torch.compile`` it is not supported yet.  It needs the ``torch`` extra;
+``import attncomp`` does not import this module (nor torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+import attncomp as ac
+from attncomp.flex.recording import record
+from attncomp.flex.specs import TYPES, build
+
+__all__ = ["BlockMask", "create_block_mask", "flex_attention"]
+
+
+class BlockMask(NamedTuple):
+    """What :func:`flex_attention` needs of a block mask: its ``mask_mod`` and the sequence lengths
+    it was made for (``(Q_LEN, KV_LEN)``). No block is evaluated."""
+
+    mask_mod: Callable
+    seq_lengths: tuple[int, int]
+
+
+def create_block_mask(
+    mask_mod: Callable, B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device: Any = None, **options: Any
+) -> BlockMask:
+    """``torch.nn.attention.flex_attention.create_block_mask``'s arguments (``BLOCK_SIZE`` and the
+    like accepted and unused): the mask function, kept. attncomp's kernels find their tiles from
+    the function's expression, so nothing is evaluated here, whatever the lengths."""
+    if not callable(mask_mod):
+        raise TypeError(f"create_block_mask: mask_mod must be a function (b, h, q_idx, kv_idx), got {mask_mod!r}")
+    return BlockMask(mask_mod, (int(Q_LEN), int(KV_LEN)))
+
+
+class Compiled(NamedTuple):
+    """A compiled call: the compiled function (``fn.dump()``, ``fn.ir(stage)``) and its torch op."""
+
+    fn: ac.CompiledFunction
+    op: Any
+
+
+#: (score expression, mask expression, captured types, query type, lse, scale, backend) -> compiled
+COMPILED: dict[tuple, Compiled] = {}
+
+
+def compiled_for(
+    score_mod: Callable | None,
+    block_mask: Any,
+    query: torch.Tensor,
+    scale: float,
+    lse: bool,
+    backend: str,
+) -> tuple[Compiled, list[torch.Tensor]]:
+    """The compiled spec of these modifications and the tensors they read, for a call."""
+    mask_mod = _mask_mod(block_mask)
+    score, mask, captured = record(score_mod if score_mod is not _identity() else None, mask_mod)
+    types = []
+    for n, tensor in enumerate(captured):
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name not in TYPES:
+            raise TypeError(
+                f"flex_attention: tensor number {n + 1} that the modifications read is {tensor.dtype}; attncomp "
+                f"reads {', '.join(TYPES)}"
+            )
+        if tensor.device != query.device:
+            raise ValueError(
+                f"flex_attention: a tensor the modifications read is on {tensor.device}, the query on {query.device}"
+            )
+        types.append((name, tensor.dim()))
+    key = (score, mask, tuple(types), query.dtype, lse, scale, backend)
+    if key not in COMPILED:
+        fn = ac.compile(build(score, mask, tuple(types), lse), backend=backend, scale=scale)
+        COMPILED[key] = Compiled(fn, fn.to_torch())
+    return COMPILED[key], captured
+
+
+def flex_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    score_mod: Callable | None = None,
+    block_mask: Any = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    kernel_options: Any = None,
+    *,
+    return_aux: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """``torch.nn.attention.flex_attention.flex_attention``'s arguments and results, computed by attncomp.
+
+    ``query`` ``[B, H, L, E]``, ``key`` ``[B, KV, S, E]``, ``value`` ``[B, KV, S, Ev]`` (``KV`` divides
+    ``H`` with ``enable_gqa``); ``score_mod(score, b, h, q_idx, kv_idx)`` modifies each scaled score;
+    ``block_mask`` (:func:`create_block_mask`'s, or torch's) hides key ``kv_idx`` from query ``q_idx``
+    where its ``mask_mod(b, h, q_idx, kv_idx)`` is False; ``scale`` defaults to ``E ** -0.5``.
+    ``return_lse`` (or ``return_aux=AuxRequest(lse=True)``) also gives the float32 log-sum-exp of
+    each row's scores. ``kernel_options`` is accepted and unused. ``backend``: "cpu", "cuda" or
+    "interp" (default: the tensors' device's).
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+            raise ValueError(f"flex_attention: {name} must be a 4-dimensional tensor [B, heads, length, head size]")
+    (batch, heads, length, size), (kv_batch, kv_heads, keys, kv_size) = query.shape, key.shape
+    if (kv_batch, kv_heads, keys) != tuple(value.shape[:3]) or kv_batch != batch or kv_size != size:
+        raise ValueError(
+            f"flex_attention: query {list(query.shape)}, key {list(key.shape)} and value {list(value.shape)} do not "
+            "agree (the same batch; key and value the same heads and length; query and key the same head size)"
+        )
+    if heads != kv_heads and not (enable_gqa and heads % kv_heads == 0):
+        raise ValueError(
+            f"flex_attention: query has {heads} heads and key {kv_heads}: pass enable_gqa=True, with key heads that "
+            "divide the query heads, for grouped-query attention"
+        )
+    if block_mask is not None:
+        lengths = tuple(int(n) for n in getattr(block_mask, "seq_lengths", (length, keys)))
+        if lengths != (length, keys):
+            raise ValueError(
+                f"flex_attention: block_mask was made for {lengths[0]} queries and {lengths[1]} keys; the call has "
+                f"{length} and {keys}"
+            )
+    lse = bool(return_lse)
+    if return_aux is not None:
+        if getattr(return_aux, "max_scores", False):
+            raise NotImplementedError("flex_attention: return_aux asks for max_scores, which attncomp does not return")
+        lse = lse or bool(getattr(return_aux, "lse", False))
+    scale = float(size**-0.5 if scale is None else scale)
+    backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
+    compiled, captured = compiled_for(score_mod, block_mask, query, scale, lse, backend)
+    result = compiled.op(query, key, value, *captured)
+    if not lse:
+        return result
+    out, log_sum_exp = result[0], result[1].float()
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+
+        return out, AuxOutput(lse=log_sum_exp)
+    return out, log_sum_exp
+
+
+def _mask_mod(block_mask: Any) -> Callable | None:
+    """The block mask's function; None for none, or for torch's mask that hides nothing."""
+    if block_mask is None:
+        return None
+    mask_mod = getattr(block_mask, "mask_mod", None)
+    if not callable(mask_mod):
+        raise TypeError(
+            "flex_attention: block_mask must come from create_block_mask (attncomp.flex's or torch's), with its "
+            f"mask_mod; got {type(block_mask).__name__}"
+        )
+    try:
+        from torch.nn.attention.flex_attention import noop_mask
+    except ImportError:  # pragma: no cover - a torch without FlexAttention
+        return mask_mod
+    return None if mask_mod is noop_mask else mask_mod
+
+
+def _identity() -> Any:
+    """torch's score modification that changes nothing (its default), where torch has one."""
+    try:
+        from torch.nn.attention.flex_attention import _identity as identity
+    except ImportError:  # pragma: no cover
+        return None
+    return identity

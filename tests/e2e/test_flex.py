@@ -1,0 +1,134 @@
+"""``attncomp.flex``: FlexAttention's calls (``score_mod``, ``block_mask``, GQA, the log-sum-exp) against
+PyTorch's own ``flex_attention`` (forward: PyTorch runs no FlexAttention backward on the CPU) and the
+gradients against the same attention written densely in torch, a learned bias included."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+import attncomp.flex as acf  # noqa: E402
+
+#: PyTorch's eager FlexAttention says it is not compiled, and that return_lse is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without:UserWarning", "ignore:return_lse")
+
+B, H, KV, L, D = 2, 4, 2, 40, 16
+WINDOW = 9
+
+
+def tensors(seed: int = 0, heads: int = H, grad: bool = False):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((B, heads, L, D), (B, KV, L, D), (B, KV, L, D))
+    return [torch.randn(*s, generator=generator).requires_grad_(grad) for s in shapes]
+
+
+SLOPES = torch.linspace(0.5, 0.05, H)
+DOC = torch.tensor([0] * 13 + [1] * 20 + [2] * 7)  # three packed documents
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def documents(b, h, q_idx, kv_idx):
+    return (DOC[q_idx] == DOC[kv_idx]) & (q_idx >= kv_idx)
+
+
+def near(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx).abs() <= WINDOW
+
+
+def softcap(score, b, h, q_idx, kv_idx):
+    return 8 * torch.tanh(score / 8)
+
+
+def alibi(score, b, h, q_idx, kv_idx):
+    return score + SLOPES[h] * (kv_idx - q_idx).float()
+
+
+CASES = {
+    "causal": (None, causal),
+    "softcap-documents": (softcap, documents),
+    "alibi-window-two-sided": (alibi, flex.and_masks(near, causal)),
+    "alibi-no-mask": (alibi, None),
+}
+
+
+def dense(q, k, v, score_mod, mask_mod, scale=D**-0.5):
+    """The same attention in torch, every score computed: the modifications called on index grids."""
+    sizes = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    b, h, i, j = (torch.arange(n).reshape([-1 if a == d else 1 for a in range(4)]) for d, n in enumerate(sizes))
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
+    s = (q @ k.mT) * scale
+    if score_mod is not None:
+        s = score_mod(s, b, h, i, j)
+    if mask_mod is not None:
+        s = torch.where(mask_mod(b, h, i, j), s, -torch.inf)
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_outputs_and_lse_match_pytorchs_flex_attention(case):
+    score_mod, mask_mod = CASES[case]
+    q, k, v = tensors()
+    ours = acf.create_block_mask(mask_mod, None, None, L, L) if mask_mod else None
+    theirs = flex.create_block_mask(mask_mod, None, None, L, L, device="cpu") if mask_mod else None
+    out, lse = acf.flex_attention(q, k, v, score_mod, ours, enable_gqa=True, return_lse=True)
+    want, want_lse = flex.flex_attention(q, k, v, score_mod, theirs, enable_gqa=True, return_lse=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+    again = acf.flex_attention(q, k, v, score_mod, theirs, enable_gqa=True)  # torch's block mask: its mask_mod
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+def test_gradients_of_q_k_v_and_a_learned_bias():
+    """A relative-position bias the score_mod reads is a leaf that learns: its gradient too."""
+    q, k, v = tensors(1, grad=True)
+    bias = torch.randn(H, 2 * L, requires_grad=True)
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx - kv_idx + L]
+
+    out = acf.flex_attention(q, k, v, relative, acf.create_block_mask(causal, B, H, L, L), enable_gqa=True)
+    cotangent = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, bias), cotangent)
+    want = dense(q, k, v, relative, causal)
+    expected = torch.autograd.grad(want, (q, k, v, bias), cotangent)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    for got, reference in zip(grads, expected):
+        torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_one_compile_per_expression_one_fused_attention_and_tiles_classified():
+    """Another bias of the same type: the same expression, no new compile. The call is one fused
+    attention, whose tiles mask-elimination classifies from the mask's expression (no block evaluated)."""
+    q, k, v = tensors(2, heads=KV)
+    bias = torch.randn(KV, 2 * L)
+    acf.flex_attention(q, k, v, lambda s, b, h, i, j: s + bias[h, i - j + L], acf.create_block_mask(causal, 1, 1, L, L))
+    before = len(acf.COMPILED)
+    other = torch.randn(KV, 2 * L)
+    out = acf.flex_attention(
+        q, k, v, lambda s, b, h, i, j: s + other[h, i - j + L], acf.create_block_mask(causal, 1, 1, L, L)
+    )
+    assert len(acf.COMPILED) == before
+    fn = acf.compiled_for(lambda s, b, h, i, j: s + other[h, i - j + L], acf.create_block_mask(causal, 1, 1, L, L), q,
+                          D**-0.5, False, "cpu")[0].fn  # fmt: skip
+    assert fn.ir("softmax-fusion").count("ac.attention ") == 1 and not fn.remarks
+    assert "ac.switch" in fn.ir("mask-elimination")
+    torch.testing.assert_close(out, dense(q, k, v, lambda s, b, h, i, j: s + other[h, i - j + L], causal))
+
+
+def test_what_cannot_be_compiled_is_refused_by_name():
+    q, k, v = tensors()
+    with pytest.raises(NotImplementedError, match="branches on a tensor's value"):
+        acf.flex_attention(q, k, v, lambda s, b, h, i, j: s if i > j else -s, enable_gqa=True)
+    with pytest.raises(NotImplementedError, match=r"calls torch\.erf"):
+        acf.flex_attention(q, k, v, lambda s, b, h, i, j: torch.erf(s), enable_gqa=True)
+    with pytest.raises(TypeError, match="torch.int16"):
+        table = torch.zeros(L, dtype=torch.int16)
+        same = acf.create_block_mask(lambda b, h, i, j: table[i] == table[j], 1, 1, L, L)
+        acf.flex_attention(q, k, v, block_mask=same, enable_gqa=True)
+    with pytest.raises(ValueError, match="made for 8 queries and 8 keys"):
+        acf.flex_attention(q, k, v, block_mask=acf.create_block_mask(causal, 1, 1, 8, 8), enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        acf.flex_attention(q, k, v)
