@@ -20,11 +20,12 @@ the modifications read, a learned bias), CPU tensors on the ``cpu`` backend, CUD
 from ``mask_mod``'s expression, so :func:`create_block_mask` only keeps the function, and a block
 mask from ``torch.nn.attention.flex_attention.create_block_mask`` is read for its ``mask_mod``.
 
-Where the semantics differ: a query that sees no key gets zeros and a log-sum-exp of ``-inf``
-(as FlexAttention's); the modifications may use what :mod:`attncomp.flex.recording` lists (torch's
+A query that sees no key gets zeros and a log-sum-exp of ``-inf``, as in FlexAttention.  The
+modifications may use what :mod:`attncomp.flex.recording` lists (torch's
 arithmetic, comparisons, ``& | ~``, ``torch.where``, ``exp log tanh sqrt rsqrt sin cos sigmoid abs
 maximum minimum clamp``, casts, and captured tensors indexed by positions), and no Python branch on
-a tensor.  Under ``torch.compile`` it is not supported yet.  It needs the ``torch`` extra;
+a tensor.  Under ``torch.compile(fullgraph=True)`` the modifications are recorded and the spec
+compiled at trace time, with no graph break.  It needs the ``torch`` extra;
 ``import attncomp`` does not import this module (nor torch).
 """
 
@@ -68,8 +69,25 @@ class Compiled(NamedTuple):
     op: Any
 
 
-#: (score expression, mask expression, captured types, query type, lse, scale, backend) -> compiled
-COMPILED: dict[tuple, Compiled] = {}
+#: the key of a compile (:func:`compile_key`) -> the compiled spec
+COMPILED: dict[str, Compiled] = {}
+
+
+def compile_key(
+    score: tuple | None, mask: tuple | None, types: tuple, dtype: str, lse: bool, scale: float, backend: str
+) -> str:
+    """Compile the spec of these expressions, captured types and constants once; give its key in
+    ``COMPILED``. Under ``torch.compile`` it runs at trace time, not in the graph
+    (``assume_constant_result``): compiling never breaks the graph. ``dtype``: the query's type."""
+    key = repr((score, mask, types, dtype, lse, scale, backend))
+    if key not in COMPILED:
+        fn = ac.compile(build(score, mask, types, lse), backend=backend, scale=scale)
+        COMPILED[key] = Compiled(fn, fn.to_torch())
+    return key
+
+
+#: ``compile_key`` as torch.compile sees it: a constant of the trace
+constant_compile_key = torch.compiler.assume_constant_result(compile_key)
 
 
 def compiled_for(
@@ -96,11 +114,8 @@ def compiled_for(
                 f"flex_attention: a tensor the modifications read is on {tensor.device}, the query on {query.device}"
             )
         types.append((name, tensor.dim()))
-    key = (score, mask, tuple(types), query.dtype, lse, scale, backend)
-    if key not in COMPILED:
-        fn = ac.compile(build(score, mask, tuple(types), lse), backend=backend, scale=scale)
-        COMPILED[key] = Compiled(fn, fn.to_torch())
-    return COMPILED[key], captured
+    dtype = str(query.dtype)
+    return COMPILED[constant_compile_key(score, mask, tuple(types), dtype, lse, scale, backend)], captured
 
 
 def flex_attention(

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 
 import attncomp.flex as acf  # noqa: E402
+from tests.conftest import TORCH_COMPILE  # noqa: E402
 
 #: PyTorch's eager FlexAttention says it is not compiled, and that return_lse is deprecated
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without:UserWarning", "ignore:return_lse")
@@ -116,6 +117,31 @@ def test_one_compile_per_expression_one_fused_attention_and_tiles_classified():
     assert fn.ir("softmax-fusion").count("ac.attention ") == 1 and not fn.remarks
     assert "ac.switch" in fn.ir("mask-elimination")
     torch.testing.assert_close(out, dense(q, k, v, lambda s, b, h, i, j: s + other[h, i - j + L], causal))
+
+
+@TORCH_COMPILE
+def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
+    """A layer around it compiles with no graph break; its gradients (a learned slope's included) are the
+    eager call's, and a captured tensor changed in place is read as it is at each call."""
+    q, k, v = tensors(3, grad=True)
+    slopes = SLOPES.clone().requires_grad_()
+
+    def layer(q, k, v):
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+
+        return (
+            acf.flex_attention(2 * q, k, v, alibi, acf.create_block_mask(causal, 1, 1, L, L), enable_gqa=True) ** 2
+        ).sum()
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        got, want = compiled(q, k, v), layer(q, k, v)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        for a, b in zip(torch.autograd.grad(got, (q, k, v, slopes)), torch.autograd.grad(want, (q, k, v, slopes))):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        with torch.no_grad():
+            slopes.mul_(0.5)
 
 
 def test_what_cannot_be_compiled_is_refused_by_name():
