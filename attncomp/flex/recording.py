@@ -79,6 +79,7 @@ for _name, _functions in {
     "minimum": [torch.minimum, torch.Tensor.minimum],
     "where": [torch.where, torch.Tensor.where],
     "index": [torch.Tensor.__getitem__],
+    "clamp": [torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip],  # maximum, then minimum
 }.items():
     for _function in _functions:
         TORCH_FUNCTIONS[_function] = _name
@@ -106,9 +107,13 @@ class Probe:
         if name is None:
             raise NotImplementedError(
                 f"flex_attention: the {recording.role} calls {_name_of(func)}, which attncomp cannot compile; it "
-                f"compiles {', '.join(sorted(OPS))} and the casts .to(), .float(), .int(), .long(), .bool()"
+                f"compiles {', '.join(sorted(set(TORCH_FUNCTIONS.values())))} and the casts .to(), .float(), .int(), "
+                ".long(), .bool()"
             )
         kwargs = dict(kwargs or {})
+        if name == "clamp":
+            x, low, high = (*args, None, None)[:3]
+            return recording.clamp(x, kwargs.get("min", low), kwargs.get("max", high))
         if name == "index":
             tensor, key = args
             key = key if isinstance(key, tuple) else (key,)
@@ -128,7 +133,7 @@ class Probe:
     def __getattr__(self, name: str) -> Callable[..., Probe]:
         if name in METHODS:
             return lambda *others: self.recording.apply(METHODS[name], self, *others)
-        if name == "clamp":
+        if name in ("clamp", "clip"):
             return lambda min=None, max=None: self.recording.clamp(self, min, max)
         if name in ("new_ones", "new_zeros"):  # a constant (torch's and_masks and or_masks start from one)
 

@@ -47,11 +47,31 @@ def alibi(score, b, h, q_idx, kv_idx):
     return score + SLOPES[h] * (kv_idx - q_idx).float()
 
 
+PREFIX = torch.tensor([6, 25])  # each row's prefix, seen by every query
+IMAGE = 8  # 40 positions: a 5 x 8 image
+
+
+def neighbours(b, h, q_idx, kv_idx):
+    """A 3 x 3 neighbourhood on the image (NATTEN's pattern): rows and columns by // and %."""
+    rows, columns = (q_idx // IMAGE - kv_idx // IMAGE).abs(), (q_idx % IMAGE - kv_idx % IMAGE).abs()
+    return (rows <= 1) & (columns <= 1)
+
+
+def prefix(b, h, q_idx, kv_idx):
+    return kv_idx < PREFIX[b]
+
+
+def clamped(score, b, h, q_idx, kv_idx):
+    return score + 0.1 * torch.clamp(q_idx - kv_idx, min=0, max=4).float() - torch.sigmoid(score)
+
+
 CASES = {
     "causal": (None, causal),
     "softcap-documents": (softcap, documents),
     "alibi-window-two-sided": (alibi, flex.and_masks(near, causal)),
     "alibi-no-mask": (alibi, None),
+    "neighbourhood-2d": (None, neighbours),
+    "clamp-sigmoid-prefix-lm": (clamped, flex.or_masks(prefix, causal)),
 }
 
 
