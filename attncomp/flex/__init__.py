@@ -21,12 +21,13 @@ from ``mask_mod``'s expression, so :func:`create_block_mask` only keeps the func
 mask from ``torch.nn.attention.flex_attention.create_block_mask`` is read for its ``mask_mod``.
 
 A query that sees no key gets zeros and a log-sum-exp of ``-inf``, as in FlexAttention.  The
-modifications may use what :mod:`attncomp.flex.recording` lists (torch's
-arithmetic, comparisons, ``& | ~``, ``torch.where``, ``exp log tanh sqrt rsqrt sin cos sigmoid abs
-maximum minimum clamp``, casts, and captured tensors indexed by positions), and no Python branch on
-a tensor.  Under ``torch.compile(fullgraph=True)`` the modifications are recorded and the spec
-compiled at trace time, with no graph break.  It needs the ``torch`` extra;
-``import attncomp`` does not import this module (nor torch).
+modifications may use what :mod:`attncomp.flex.recording` lists (torch's arithmetic, comparisons,
+``& | ~``, ``torch.where``, ``exp log tanh sqrt rsqrt sin cos sigmoid abs maximum minimum clamp``,
+casts, and captured tensors indexed by positions), and no Python branch on a tensor.  A Python
+number a modification uses is compiled in: a value that changes between calls (a decoding step's
+position) belongs in a tensor, read at each call.  Under ``torch.compile(fullgraph=True)`` the
+modifications are recorded and the spec compiled at trace time, with no graph break.  It needs the
+``torch`` extra; ``import attncomp`` does not import this module (nor torch).
 """
 
 from __future__ import annotations

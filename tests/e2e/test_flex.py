@@ -138,6 +138,26 @@ def test_one_compile_per_expression_one_fused_attention_and_tiles_classified():
     torch.testing.assert_close(out, dense(q, k, v, lambda s, b, h, i, j: s + other[h, i - j + L], causal))
 
 
+def test_decoding_steps_read_their_offset_from_a_tensor_with_one_compile():
+    """One query against the keys so far, its position a 0-d tensor changed between steps (as a
+    decoding loop keeps it): each step is the dense attention's, and all share one compile."""
+    _, k, v = tensors(4)
+    offset = torch.tensor(0)
+
+    def seen(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    compiles = None
+    for position in (3, 20, L - 1):
+        offset.fill_(position)
+        q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(position))
+        out = acf.flex_attention(q, k, v, block_mask=acf.create_block_mask(seen, None, None, 1, L), enable_gqa=True)
+        want = dense(q, k, v, None, seen)  # the same function on index grids: the offset as it is now
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        compiles = compiles or len(acf.COMPILED)
+    assert len(acf.COMPILED) == compiles
+
+
 @TORCH_COMPILE
 def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
     """A layer around it compiles with no graph break; its gradients (a learned slope's included) are the
