@@ -30,6 +30,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
 from benchmarks import call_overhead, peers, results_file, specs  # noqa: E402
+from benchmarks.flex import flex_rows  # noqa: E402
 from benchmarks.float_types import float_type_rows  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
@@ -302,65 +303,6 @@ def sdpa_rows(quick: bool, repeats: int) -> list[str]:
     name, make = cases[2]
     mine, other, ratio = paired(make(ours), make(theirs), repeats)
     lines.append(f"  {name:<42} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}")
-    return lines
-
-
-def flex_rows(quick: bool, repeats: int) -> list[str]:
-    """``attncomp.flex.flex_attention`` against PyTorch's FlexAttention compiled for the CPU (forward:
-    PyTorch has no FlexAttention backward on the CPU), and forward + backward against SDPA given the
-    same attention as a dense float mask, PyTorch's way there: four causal documents with ALiBi."""
-    torch = peers.torch_or_none()
-    if torch is None:
-        return ["  flex: torch is absent, nothing to compare with"]
-    from torch.nn.attention import flex_attention as flex
-
-    from attncomp.flex import create_block_mask, flex_attention
-
-    t, heads = (512 if quick else 2048), 8
-    q, k, v = (torch.from_numpy(x) for x in inputs(np.random.default_rng(7), 1, heads, t, t, 64))
-    doc = torch.arange(t) // (t // 4)
-    slopes = torch.tensor([2.0 ** (-8 * (n + 1) / heads) for n in range(heads)])
-
-    def documents(b, h, q_idx, kv_idx):
-        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
-    def alibi(score, b, h, q_idx, kv_idx):
-        return score + slopes[h] * (kv_idx - q_idx)
-
-    ours_mask = create_block_mask(documents, None, None, t, t)
-    theirs_mask = flex.create_block_mask(documents, None, None, t, t, device="cpu")
-    compiled = torch.compile(flex.flex_attention)
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None]
-    dense = torch.where(documents(0, 0, i, j), slopes[:, None, None] * (j - i), -torch.inf)[None]
-    trained = [x.clone().requires_grad_() for x in (q, k, v)]
-    d_out = torch.randn_like(q)
-
-    def step(attend):
-        def run():
-            for x in trained:
-                x.grad = None
-            attend(*trained).backward(d_out)
-
-        return run
-
-    lines = [
-        f"  {f'flex_attention, 4 causal documents + ALiBi, T=S={t}':<50} {'attncomp':>10} {'torch':>10} {'ratio':>7}"
-    ]
-    with torch.no_grad():
-        ours = lambda: flex_attention(q, k, v, alibi, ours_mask)  # noqa: E731
-        theirs = lambda: compiled(q, k, v, alibi, theirs_mask)  # noqa: E731
-        check("flex forward", ours().numpy(), theirs().numpy())
-        mine, other, ratio = paired(ours, theirs, repeats)
-        lines.append(
-            f"  {'forward, vs compiled FlexAttention':<50} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}"
-        )
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    mine, other, ratio = paired(
-        step(lambda *x: flex_attention(*x, alibi, ours_mask)), step(lambda *x: sdpa(*x, attn_mask=dense)), repeats
-    )
-    lines.append(
-        f"  {'fwd+bwd, vs SDPA with the dense float mask':<50} {mine * 1e3:8.1f}ms {other * 1e3:8.1f}ms {ratio:7.2f}"
-    )
     return lines
 
 

@@ -16,6 +16,7 @@ from benchmarks.gpu_check.plan import (
     DRY_RUN_CORRECTNESS,
     GATE_FILES,
     GATE_KEYWORDS,
+    MIN_TABLE_SECONDS,
     NEEDED,
     PER_TEST_SECONDS,
     PHASES,
@@ -179,7 +180,7 @@ def gate_failed(run: Run) -> bool:
 def compile_jobs(run: Run) -> list[str]:
     """The compile phase's jobs: the sanitizer's workload first (its backward's compile alone took a
     minute under compute-sanitizer on an H100), then each benchmark row at its size (``tensor_cores:N``,
-    ``training:N``), the decoder step and the serving rows; in a dry run, one row of each table and
+    ``training:N``), the decoder step, the serving rows and the flex rows; in a dry run, one row of each table and
     the decoder, tiny."""
     if run.args.dry_run:
         return ["tensor_cores:0", "training:0", "decoder"]
@@ -187,7 +188,7 @@ def compile_jobs(run: Run) -> list[str]:
 
     jobs = ["sanitize"] + [f"tensor_cores:{n}" for n in range(len(tensor_cores.rows(run.args.quick)))]
     jobs += [f"training:{n}" for n in range(len(tensor_core_training.rows(run.args.quick)))]
-    return jobs + ["decoder", "serving"]
+    return jobs + ["decoder", "serving", "flex"]
 
 
 def phase_compile(run: Run, phase: Phase) -> None:
@@ -269,7 +270,7 @@ def phase_timings(run: Run, phase: Phase) -> None:
         if skipped:  # no GPU for one table is none for the others
             tables[table] = {"status": "skipped", "reason": skipped[0], "records": [], "no_gpu": True}
             continue
-        if budget < 5:
+        if budget < MIN_TABLE_SECONDS.get(table, 5.0):
             tables[table] = {"status": "skipped", "reason": "no time left in the phase", "records": []}
             continue
         status = run_logged(run.worker("timings", result, table), run.out / "timings.log", run.env(), budget, table)

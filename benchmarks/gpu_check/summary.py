@@ -117,7 +117,8 @@ def timing_lines(run: Run, card: Card | None) -> list[str]:
         if name in titles:
             lines += table_lines(titles[name], records, card)
         else:
-            lines += [f"### {name} (benchmarks.gpu)", "", "```"]
+            source = {"flex": "benchmarks.flex", "serving": "benchmarks.serving"}.get(name, "benchmarks.gpu")
+            lines += [f"### {name} ({source})", "", "```"]
             for r in records:
                 if r.get("kind") == "line":
                     lines.append(r["text"] + bandwidth_note(r["text"], card))

@@ -89,6 +89,10 @@ def worker_compile(args: argparse.Namespace) -> None:
 
         for line in serving.serving_rows(True, 1, backend="cuda"):
             print(line)
+    elif table == "flex":
+        from benchmarks import flex
+
+        print(flex.warm("cuda", args.quick))
     elif table == "sanitize":
         print(sanitized_workload())
     emit(result, {"status": "passed"})
@@ -160,6 +164,18 @@ def worker_timings(args: argparse.Namespace) -> None:
         from benchmarks import serving
 
         for line in serving.serving_rows(args.quick or SERVING_QUICK, args.repeats, backend="cuda"):
+            print(line, flush=True)
+            emit(result, {"kind": "line", "text": line})
+    elif table == "flex":
+        from benchmarks import flex
+
+        try:
+            lines = flex.flex_rows(args.quick, args.repeats, "cuda")
+        except Exception as error:  # a wrong result or a failed launch: reported
+            print(f"flex: {type(error).__name__}: {error}", flush=True)
+            emit(result, {"kind": "error", "name": "flex", "error": f"{type(error).__name__}: {error}"})
+            return
+        for line in lines:
             print(line, flush=True)
             emit(result, {"kind": "line", "text": line})
 

@@ -18,7 +18,7 @@ import pytest
 from benchmarks.gpu_check import cards, phases, plan, processes, summary
 from benchmarks.gpu_check.environment import compile_reason, minimum_versions, version_tuple
 from benchmarks.gpu_check.outcomes import read_outcomes
-from benchmarks.gpu_check.run import Run
+from benchmarks.gpu_check.run import Phase, Run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -251,6 +251,38 @@ def test_a_late_run_shortens_every_phase_still_to_come(tmp_path):
     assert run.limit("sanitizer") == limits["sanitizer"]
     run.deadline = time.monotonic()
     assert run.limit("sanitizer") == 0
+
+
+def test_a_table_is_skipped_where_less_than_its_least_time_is_left(tmp_path, monkeypatch):
+    """The timings' tables share what is left, in order; the flex table (which compiles PyTorch's
+    FlexAttention in its process) runs where the tables before it left it its least time, and is
+    skipped, not started to be cut short, where they took their whole shares."""
+    args = argparse.Namespace(
+        out_dir=str(tmp_path), deadline=plan.DEADLINE, jobs=1, dry_run=False, limits={}, phases=list(plan.PHASES)
+    )
+    args.quick, args.repeats = False, 1
+    run = Run(args)
+    clock, taken, started = [0.0], [0.0], {}
+
+    def run_logged(command, log, env, budget, label):
+        started[label] = budget
+        clock[0] += budget * taken[0]  # each table takes this fraction of its share
+        return 0
+
+    monkeypatch.setattr(phases, "run_logged", run_logged)
+    monkeypatch.setattr(phases.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(phases, "read_records", lambda path: [{"kind": "line", "text": "a row"}])
+    monkeypatch.setattr(phases, "gate_failed", lambda run: False)
+    monkeypatch.setattr(run, "limit", lambda phase: plan.LIMITS["timings"])
+    for fraction, flex_runs in ((0.2, True), (1.0, False)):
+        taken[0] = fraction
+        started.clear()
+        phase = Phase("timings")
+        phases.phase_timings(run, phase)
+        assert set(started) == set(plan.TABLES) - (set() if flex_runs else {"flex"})
+        assert phase.data["tables"]["flex"]["status"] == ("passed" if flex_runs else "skipped")
+        assert all(started.get(t, 40.0) >= plan.MIN_TABLE_SECONDS.get(t, 5.0) for t in plan.TABLES)
+    shutil.rmtree(run.scratch)
 
 
 def gone(pid: int) -> bool:
