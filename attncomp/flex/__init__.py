@@ -101,7 +101,7 @@ def compiled_for(
 ) -> tuple[Compiled, list[torch.Tensor]]:
     """The compiled spec of these modifications and the tensors they read, for a call."""
     mask_mod = _mask_mod(block_mask)
-    score, mask, captured = record(score_mod if score_mod is not _identity() else None, mask_mod)
+    score, mask, captured = record(score_mod if score_mod is not _identity() else None, mask_mod, query.device)
     types = []
     for n, tensor in enumerate(captured):
         name = str(tensor.dtype).removeprefix("torch.")

@@ -130,7 +130,18 @@ class Probe:
             args = args[::-1]
         return recording.apply(name, *args)
 
+    @property
+    def device(self) -> torch.device:
+        """The query's device (``torch.tensor(x, device=score.device)`` makes a captured constant)."""
+        return self.recording.device
+
+    #: a FlexAttention modification sees each value as a 0-d tensor
+    shape = torch.Size([])
+    ndim = 0
+
     def __getattr__(self, name: str) -> Callable[..., Probe]:
+        if name.startswith("_"):  # what Python and libraries probe for (hasattr): no such attribute
+            raise AttributeError(name)
         if name in METHODS:
             return lambda *others: self.recording.apply(METHODS[name], self, *others)
         if name in ("clamp", "clip"):
@@ -205,8 +216,8 @@ REFLECTED = {getattr(torch.Tensor, f"__r{name}__") for name in OPERATORS if hasa
 class Recording:
     """One modification's call on probes: the tensors it read, in the order it first read them."""
 
-    def __init__(self, role: str):
-        self.role = role
+    def __init__(self, role: str, device: torch.device | str = "cpu"):
+        self.role, self.device = role, torch.device(device)
         self.captured: list[torch.Tensor] = []
 
     def input(self, name: str, dtype: torch.dtype) -> Probe:
@@ -282,10 +293,13 @@ def _name_of(func: Any) -> str:
     return owner + getattr(func, "__name__", repr(func))
 
 
-def record(score_mod: Callable | None, mask_mod: Callable | None) -> tuple[tuple | None, tuple | None, list]:
+def record(
+    score_mod: Callable | None, mask_mod: Callable | None, device: torch.device | str = "cpu"
+) -> tuple[tuple | None, tuple | None, list]:
     """The expressions ``score_mod(score, b, h, q_idx, kv_idx)`` and ``mask_mod(b, h, q_idx, kv_idx)``
-    compute (None for a modification not given) and the tensors they read, numbered across both."""
-    recording = Recording("score_mod")
+    compute (None for a modification not given) and the tensors they read, numbered across both;
+    ``device`` is the query's."""
+    recording = Recording("score_mod", device)
     positions = [recording.input(name, torch.int32) for name in ("b", "h", "q_idx", "kv_idx")]
     score = None
     if score_mod is not None:
