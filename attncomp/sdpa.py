@@ -29,8 +29,10 @@ import torch
 import attncomp as ac
 
 
-def _scores(q: Any, k: Any, scale: float, causal: bool) -> Any:
-    s = (q @ ac.repeat_kv(k, q.shape[1] // k.shape[1]).mT) * scale
+def _scores(q: Any, k: Any, scale: float | None, causal: bool) -> Any:
+    """The scaled scores (``scale`` None: ``E ** -0.5``, read from the sizes, so that no size becomes a
+    constant of a ``torch.compile`` trace), ``j > i`` hidden where ``causal``."""
+    s = (q @ ac.repeat_kv(k, q.shape[1] // k.shape[1]).mT) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if not causal:
         return s
     b, h, i, j = ac.index(s)
@@ -65,7 +67,7 @@ def sdpa_attention(
     v: ac.floating["B", "KV", "S", "Ev"],
     seed: ac.i64,
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     causal: bool = False,
     dropout: float = 0.0,
 ):
@@ -81,7 +83,7 @@ def sdpa_attention_mask(
     mask: ac.bool_["M", "N", "L", "S"],
     seed: ac.i64,
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     dropout: float = 0.0,
 ):
     """SDPA with a boolean mask (True: the key takes part), ``M`` 1 or ``B``, ``N`` 1 or ``H``."""
@@ -96,7 +98,7 @@ def sdpa_attention_key_mask(
     mask: ac.bool_["M", "N", 1, "S"],
     seed: ac.i64,
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     dropout: float = 0.0,
 ):
     """``sdpa_attention_mask`` with one row of the mask for every query (key padding)."""
@@ -111,7 +113,7 @@ def sdpa_attention_bias(
     mask: ac.floating["M", "N", "L", "S"],
     seed: ac.i64,
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     dropout: float = 0.0,
 ):
     """SDPA with a float mask added to the scores (``-inf`` hides a key: such tiles are skipped)."""
@@ -126,7 +128,7 @@ def sdpa_attention_key_bias(
     mask: ac.floating["M", "N", 1, "S"],
     seed: ac.i64,
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     dropout: float = 0.0,
 ):
     """``sdpa_attention_bias`` with one row of the mask for every query."""
@@ -148,13 +150,16 @@ OPS: dict[str, Any] = {}
 SPECS = {spec.name: spec for spec in (sdpa_attention, *MASK_SPECS.values())}
 
 
-def op_key(spec: str, backend: str, constants: tuple[tuple[str, Any], ...]) -> str:
-    """Compile ``spec`` (a name in ``SPECS``) with ``constants`` on ``backend`` once; give the key of
-    its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in the graph
-    (``torch.compiler.assume_constant_result``): compiling never breaks the graph."""
-    key = f"{spec}/{backend}/{constants}"
+def op_key(spec: str, backend: str, causal: bool | None, dropout: float, scale: float | None) -> str:
+    """Compile ``spec`` (a name in ``SPECS``) with these constants (None: the spec's default) on ``backend``
+    once; give the key of its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in
+    the graph (``torch.compiler.assume_constant_result``, whose arguments are plain constants, not a
+    tuple of them, which a trace with dynamic sizes cannot read as one): compiling never breaks the graph."""
+    constants = {"causal": causal, "dropout": dropout, "scale": scale}
+    constants = {name: value for name, value in constants.items() if value is not None}
+    key = f"{spec}/{backend}/{sorted(constants.items())}"
     if key not in OPS:
-        OPS[key] = ac.compile(SPECS[spec], backend=backend, **dict(constants)).to_torch()
+        OPS[key] = ac.compile(SPECS[spec], backend=backend, **constants).to_torch()
     return key
 
 
@@ -199,11 +204,10 @@ def scaled_dot_product_attention(
             f"scaled_dot_product_attention: query has {query.shape[1]} heads and key {key.shape[1]}: "
             "pass enable_gqa=True for grouped-query attention"
         )
-    constants: dict[str, Any] = {"scale": float(query.shape[-1] ** -0.5 if scale is None else scale)}
-    constants["dropout"] = float(dropout_p)
+    causal = None  # the constants: causal (the spec without a mask only), dropout and scale (None: E ** -0.5)
     args = [query, key, value]
     if attn_mask is None:
-        spec, constants["causal"] = sdpa_attention, bool(is_causal)
+        spec, causal = sdpa_attention, bool(is_causal)
     else:
         mask = attn_mask  # broadcast from the right, as torch does: to [N, L, S] for three dims, then a head axis
         while mask.dim() < (3 if three else 4):
@@ -223,5 +227,7 @@ def scaled_dot_product_attention(
         torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64) if dropout_p else torch.zeros((), dtype=torch.int64)
     )
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
-    out = OPS[constant_op_key(spec.name, backend, tuple(sorted(constants.items())))](*args, seed)
+    scale = None if scale is None else float(scale)
+    dropout = float(dropout_p) if dropout_p else 0.0  # 0.0 a constant even where a trace makes floats symbolic
+    out = OPS[constant_op_key(spec.name, backend, causal, dropout, scale)](*args, seed)
     return out[:, 0] if three else out

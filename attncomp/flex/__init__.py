@@ -75,14 +75,15 @@ COMPILED: dict[str, Compiled] = {}
 
 
 def compile_key(
-    score: tuple | None, mask: tuple | None, types: tuple, dtype: str, lse: bool, scale: float, backend: str
+    score: tuple | None, mask: tuple | None, types: tuple, dtype: str, lse: bool, scale: float | None, backend: str
 ) -> str:
     """Compile the spec of these expressions, captured types and constants once; give its key in
     ``COMPILED``. Under ``torch.compile`` it runs at trace time, not in the graph
     (``assume_constant_result``): compiling never breaks the graph. ``dtype``: the query's type."""
     key = repr((score, mask, types, dtype, lse, scale, backend))
     if key not in COMPILED:
-        fn = ac.compile(build(score, mask, types, lse), backend=backend, scale=scale)
+        constants = {} if scale is None else {"scale": scale}  # None: the spec's E ** -0.5, a size it reads
+        fn = ac.compile(build(score, mask, types, lse), backend=backend, **constants)
         COMPILED[key] = Compiled(fn, fn.to_torch())
     return key
 
@@ -95,7 +96,7 @@ def compiled_for(
     score_mod: Callable | None,
     block_mask: Any,
     query: torch.Tensor,
-    scale: float,
+    scale: float | None,
     lse: bool,
     backend: str,
 ) -> tuple[Compiled, list[torch.Tensor]]:
@@ -169,7 +170,7 @@ def flex_attention(
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flex_attention: return_aux asks for max_scores, which attncomp does not return")
         lse = lse or bool(getattr(return_aux, "lse", False))
-    scale = float(size**-0.5 if scale is None else scale)
+    scale = None if scale is None else float(scale)  # None: E ** -0.5, which the spec reads from its sizes
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
     compiled, captured = compiled_for(score_mod, block_mask, query, scale, lse, backend)
     result = compiled.op(query, key, value, *captured)

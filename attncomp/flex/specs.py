@@ -3,7 +3,7 @@ as attncomp's DSL, compiled once per expression, tensor types and constants.
 
 The spec computes what FlexAttention defines::
 
-    score = (q @ k.mT) * scale            # k's heads repeated for each group of query heads
+    score = (q @ k.mT) * scale            # scale E ** -0.5 by default; k's heads repeated for each group
     score = score_mod(score, b, h, q_idx, kv_idx)
     score = where(mask_mod(b, h, q_idx, kv_idx), score, -inf)
     out = softmax(score) @ v              # and logsumexp(score), where asked
@@ -79,11 +79,11 @@ def build(score: tuple | None, mask: tuple | None, captured: tuple[tuple[str, in
         kind = getattr(ac, TYPES[dtype])
         annotation = kind[tuple(f"C{n}_{d}" for d in range(ndim))] if ndim else kind
         params.append(inspect.Parameter(f"c{n}", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation))
-    params.append(inspect.Parameter("scale", inspect.Parameter.KEYWORD_ONLY, default=1.0))
+    params.append(inspect.Parameter("scale", inspect.Parameter.KEYWORD_ONLY, default=None))
 
-    def flex_attention(q: Any, k: Any, v: Any, *tensors: Any, scale: float = 1.0) -> Any:
+    def flex_attention(q: Any, k: Any, v: Any, *tensors: Any, scale: float | None = None) -> Any:
         n_rep = q.shape[1] // k.shape[1]
-        s = (q @ ac.repeat_kv(k, n_rep).mT) * scale
+        s = (q @ ac.repeat_kv(k, n_rep).mT) * (q.shape[-1] ** -0.5 if scale is None else scale)
         b, h, i, j = ac.index(s)
         inputs, memo = {"score": s, "b": b, "h": h, "q_idx": i, "kv_idx": j}, {}
         if score is not None:

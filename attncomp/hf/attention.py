@@ -107,7 +107,9 @@ class AttncompAttention:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
-        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        scale = None if scaling is None or scaling == query.shape[-1] ** -0.5 else float(scaling)
+        if scale is None and self.spec is not None:  # a user's spec is given the number itself
+            scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
         layer["dropout"] = float(dropout or 0.0)
         mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
@@ -125,7 +127,9 @@ class AttncompAttention:
             spec = with_dropout(spec)
             self._keys.setdefault(spec.name, spec_key(spec))
         self._check(spec, facts, layer, s_aux, query, key, bias)
-        constants = tuple((c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and c in layer)
+        constants = tuple(
+            (c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and layer.get(c) is not None
+        )  # the default specs' scale None: D ** -0.5, read from the sizes
         op = OPS[constant_op_key(self._keys[spec.name], self.backend, constants)]
         values = {"shift": facts.shift, "q_doc": facts.q_doc, "k_doc": facts.k_doc, "sinks": s_aux, "mask": mask}
         values["position_bias"] = bias

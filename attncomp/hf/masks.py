@@ -10,10 +10,8 @@ attention turns them into the default spec's captured tensors.
 
 How each pattern is read, without ever evaluating the mask on T x S pairs:
 
-- causal or not: ``mask_function`` is ``causal_mask_function`` or a composition of it, or
-  ``bidirectional_mask_function`` or an intersection with it (``config.is_causal = False``
-  models, encoders; transformers composes functions with ``and_masks``, whose parts it keeps in
-  the closure: :func:`_bidirectional`).
+- causal or not: the bidirectional mask builders (``config.is_causal = False`` models, encoders)
+  pass ``allow_is_bidirectional_skip``, the causal ones do not (:func:`_bidirectional`).
 - the sliding window: the ``local_size`` the sliding-window mask passes, which is
   ``config.sliding_window``. A causal window shows ``local_size`` keys, the query's own
   included; a bidirectional one (ModernBERT's local layers, T5Gemma's encoder)
@@ -104,7 +102,7 @@ def attncomp_mask(
     given as ``attention_mask`` (built ahead for this step by ``generate``) are the answer as they are."""
     if isinstance(attention_mask, MaskFacts):
         return attention_mask
-    causal = not _bidirectional(mask_function)
+    causal = not _bidirectional(mask_function, kwargs)
     if use_vmap:  # a custom overlay, which only evaluating it pair by pair can read
         dense = masking_utils.sdpa_mask(
             batch_size=batch_size,
@@ -188,21 +186,13 @@ def _chunks(
     return q_doc, torch.div(keys, chunk, rounding_mode="floor").to(torch.int32)
 
 
-def _bidirectional(mask_function: Any) -> bool:
-    """Whether ``mask_function`` is ``bidirectional_mask_function`` or an intersection (``and_masks``)
-    whose parts include it and not ``causal_mask_function``: a mask with no causality."""
-    parts, found = [mask_function], set()
-    while parts:
-        part = parts.pop()
-        if part is masking_utils.bidirectional_mask_function:
-            found.add("bidirectional")
-        elif part is masking_utils.causal_mask_function:
-            found.add("causal")
-        elif getattr(part, "__name__", None) == "and_mask":  # and_masks(*mask_functions)'s function
-            cells = dict(zip(part.__code__.co_freevars, part.__closure__ or ()))
-            if "mask_functions" in cells:
-                parts.extend(cells["mask_functions"].cell_contents)
-    return found == {"bidirectional"}
+def _bidirectional(mask_function: Any, options: dict) -> bool:
+    """Whether the mask has no causality: transformers' bidirectional builders
+    (``create_bidirectional_mask``, ``create_bidirectional_sliding_window_mask``) pass
+    ``allow_is_bidirectional_skip``, the causal ones do not; or the function is
+    ``bidirectional_mask_function`` itself. (Not read from the function's closure, which a
+    ``torch.compile`` trace cannot open without losing the function's own cells.)"""
+    return "allow_is_bidirectional_skip" in options or mask_function is masking_utils.bidirectional_mask_function
 
 
 def _check_two_sided(mask_function: Any, size: int, kv_offset: int, device: Any) -> int:

@@ -11,7 +11,9 @@ heads through ``ac.repeat_kv``, never copied), and the mask's facts as small cap
 - ``q_doc[b, i]``, ``k_doc[b, j]``: segment ids. A query sees a key of its own segment only:
   padded keys have ``k_doc = -1``, and packed sequences one id per sequence.
 
-The compile-time constants are the layer's: ``scale`` (the model's ``scaling``), ``window``
+The compile-time constants are the layer's: ``scale`` (the model's ``scaling``; None, the default,
+where it is ``D ** -0.5``, which the spec then reads from the sizes: under ``torch.compile`` with
+dynamic sizes no size becomes a constant of the trace), ``window``
 (its sliding window, 0 for none: a causal query sees ``window`` keys, itself included, as HF's
 ``sliding_window_overlay``; a bidirectional one the keys less than ``window`` positions away on
 either side, ``sliding_window_bidirectional_overlay`` of ``window - 1``), ``softcap`` (Gemma 2's
@@ -58,7 +60,7 @@ def masked_scores(
     q_doc: Any,
     k_doc: Any,
     *,
-    scale: float,
+    scale: float | None,
     window: int,
     softcap: float,
     causal: bool,
@@ -70,7 +72,7 @@ def masked_scores(
     """The scores of the layer: scaled, soft-capped, plus ``bias[h, i, j]`` where given (T5's
     ``position_bias``; ``bias[b, h, i, j]`` with ``bias_rows``), and ``-inf`` where the mask hides a key."""
     n_rep = q.shape[1] // k.shape[1]
-    scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
+    scores = (q @ ac.repeat_kv(k, n_rep).mT) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if softcap:
         scores = softcap * ac.tanh(scores / softcap)
     b, h, i, j = ac.index(scores)
@@ -94,12 +96,14 @@ def masked_scores(
     return scores if visible is None else ac.where(visible, scores, -ac.inf)
 
 
-def dense_scores(q: Any, k: Any, mask: Any, *, heads: bool, scale: float, softcap: float, floor: Any = None) -> Any:
+def dense_scores(
+    q: Any, k: Any, mask: Any, *, heads: bool, scale: float | None, softcap: float, floor: Any = None
+) -> Any:
     """The layer's scores under a mask given as data: a boolean ``mask`` shows a key where true;
     a float one (``floor`` given) is added to the scores, and a key where it is at most ``floor``
     is hidden (as ``-inf`` would hide it; the type's lowest value, as transformers writes masks)."""
     n_rep = q.shape[1] // k.shape[1]
-    scores = (q @ ac.repeat_kv(k, n_rep).mT) * scale
+    scores = (q @ ac.repeat_kv(k, n_rep).mT) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if softcap:
         scores = softcap * ac.tanh(scores / softcap)
     b, h, i, j = ac.index(scores)
@@ -171,7 +175,7 @@ def hf_attention(
     v: ac.floating["B", "KV", "S", "E"],
     shift: ac.i32["B"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -190,7 +194,7 @@ def hf_attention_segments(
     q_doc: ac.i32["B", "T"],
     k_doc: ac.i32["B", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -208,7 +212,7 @@ def hf_attention_sinks(
     shift: ac.i32["B"],
     sinks: ac.floating["H"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -228,7 +232,7 @@ def hf_attention_segments_sinks(
     k_doc: ac.i32["B", "S"],
     sinks: ac.floating["H"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -249,7 +253,7 @@ def hf_attention_blocks(
     q_blk: ac.i32["B", "T"],
     k_blk: ac.i32["B", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -272,7 +276,7 @@ def hf_attention_position_bias(
     k_doc: ac.i32["B", "S"],
     position_bias: ac.floating["H", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -293,7 +297,7 @@ def hf_attention_position_bias_rows(
     k_doc: ac.i32["B", "S"],
     position_bias: ac.floating["B", "H", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     window: int = 0,
     softcap: float = 0.0,
     causal: bool = True,
@@ -310,7 +314,7 @@ def hf_attention_mask(
     v: ac.floating["B", "KV", "S", "E"],
     mask: ac.bool_["B", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     softcap: float = 0.0,
 ):
     """Attention under a boolean mask shared by the heads: a query sees key ``j`` where ``mask[b, i, j]``."""
@@ -324,7 +328,7 @@ def hf_attention_mask_heads(
     v: ac.floating["B", "KV", "S", "E"],
     mask: ac.bool_["B", "H", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     softcap: float = 0.0,
 ):
     """``hf_attention_mask`` with a mask per head."""
@@ -338,7 +342,7 @@ def hf_attention_bias(
     v: ac.floating["B", "KV", "S", "E"],
     mask: ac.floating["B", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     softcap: float = 0.0,
     floor: float = -float("inf"),
 ):
@@ -353,7 +357,7 @@ def hf_attention_bias_heads(
     v: ac.floating["B", "KV", "S", "E"],
     mask: ac.floating["B", "H", "T", "S"],
     *,
-    scale: float = 1.0,
+    scale: float | None = None,
     softcap: float = 0.0,
     floor: float = -float("inf"),
 ):

@@ -160,21 +160,22 @@ def test_decoding_steps_read_their_offset_from_a_tensor_with_one_compile():
 
 @TORCH_COMPILE
 def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
-    """A layer around it compiles with no graph break; its gradients (a learned slope's included) are the
-    eager call's, and a captured tensor changed in place is read as it is at each call."""
-    q, k, v = tensors(3, grad=True)
+    """A layer around it compiles with no graph break, its lengths dynamic (the default scale is read
+    from the sizes in the spec, not made a constant of the trace); its gradients (a learned slope's
+    included) are the eager call's, and a captured tensor changed in place is read as it is each call."""
     slopes = SLOPES.clone().requires_grad_()
 
     def layer(q, k, v):
         def alibi(score, b, h, q_idx, kv_idx):
             return score + slopes[h] * (kv_idx - q_idx)
 
-        return (
-            acf.flex_attention(2 * q, k, v, alibi, acf.create_block_mask(causal, 1, 1, L, L), enable_gqa=True) ** 2
-        ).sum()
+        length = q.shape[2]
+        mask = acf.create_block_mask(causal, 1, 1, length, length)
+        return (acf.flex_attention(2 * q, k, v, alibi, mask, enable_gqa=True) ** 2).sum()
 
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-    for _ in range(2):
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (L, L - 7):
+        q, k, v = (x[:, :, :length].detach().requires_grad_() for x in tensors(3))
         got, want = compiled(q, k, v), layer(q, k, v)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         for a, b in zip(torch.autograd.grad(got, (q, k, v, slopes)), torch.autograd.grad(want, (q, k, v, slopes))):

@@ -107,3 +107,19 @@ def test_under_torch_compile_fullgraph():
     F(q, k, v, attn_mask=mask, enable_gqa=True).square().sum().backward()
     for got, x in zip(ours, (q, k, v)):
         torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
+
+
+@TORCH_COMPILE
+def test_under_torch_compile_with_dynamic_sizes():
+    """Sizes dynamic in the trace (``dynamic=True``): the default scale is read from the sizes inside the
+    spec and the default dropout rate stays a constant, so the spec still compiles at trace time; two
+    lengths, one trace."""
+    g = torch.Generator().manual_seed(5)
+
+    def attend(q, k, v):
+        return sdpa(q, k, v, is_causal=True, enable_gqa=True, backend="interp")
+
+    compiled = torch.compile(attend, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (L, L - 9):
+        q, k, v = (torch.randn(B, h, length, 16, generator=g) for h in (H, KV, KV))
+        torch.testing.assert_close(compiled(q, k, v), F(q, k, v, is_causal=True, enable_gqa=True), rtol=1e-5, atol=1e-6)

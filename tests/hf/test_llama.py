@@ -102,6 +102,20 @@ def test_compiled_forward_and_backward_have_no_graph_break(llama):
     torch.testing.assert_close(grad, theirs.model.layers[0].self_attn.q_proj.weight.grad, rtol=1e-4, atol=1e-5)
 
 
+@TORCH_COMPILE
+def test_compiled_with_dynamic_lengths_has_no_graph_break(llama):
+    """``dynamic=True``: the layer's scale (``D ** -0.5``) is read from the sizes inside the spec, not
+    made a constant of the trace, so two lengths run through one fullgraph trace."""
+    ours, theirs = llama
+    compiled = torch.compile(ours.forward, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (T, T - 3):
+        ids = torch.randint(1, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-5
+            )
+
+
 def test_bfloat16_model_runs_in_bfloat16_close_to_sdpa():
     ours, theirs = model_pair(llama_config, seed=5)
     ours, theirs = ours.to(torch.bfloat16), theirs.to(torch.bfloat16)

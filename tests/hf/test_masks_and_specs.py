@@ -296,15 +296,16 @@ def test_bidirectional_blocks_are_read_from_the_mask_and_attended_as_sdpa_does()
 
 
 def test_a_bidirectional_window_is_two_sided_and_another_pattern_is_refused():
-    """A bidirectional sliding window (``|i - j| <= sliding_window``, transformers' intersection of its
-    overlay with ``bidirectional_mask_function``) is no causal mask: its facts say so, with the window
+    """A bidirectional sliding window (``|i - j| <= sliding_window``, from a builder that passes
+    ``allow_is_bidirectional_skip``) is no causal mask: its facts say so, with the window
     that shows the keys less than ``window`` positions away; a bidirectional mask whose local pattern is
     another one is refused, not attended as a window."""
     from transformers import masking_utils
 
     mask = attncomp.hf.attncomp_mask
     two_sided = masking_utils.sliding_window_bidirectional_mask_function(3)
-    facts = mask(batch_size=2, q_length=T, kv_length=T, mask_function=two_sided, local_size=3)
+    bidirectional = dict(allow_is_bidirectional_skip=False)  # what transformers' bidirectional builders pass
+    facts = mask(batch_size=2, q_length=T, kv_length=T, mask_function=two_sided, local_size=3, **bidirectional)
     assert not facts.causal and facts.window == 4 and facts.q_blk is None and facts.q_doc is None
     causal = masking_utils.sliding_window_causal_mask_function(3)
     facts = mask(batch_size=2, q_length=T, kv_length=T, mask_function=causal, local_size=3)
@@ -313,4 +314,4 @@ def test_a_bidirectional_window_is_two_sided_and_another_pattern_is_refused():
         masking_utils.sliding_window_overlay(3), masking_utils.bidirectional_mask_function
     )
     with pytest.raises(NotImplementedError, match="bidirectional mask with local_size=3"):
-        mask(batch_size=2, q_length=T, kv_length=T, mask_function=one_sided, local_size=3)
+        mask(batch_size=2, q_length=T, kv_length=T, mask_function=one_sided, local_size=3, **bidirectional)

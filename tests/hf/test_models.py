@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import TORCH_COMPILE
 from tests.hf.models import (
     CHUNK,
     IMAGE,
+    VOCAB,
     WINDOW,
     T,
     assert_same_model_outputs,
@@ -37,6 +39,17 @@ def mistral():
 def test_mistral_sliding_window_matches_sdpa_on_padded_batches(mistral, side):
     ids, mask = padded_batch(side)
     assert_same_model_outputs(*mistral, ids, mask)
+
+
+@TORCH_COMPILE
+def test_mistral_compiles_whole_under_torch_compile(mistral):
+    """A sliding window's mask function is read without opening its closure, which a fullgraph trace
+    cannot do (it lost the function's own cells, and the trace failed)."""
+    ours, theirs = mistral
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(6))
+    compiled = torch.compile(ours.forward, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
 
 
 def test_mistral_generates_past_its_window_as_sdpa_does(mistral):
