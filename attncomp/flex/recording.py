@@ -45,44 +45,40 @@ OPERATORS = {
     "or": operator.or_, "xor": operator.xor,
 }  # fmt: skip
 
-#: torch's functions (and the tensor methods they are) a modification may call -> the node they make
-TORCH_FUNCTIONS: dict[Any, str] = {}
-for _name, _functions in {
-    "add": [torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__],
-    "sub": [torch.sub, torch.Tensor.sub, torch.Tensor.__sub__, torch.Tensor.__rsub__],
-    "mul": [torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__],
-    "truediv": [torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__],
-    "floordiv": [torch.floor_divide, torch.Tensor.__floordiv__, torch.Tensor.__rfloordiv__],
-    "mod": [torch.remainder, torch.Tensor.__mod__, torch.Tensor.__rmod__],
-    "pow": [torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__],
-    "lt": [torch.lt, torch.Tensor.__lt__],
-    "le": [torch.le, torch.Tensor.__le__],
-    "gt": [torch.gt, torch.Tensor.__gt__],
-    "ge": [torch.ge, torch.Tensor.__ge__],
-    "eq": [torch.eq, torch.Tensor.__eq__],
-    "ne": [torch.ne, torch.Tensor.__ne__],
-    "and": [torch.logical_and, torch.bitwise_and, torch.Tensor.__and__, torch.Tensor.__rand__],
-    "or": [torch.logical_or, torch.bitwise_or, torch.Tensor.__or__, torch.Tensor.__ror__],
-    "xor": [torch.logical_xor, torch.bitwise_xor, torch.Tensor.__xor__],
-    "neg": [torch.neg, torch.Tensor.__neg__],
-    "abs": [torch.abs, torch.Tensor.abs, torch.Tensor.__abs__],
+#: the nodes whose torch function and tensor method have the node's own name (``torch.exp``, ``Tensor.exp``)
+SAME_NAMES = (
+    "lt", "le", "gt", "ge", "eq", "ne", "neg", "abs", "exp", "log", "tanh", "sqrt", "rsqrt", "sin", "cos", "sigmoid",
+    "maximum", "minimum", "where",
+)  # fmt: skip
+#: the nodes that torch names otherwise (beside the operators' methods, ``Tensor.__add__`` and ``__radd__``)
+OTHER_NAMES = {
+    "add": [torch.add, torch.Tensor.add],
+    "sub": [torch.sub, torch.Tensor.sub],
+    "mul": [torch.mul, torch.Tensor.mul],
+    "truediv": [torch.div, torch.true_divide, torch.Tensor.div],
+    "floordiv": [torch.floor_divide],
+    "mod": [torch.remainder],
+    "pow": [torch.pow, torch.Tensor.pow],
+    "and": [torch.logical_and, torch.bitwise_and],
+    "or": [torch.logical_or, torch.bitwise_or],
+    "xor": [torch.logical_xor, torch.bitwise_xor],
+    "neg": [torch.Tensor.__neg__],
+    "abs": [torch.Tensor.__abs__],
     "invert": [torch.logical_not, torch.bitwise_not, torch.Tensor.__invert__],
-    "exp": [torch.exp, torch.Tensor.exp],
-    "log": [torch.log, torch.Tensor.log],
-    "tanh": [torch.tanh, torch.Tensor.tanh],
-    "sqrt": [torch.sqrt, torch.Tensor.sqrt],
-    "rsqrt": [torch.rsqrt, torch.Tensor.rsqrt],
-    "sin": [torch.sin, torch.Tensor.sin],
-    "cos": [torch.cos, torch.Tensor.cos],
-    "sigmoid": [torch.sigmoid, torch.Tensor.sigmoid],
-    "maximum": [torch.maximum, torch.Tensor.maximum],
-    "minimum": [torch.minimum, torch.Tensor.minimum],
-    "where": [torch.where, torch.Tensor.where],
     "index": [torch.Tensor.__getitem__],
     "clamp": [torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip],  # maximum, then minimum
-}.items():
-    for _function in _functions:
-        TORCH_FUNCTIONS[_function] = _name
+}
+
+#: torch's functions (and the tensor methods they are) a modification may call -> the node they make
+TORCH_FUNCTIONS: dict[Any, str] = {}
+for _name in SAME_NAMES:
+    TORCH_FUNCTIONS.update(dict.fromkeys([getattr(torch, _name), getattr(torch.Tensor, _name)], _name))
+for _name, _functions in OTHER_NAMES.items():
+    TORCH_FUNCTIONS.update(dict.fromkeys(_functions, _name))
+for _name in OPERATORS:  # Tensor.__add__, Tensor.__radd__, ...
+    for _method in (f"__{_name}__", f"__r{_name}__"):
+        if hasattr(torch.Tensor, _method):
+            TORCH_FUNCTIONS[getattr(torch.Tensor, _method)] = _name
 
 #: tensor methods called on a probe itself, by the node they make ("to" and the casts: by the type)
 METHODS = {
