@@ -153,8 +153,9 @@ SPECS = {spec.name: spec for spec in (sdpa_attention, *MASK_SPECS.values())}
 def op_key(spec: str, backend: str, causal: bool | None, dropout: float, scale: float | None) -> str:
     """Compile ``spec`` (a name in ``SPECS``) with these constants (None: the spec's default) on ``backend``
     once; give the key of its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in
-    the graph (``torch.compiler.assume_constant_result``, whose arguments are plain constants, not a
-    tuple of them, which a trace with dynamic sizes cannot read as one): compiling never breaks the graph."""
+    the graph (``torch.compiler.assume_constant_result``, every argument a constant of the trace: no size
+    and no float argument of the call, which a trace with dynamic sizes makes symbolic): compiling never
+    breaks the graph."""
     constants = {"causal": causal, "dropout": dropout, "scale": scale}
     constants = {name: value for name, value in constants.items() if value is not None}
     key = f"{spec}/{backend}/{sorted(constants.items())}"
