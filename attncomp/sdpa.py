@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import attncomp as ac
+from attncomp.torch.traced_ops import TracedOps
 
 
 def _scores(q: Any, k: Any, scale: float | None, causal: bool) -> Any:
@@ -144,24 +145,22 @@ MASK_SPECS = {
 }
 
 
-#: "spec/backend/constants" -> the compiled spec's torch op (see :func:`op_key`)
-OPS: dict[str, Any] = {}
+#: the compiled spec's torch op of each "spec/backend/constants", by the name :func:`op_key` gives
+OPS = TracedOps()
 #: the specs by name, for :func:`op_key` (which takes only constants)
 SPECS = {spec.name: spec for spec in (sdpa_attention, *MASK_SPECS.values())}
 
 
 def op_key(spec: str, backend: str, causal: bool | None, dropout: float, scale: float | None) -> str:
     """Compile ``spec`` (a name in ``SPECS``) with these constants (None: the spec's default) on ``backend``
-    once; give the key of its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in
+    once; give the name of its torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time, not in
     the graph (``torch.compiler.assume_constant_result``, every argument a constant of the trace: no size
     and no float argument of the call, which a trace with dynamic sizes makes symbolic): compiling never
     breaks the graph."""
     constants = {"causal": causal, "dropout": dropout, "scale": scale}
     constants = {name: value for name, value in constants.items() if value is not None}
     key = f"{spec}/{backend}/{sorted(constants.items())}"
-    if key not in OPS:
-        OPS[key] = ac.compile(SPECS[spec], backend=backend, **constants).to_torch()
-    return key
+    return OPS.name(key, lambda: ac.compile(SPECS[spec], backend=backend, **constants).to_torch())
 
 
 #: ``op_key`` as torch.compile sees it: a constant of the trace

@@ -40,6 +40,7 @@ import torch
 import attncomp as ac
 from attncomp.flex.recording import record
 from attncomp.flex.specs import TYPES, build
+from attncomp.torch.traced_ops import TracedOps
 
 __all__ = ["BlockMask", "create_block_mask", "flex_attention"]
 
@@ -70,22 +71,23 @@ class Compiled(NamedTuple):
     op: Any
 
 
-#: the key of a compile (:func:`compile_key`) -> the compiled spec
-COMPILED: dict[str, Compiled] = {}
+#: each compiled spec, by the name :func:`compile_key` gives
+COMPILED = TracedOps()
 
 
 def compile_key(
     score: tuple | None, mask: tuple | None, types: tuple, dtype: str, lse: bool, scale: float | None, backend: str
 ) -> str:
-    """Compile the spec of these expressions, captured types and constants once; give its key in
+    """Compile the spec of these expressions, captured types and constants once; give its name in
     ``COMPILED``. Under ``torch.compile`` it runs at trace time, not in the graph
     (``assume_constant_result``): compiling never breaks the graph. ``dtype``: the query's type."""
-    key = repr((score, mask, types, dtype, lse, scale, backend))
-    if key not in COMPILED:
+
+    def make() -> Compiled:
         constants = {} if scale is None else {"scale": scale}  # None: the spec's E ** -0.5, a size it reads
         fn = ac.compile(build(score, mask, types, lse), backend=backend, **constants)
-        COMPILED[key] = Compiled(fn, fn.to_torch())
-    return key
+        return Compiled(fn, fn.to_torch())
+
+    return COMPILED.name(repr((score, mask, types, dtype, lse, scale, backend)), make)
 
 
 #: ``compile_key`` as torch.compile sees it: a constant of the trace

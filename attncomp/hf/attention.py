@@ -33,14 +33,15 @@ from attncomp.hf.specs import (
     hf_attention_position_bias_rows,
     with_dropout,
 )
+from attncomp.torch.traced_ops import TracedOps
 
 #: the arguments filled from the mask and the layer, by name
 FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks", "seed")
 #: the constants filled from the layer (and ``floor`` from a float mask's type), by name
 LAYER_CONSTANTS = ("scale", "window", "softcap", "causal", "floor", "dropout")
 
-#: "spec key/backend/constants" -> its torch op (see :func:`op_key`)
-OPS: dict[str, Any] = {}
+#: the torch op of each "spec key/backend/constants", by the name :func:`op_key` gives
+OPS = TracedOps()
 #: spec key (its name and id) -> the spec, for :func:`op_key` (which takes only constants)
 SPECS: dict[str, ac.Spec] = {}
 
@@ -53,15 +54,15 @@ def spec_key(spec: ac.Spec) -> str:
 
 
 def op_key(spec: str, backend: str, constants: tuple[tuple[str, Any], ...]) -> str:
-    """Compile the spec of key ``spec`` with ``constants`` once; give the key of its torch op in ``OPS``.
+    """Compile the spec of key ``spec`` with ``constants`` once; give the name of its torch op in ``OPS``.
 
     Under ``torch.compile`` it runs at trace time, not in the graph
     (``assume_constant_result``), so compiling a spec never breaks the graph.
     """
-    key = f"{spec}/{backend}/{constants}"
-    if key not in OPS:
-        OPS[key] = ac.compile(SPECS[spec], backend=backend, **dict(constants)).to_torch()
-    return key
+    return OPS.name(
+        f"{spec}/{backend}/{constants}",
+        lambda: ac.compile(SPECS[spec], backend=backend, **dict(constants)).to_torch(),
+    )
 
 
 #: ``op_key`` as torch.compile sees it: a constant of the trace

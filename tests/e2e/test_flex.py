@@ -159,10 +159,14 @@ def test_decoding_steps_read_their_offset_from_a_tensor_with_one_compile():
 
 
 @TORCH_COMPILE
-def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
-    """A layer around it compiles with no graph break, its lengths dynamic (the default scale is read
-    from the sizes in the spec, not made a constant of the trace); its gradients (a learned slope's
-    included) are the eager call's, and a captured tensor changed in place is read as it is each call."""
+def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values(monkeypatch):
+    """A layer of two calls (two specs, both compiled while the trace runs) compiles with no graph break,
+    its lengths dynamic (the default scale is read from the sizes in the spec, not made a constant of
+    the trace); its gradients (a learned slope's included) are the eager call's, and a captured tensor
+    changed in place is read as it is each call."""
+    from attncomp.torch.traced_ops import TracedOps
+
+    monkeypatch.setattr(acf, "COMPILED", TracedOps())  # none compiled before the trace
     slopes = SLOPES.clone().requires_grad_()
 
     def layer(q, k, v):
@@ -171,7 +175,8 @@ def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
 
         length = q.shape[2]
         mask = acf.create_block_mask(causal, 1, 1, length, length)
-        return (acf.flex_attention(2 * q, k, v, alibi, mask, enable_gqa=True) ** 2).sum()
+        first = acf.flex_attention(2 * q, k, v, alibi, mask, enable_gqa=True)
+        return (acf.flex_attention(first, k, v, softcap, enable_gqa=True) ** 2).sum()
 
     compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
     for length in (L, L - 7):
@@ -182,6 +187,7 @@ def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         with torch.no_grad():
             slopes.mul_(0.5)
+    assert len(acf.COMPILED) == 2
 
 
 def test_what_cannot_be_compiled_is_refused_by_name():

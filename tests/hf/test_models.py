@@ -52,6 +52,22 @@ def test_mistral_compiles_whole_under_torch_compile(mistral):
         torch.testing.assert_close(compiled(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
 
 
+@TORCH_COMPILE
+def test_gemma2_compiles_whole_its_two_specs_made_in_the_trace(monkeypatch):
+    """Sliding and full layers: two specs, both compiled while the trace runs (none compiled before);
+    the trace finds the second one too (a dict it had read before the second compile did not hold it)."""
+    import attncomp.hf.attention as attention
+    from attncomp.torch.traced_ops import TracedOps
+
+    monkeypatch.setattr(attention, "OPS", TracedOps())
+    ours, theirs = model_pair(gemma2_config, reference="eager")
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(7))
+    compiled = torch.compile(ours.forward, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+    assert len(attention.OPS) == 2
+
+
 def test_mistral_generates_past_its_window_as_sdpa_does(mistral):
     """Eight new tokens after a 12-token prompt: the cache slides past the 4-token window."""
     ours, theirs = mistral
