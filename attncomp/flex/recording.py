@@ -75,10 +75,13 @@ for _name in SAME_NAMES:
     TORCH_FUNCTIONS.update(dict.fromkeys([getattr(torch, _name), getattr(torch.Tensor, _name)], _name))
 for _name, _functions in OTHER_NAMES.items():
     TORCH_FUNCTIONS.update(dict.fromkeys(_functions, _name))
+#: torch's reflected operators (``other - tensor`` as ``tensor.__rsub__(other)``): their operands swapped
+REFLECTED: set[Any] = set()
 for _name in OPERATORS:  # Tensor.__add__, Tensor.__radd__, ...
-    for _method in (f"__{_name}__", f"__r{_name}__"):
-        if hasattr(torch.Tensor, _method):
-            TORCH_FUNCTIONS[getattr(torch.Tensor, _method)] = _name
+    TORCH_FUNCTIONS[getattr(torch.Tensor, f"__{_name}__")] = _name
+    if hasattr(torch.Tensor, f"__r{_name}__"):
+        TORCH_FUNCTIONS[getattr(torch.Tensor, f"__r{_name}__")] = _name
+        REFLECTED.add(getattr(torch.Tensor, f"__r{_name}__"))
 
 #: tensor methods called on a probe itself, by the node they make ("to" and the casts: by the type)
 METHODS = {
@@ -204,9 +207,6 @@ for _name in OPERATORS:
     setattr(Probe, f"__{_name}__", _binary(_name, False))
     if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
         setattr(Probe, f"__r{_name}__", _binary(_name, True))
-
-#: torch's reflected operators (``other - tensor`` as ``tensor.__rsub__(other)``): their operands swapped
-REFLECTED = {getattr(torch.Tensor, f"__r{name}__") for name in OPERATORS if hasattr(torch.Tensor, f"__r{name}__")}
 
 
 class Recording:

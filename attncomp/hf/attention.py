@@ -108,9 +108,10 @@ class AttncompAttention:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
-        scale = None if scaling is None or scaling == query.shape[-1] ** -0.5 else float(scaling)
-        if scale is None and self.spec is not None:  # a user's spec is given the number itself
-            scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+        default = query.shape[-1] ** -0.5
+        scale = default if scaling is None else float(scaling)
+        if self.spec is None and scale == default:  # the default specs read D ** -0.5 from the sizes
+            scale = None
         layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
         layer["dropout"] = float(dropout or 0.0)
         mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
