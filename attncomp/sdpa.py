@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import attncomp as ac
-from attncomp.torch.traced_ops import TracedOps
+from attncomp.torch.traced_ops import TracedOps, trace_constant
 
 
 def _scores(q: Any, k: Any, scale: float | None, causal: bool) -> Any:
@@ -227,6 +227,7 @@ def scaled_dot_product_attention(
         torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64) if dropout_p else torch.zeros((), dtype=torch.int64)
     )
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
+    scale, dropout_p = trace_constant(scale), trace_constant(dropout_p)  # symbols of a trace: their values
     scale = None if scale is None else float(scale)
     dropout = float(dropout_p) if dropout_p else 0.0  # 0.0 a constant even where a trace makes floats symbolic
     out = OPS[constant_op_key(spec.name, backend, causal, dropout, scale)](*args, seed)

@@ -40,7 +40,7 @@ import torch
 import attncomp as ac
 from attncomp.flex.recording import record
 from attncomp.flex.specs import TYPES, build
-from attncomp.torch.traced_ops import TracedOps
+from attncomp.torch.traced_ops import TracedOps, trace_constant
 
 __all__ = ["BlockMask", "create_block_mask", "flex_attention"]
 
@@ -172,7 +172,7 @@ def flex_attention(
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flex_attention: return_aux asks for max_scores, which attncomp does not return")
         lse = lse or bool(getattr(return_aux, "lse", False))
-    scale = None if scale is None else float(scale)  # None: E ** -0.5, which the spec reads from its sizes
+    scale = None if scale is None else float(trace_constant(scale))  # None: E ** -0.5, read from the sizes
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
     compiled, captured = compiled_for(score_mod, block_mask, query, scale, lse, backend)
     result = compiled.op(query, key, value, *captured)

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from attncomp.torch.traced_ops import trace_constant
+
 #: the operations an expression may hold, by name, and their number of operands
 OPS = {
     "add": 2, "sub": 2, "mul": 2, "truediv": 2, "floordiv": 2, "mod": 2, "pow": 2,
@@ -230,7 +232,7 @@ class Recording:
             self.captured.append(value)
             return ("captured", len(self.captured) - 1)
         if isinstance(value, (bool, int, float)):
-            return const(value)
+            return const(trace_constant(value))  # a number the trace holds as a symbol: its value, guarded
         raise NotImplementedError(
             f"flex_attention: the {self.role} uses a {type(value).__name__} ({value!r}) as an operand; it may use "
             "tensors, Python numbers and booleans"

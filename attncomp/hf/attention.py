@@ -33,7 +33,7 @@ from attncomp.hf.specs import (
     hf_attention_position_bias_rows,
     with_dropout,
 )
-from attncomp.torch.traced_ops import TracedOps
+from attncomp.torch.traced_ops import TracedOps, trace_constant
 
 #: the arguments filled from the mask and the layer, by name
 FACTS = ("shift", "q_doc", "k_doc", "q_blk", "k_blk", "mask", "position_bias", "sinks", "seed")
@@ -89,6 +89,10 @@ class AttncompAttention:
         self.inputs = dict(inputs or {})
         defaults = [*DEFAULT_SPECS.values(), *MASK_SPECS.values()]
         defaults += [hf_attention_position_bias, hf_attention_position_bias_rows]
+        # a model in training mode asks for their dropout variants: made and named here, not during a call,
+        # which torch.compile traces (the trace defers writes to module state, so a spec registered
+        # there would be missing when op_key, run at trace time, looks it up)
+        defaults += [with_dropout(s) for s in defaults]
         self._keys = {s.name: spec_key(s) for s in (defaults if spec is None else [spec])}
         if spec is not None and len(spec.arg_names) < 3:
             raise TypeError(f"attncomp.hf: @{spec.name} must take query, key and value as its first three arguments")
@@ -108,11 +112,15 @@ class AttncompAttention:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         facts = self._facts(module, query, key, attention_mask, sliding_window, kwargs.get("is_causal"))
-        default = query.shape[-1] ** -0.5
+        # the layer's numbers, which the spec compiles in: Python numbers even where the trace holds them
+        # as symbols (torch.compile with dynamic=True: the module's attributes)
+        scaling, softcap, dropout = (trace_constant(x) for x in (scaling, softcap, dropout))
+        default = trace_constant(query.shape[-1]) ** -0.5
         scale = default if scaling is None else float(scaling)
         if self.spec is None and scale == default:  # the default specs read D ** -0.5 from the sizes
             scale = None
-        layer = {"scale": scale, "window": facts.window or 0, "softcap": float(softcap or 0.0), "causal": facts.causal}
+        window = trace_constant(facts.window or 0)
+        layer = {"scale": scale, "window": window, "softcap": float(softcap or 0.0), "causal": facts.causal}
         layer["dropout"] = float(dropout or 0.0)
         mask = None if facts.dense is None else dense_mask(facts.dense, query, key)
         bias = kwargs.get("position_bias")
@@ -127,7 +135,6 @@ class AttncompAttention:
         spec = self.spec or default_spec(facts, mask, bias, s_aux)
         if layer["dropout"] and self.spec is None:
             spec = with_dropout(spec)
-            self._keys.setdefault(spec.name, spec_key(spec))
         self._check(spec, facts, layer, s_aux, query, key, bias)
         constants = tuple(
             (c, layer[c]) for c in LAYER_CONSTANTS if c in spec.constants and layer.get(c) is not None

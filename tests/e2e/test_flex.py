@@ -190,6 +190,32 @@ def test_under_torch_compile_fullgraph_with_gradients_and_new_captured_values(mo
     assert len(acf.COMPILED) == 2
 
 
+@TORCH_COMPILE
+def test_a_modules_numbers_symbolic_in_the_trace_are_compiled_in():
+    """``dynamic=True`` makes a module's float attributes symbols of the trace: a scale and a soft-cap
+    read from the module are compiled in as the values they have (they failed the trace), guarded: a
+    new value recompiles."""
+
+    class Capped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale, self.cap = 0.3, 5.0
+
+        def forward(self, q, k, v):
+            def capped(score, b, h, q_idx, kv_idx):
+                return self.cap * torch.tanh(score / self.cap)
+
+            return acf.flex_attention(q, k, v, capped, scale=self.scale, enable_gqa=True, backend="interp")
+
+    layer = Capped()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length, cap in ((L, 5.0), (L - 7, 5.0), (L, 2.0)):
+        layer.cap = cap
+        q, k, v = (x[:, :, :length] for x in tensors(4))
+        want = dense(q, k, v, lambda s, b, h, i, j, c=cap: c * torch.tanh(s / c), None, scale=0.3)
+        torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-5, atol=1e-6)
+
+
 def test_what_cannot_be_compiled_is_refused_by_name():
     q, k, v = tensors()
     with pytest.raises(NotImplementedError, match="branches on a tensor's value"):

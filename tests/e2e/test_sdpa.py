@@ -113,13 +113,22 @@ def test_under_torch_compile_fullgraph():
 def test_under_torch_compile_with_dynamic_sizes():
     """Sizes dynamic in the trace (``dynamic=True``): the default scale is read from the sizes inside the
     spec and the default dropout rate stays a constant, so the spec still compiles at trace time; two
-    lengths, one trace."""
+    lengths, one trace.  A module's numbers, which the trace makes symbols (its scale and dropout rate),
+    are compiled in as the values they have (they failed the trace)."""
     g = torch.Generator().manual_seed(5)
 
-    def attend(q, k, v):
-        return sdpa(q, k, v, is_causal=True, enable_gqa=True, backend="interp")
+    class Attend(torch.nn.Module):
+        def __init__(self, scale=None):
+            super().__init__()
+            self.scale, self.rate = scale, 0.0
 
-    compiled = torch.compile(attend, fullgraph=True, dynamic=True, backend="aot_eager")
-    for length in (L, L - 9):
-        q, k, v = (torch.randn(B, h, length, 16, generator=g) for h in (H, KV, KV))
-        torch.testing.assert_close(compiled(q, k, v), F(q, k, v, is_causal=True, enable_gqa=True), rtol=1e-5, atol=1e-6)
+        def forward(self, q, k, v):
+            rate, scale = self.rate, self.scale
+            return sdpa(q, k, v, dropout_p=rate, is_causal=True, scale=scale, enable_gqa=True, backend="interp")
+
+    for scale in (None, 0.3):
+        compiled = torch.compile(Attend(scale), fullgraph=True, dynamic=True, backend="aot_eager")
+        for length in (L, L - 9):
+            q, k, v = (torch.randn(B, h, length, 16, generator=g) for h in (H, KV, KV))
+            want = F(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-5, atol=1e-6)

@@ -68,6 +68,33 @@ def test_gemma2_compiles_whole_its_two_specs_made_in_the_trace(monkeypatch):
     assert len(attention.OPS) == 2
 
 
+@TORCH_COMPILE
+def test_gemma2_compiles_with_dynamic_sizes_its_layer_numbers_made_constants(monkeypatch):
+    """``dynamic=True`` makes a module's numbers symbols of the trace (Gemma 2's ``scaling``, here not
+    ``D ** -0.5``, its soft-cap, window and dropout rate), which a spec compiles in: the trace takes
+    their values, guarded, and runs fullgraph over two lengths; in training mode the dropout specs,
+    made when the attention was registered, are found by the trace (they were made inside it, and missing)."""
+    import attncomp.hf.attention as attention
+    from attncomp.torch.traced_ops import TracedOps
+
+    monkeypatch.setattr(attention, "OPS", TracedOps())
+    ours, theirs = model_pair(gemma2_config, reference="eager", query_pre_attn_scalar=8, attention_dropout=0.25)
+    assert ours.model.layers[0].self_attn.scaling != ours.config.head_dim**-0.5
+    compiled = torch.compile(ours.forward, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (T, T - 3):
+        ids = torch.randint(1, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=1e-4, atol=1e-5
+            )
+    ours.train()
+    ids = torch.randint(1, VOCAB, (2, T), generator=torch.Generator().manual_seed(8))
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    grad = ours.model.layers[0].self_attn.q_proj.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().max() > 0
+    assert len(attention.OPS) == 4  # sliding and full layers, without and with dropout
+
+
 def test_mistral_generates_past_its_window_as_sdpa_does(mistral):
     """Eight new tokens after a 12-token prompt: the cache slides past the 4-token window."""
     ours, theirs = mistral
