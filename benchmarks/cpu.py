@@ -30,6 +30,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
 from benchmarks import call_overhead, peers, results_file, specs  # noqa: E402
+from benchmarks.flash_attn import flash_attn_rows  # noqa: E402
 from benchmarks.flex import flex_rows  # noqa: E402
 from benchmarks.float_types import float_type_rows  # noqa: E402
 from benchmarks.serving import serving_rows  # noqa: E402
@@ -607,6 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-processes", action="store_true", help="skip the memory and compile probes")
     parser.add_argument("--serving-only", action="store_true", help="only the paged decoder's rows")
     parser.add_argument("--flex-only", action="store_true", help="only attncomp.flex's rows")
+    parser.add_argument("--flash-attn-only", action="store_true", help="only attncomp.flash_attn's rows")
     results_file.add_option(parser)
     args = parser.parse_args(argv)
     with results_file.recorded(args, "benchmarks.cpu", argv):
@@ -616,8 +618,10 @@ def main(argv: list[str] | None = None) -> None:
             f"threads {os.environ['NUMBA_NUM_THREADS']}, float32"
         )
         print(peers.blas_kernels())
-        if args.serving_only or args.flex_only:
-            for line in (serving_rows if args.serving_only else flex_rows)(args.quick, args.repeats):
+        only = {"serving_only": serving_rows, "flex_only": flex_rows, "flash_attn_only": flash_attn_rows}
+        chosen = [rows for name, rows in only.items() if getattr(args, name)]
+        if chosen:
+            for line in chosen[0](args.quick, args.repeats):
                 print(line)
             return
         rows = attention_cases(args.quick, args.repeats)
@@ -625,6 +629,8 @@ def main(argv: list[str] | None = None) -> None:
         for line in backward_rows(args.quick, args.repeats) + dropout_rows(args.quick, args.repeats):
             print(line)
         for line in sdpa_rows(args.quick, args.repeats) + flex_rows(args.quick, args.repeats):
+            print(line)
+        for line in flash_attn_rows(args.quick, args.repeats):
             print(line)
         for line in decode_step_rows(args.quick, args.repeats) + generation_rows(args.quick):
             print(line)

@@ -52,6 +52,7 @@ LAYERS = {
     "hf": 7,
     "sdpa": 7,
     "flex": 7,
+    "flash_attn": 7,
     "fuzz": 7,
     "__main__": 7,
 }

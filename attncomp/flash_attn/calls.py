@@ -1,0 +1,127 @@
+"""What every FlashAttention call does: check its tensors, turn its arguments into a spec's constants,
+compile that spec once per constants and backend, and run its torch op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import attncomp as ac
+from attncomp.flash_attn.specs import SPECS
+from attncomp.torch.traced_ops import TracedOps, trace_constant
+
+#: the compiled spec's torch op of each "spec/backend/constants", by the name :func:`op_key` gives
+OPS = TracedOps()
+
+
+def op_key(spec: str, backend: str, deterministic: bool, constants: tuple[tuple[str, Any], ...]) -> str:
+    """Compile ``spec`` (a name in ``SPECS``) with ``constants`` on ``backend`` once; give the name of its
+    torch op in ``OPS``.  Under ``torch.compile`` it runs at trace time (``assume_constant_result``)."""
+    key = f"{spec}/{backend}/{deterministic}/{constants}"
+    compile_options = {"deterministic": True} if deterministic else {}
+    return OPS.name(
+        key, lambda: ac.compile(SPECS[spec], backend=backend, **compile_options, **dict(constants)).to_torch()
+    )
+
+
+#: ``op_key`` as torch.compile sees it: a constant of the trace
+constant_op_key = torch.compiler.assume_constant_result(op_key)
+
+
+def window(window_size: Any) -> tuple[int, int]:
+    try:
+        left, right = (int(trace_constant(w)) for w in window_size)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"window_size must be two integers (left, right), -1 for no bound; got {window_size!r}"
+        ) from error
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: each side is -1 (no bound) or a number of keys >= 0; got {window_size!r}")
+    return left, right
+
+
+def check_heads(where: str, q: Any, k: Any, v: Any, dims: int) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != dims:
+            shape = "[B, T, H, D]" if dims == 4 else "[total, H, D]"
+            got = f"{x.dim()} dimensions" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{where}: {name} must be a tensor {shape}; got {got}")
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != kv_heads or kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"{where}: k and v must have the same number of heads, dividing q's {heads}; got {kv_heads} and "
+            f"{v.shape[-2]}"
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{where}: q and k must have the same head size; got {q.shape[-1]} and {k.shape[-1]}")
+
+
+def alibi_rows(where: str, alibi_slopes: Any, q: Any, batch: int) -> torch.Tensor:
+    """The ALiBi slopes as ``[A, H]`` float32 (``A`` 1 or the batch); none: one row of zeros, unread."""
+    heads = q.shape[-2]
+    if alibi_slopes is None:
+        return torch.zeros(1, heads, dtype=torch.float32, device=q.device)
+    slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
+    if slopes.dim() != 2 or slopes.shape[1] != heads or slopes.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{where}: alibi_slopes must be ({heads},) or ({batch}, {heads}); got {tuple(alibi_slopes.shape)}"
+        )
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"{where}: alibi_slopes must be float32, as FlashAttention takes them; got {slopes.dtype}")
+    return slopes
+
+
+def run(
+    spec: Any,
+    args: list[Any],
+    *,
+    dropout_p: float,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: Any,
+    softcap: float,
+    alibi: bool,
+    deterministic: bool,
+    lse: bool,
+    backend: str | None,
+) -> Any:
+    """Run ``spec`` on ``args`` (a seed appended) with the call's constants."""
+    where = spec.name.replace("flash_attention", "flash_attn")
+    left, right = window(window_size)
+    softmax_scale, dropout_p, softcap, causal = (trace_constant(x) for x in (softmax_scale, dropout_p, softcap, causal))
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{where}: dropout_p must be in [0, 1); got {dropout_p}")
+    if softcap < 0:
+        raise ValueError(f"{where}: softcap must be >= 0 (0: none); got {softcap}")
+    constants = {
+        "scale": None if softmax_scale is None else float(softmax_scale),
+        "causal": bool(causal),
+        "left": left,
+        "right": right,
+        "softcap": float(softcap),
+        "alibi": bool(alibi),
+        "dropout": float(dropout_p) if dropout_p else 0.0,
+        "lse": bool(lse),
+    }
+    constants = tuple((name, value) for name, value in constants.items() if value is not None)
+    seed = (
+        torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64) if dropout_p else torch.zeros((), dtype=torch.int64)
+    )
+    backend = backend or ("cuda" if args[0].device.type == "cuda" else "cpu")
+    op = OPS[constant_op_key(spec.name, backend, bool(trace_constant(deterministic)), constants)]
+    return op(*args, seed)
+
+
+def with_probabilities(out: Any, lse: Any) -> tuple[Any, Any, Any]:
+    """``return_attn_probs``'s result: the output, the log-sum-exp (float32) and, as FlashAttention's
+    ``S_dmask`` where nothing is dropped, an empty tensor."""
+    return out, lse.float(), out.new_empty(0)
+
+
+def refuse_probabilities(where: str, return_attn_probs: bool, dropout_p: float) -> None:
+    if return_attn_probs and dropout_p:
+        raise NotImplementedError(
+            f"{where}: return_attn_probs with dropout_p > 0 asks for the dropped-out probabilities, a [B, H, T, S] "
+            "matrix attncomp never forms; the log-sum-exp comes with dropout_p=0"
+        )

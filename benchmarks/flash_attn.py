@@ -1,0 +1,134 @@
+"""``attncomp.flash_attn`` against what a PyTorch user runs for the same call: SDPA on the same
+``[B, T, H, D]`` tensors (transposed views), given the mask as data where SDPA has no argument for it.
+
+    python -m benchmarks.flash_attn                 # the CPU rows (float32)
+    python -m benchmarks.flash_attn --device cuda   # bf16 on a GPU
+
+Rows: a causal sliding window of 512 (``window_size=(511, 0)``), forward and forward + backward;
+four packed causal sequences (``flash_attn_varlen_func``) against SDPA with the block-diagonal
+causal mask; a decoding step of 8 rows against a cache of up to 2,048 keys
+(``flash_attn_with_kvcache``) against SDPA with the rows' key-padding mask. 8 heads of 64
+(2 key/value heads). Calls alternate; each row gives the median times and the median of the
+per-pair ratios (below 1.0 attncomp is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def _sdpa(torch, q, k, v, mask):
+    """SDPA on ``[B, T, H, D]`` tensors, its grouped heads repeated as SDPA's math path needs."""
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+
+
+def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu") -> list[str]:
+    """The rows on ``device``: whole sequences, packed sequences, a decoding step."""
+    try:
+        import torch
+    except ImportError:
+        return ["  flash_attn: torch is absent, nothing to compare with"]
+    import attncomp.flash_attn as fa
+    from benchmarks.timing import paired
+
+    if device == "cuda":
+        from benchmarks.tensor_cores import paired_ms
+
+        def timed(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
+            return paired_ms(torch, ours, theirs, repeats)
+    else:
+
+        def timed(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
+            mine, other, ratio = paired(ours, theirs, repeats)
+            return mine * 1e3, other * 1e3, ratio
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    length, window = (512 if quick else 2048), 512
+    g = torch.Generator(device=device).manual_seed(3)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=g)
+
+    q, k, v = randn(1, length, 8, 64), randn(1, length, 2, 64), randn(1, length, 2, 64)
+    d = torch.arange(length, device=device)[:, None] - torch.arange(length, device=device)[None]
+    banded = (d >= 0) & (d < window)
+    title = f"flash_attn, {dtype}, H=8, KV=2, D=64, T={length}, {device}"
+    lines = [f"  {title:<62} {'attncomp':>10} {'sdpa':>10} {'ratio':>7}"]
+
+    def row(name: str, ours: Callable, theirs: Callable, tolerance: float = 1e-3) -> None:
+        got, want = ours(), theirs()
+        if got is not None:
+            error = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+            if error > (3e-2 if device == "cuda" else tolerance):
+                raise AssertionError(f"flash_attn {name}: attncomp differs from SDPA by {error:.2e}")
+        mine, other, ratio = timed(ours, theirs)
+        lines.append(f"  {name:<62} {mine:8.2f}ms {other:8.2f}ms {ratio:7.2f}")
+
+    with torch.no_grad():
+        row(
+            f"causal window {window}, forward",
+            lambda: fa.flash_attn_func(q, k, v, causal=True, window_size=(window - 1, 0)),
+            lambda: _sdpa(torch, q, k, v, banded),
+        )
+    trained = [x.clone().requires_grad_() for x in (q, k, v)]
+    d_out = torch.randn_like(q)
+
+    def step(attend: Callable) -> Callable[[], None]:
+        def run() -> None:
+            for x in trained:
+                x.grad = None
+            attend(*trained).backward(d_out)
+
+        return run
+
+    row(
+        f"causal window {window}, fwd+bwd",
+        step(lambda *x: fa.flash_attn_func(*x, causal=True, window_size=(window - 1, 0))),
+        step(lambda *x: _sdpa(torch, *x, banded)),
+    )
+    pieces = 4
+    cu = torch.arange(0, length + 1, length // pieces, device=device, dtype=torch.int32)
+    seq = torch.arange(length, device=device) // (length // pieces)
+    packed = (seq[:, None] == seq[None]) & (d >= 0)
+    with torch.no_grad():
+        row(
+            f"{pieces} packed causal sequences (varlen)",
+            lambda: fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, length, length, causal=True)[None],
+            lambda: _sdpa(torch, q, k, v, packed),
+        )
+        batch = 8
+        cache = [randn(batch, length, 2, 64) for _ in range(2)]
+        lengths = torch.linspace(length // 4, length, batch, device=device).to(torch.int32)
+        shown = (torch.arange(length, device=device)[None] < lengths[:, None])[:, None, None, :]
+        step_q = randn(batch, 1, 8, 64)
+        row(
+            f"decoding step, {batch} rows, cache up to {length} keys",
+            lambda: fa.flash_attn_with_kvcache(step_q, *cache, cache_seqlens=lengths),
+            lambda: _sdpa(torch, step_q, *cache, shown),
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        from benchmarks.gpu import gpu_or_reason
+
+        reason = gpu_or_reason()
+        if reason is not None:
+            print(f"no GPU: {reason}")
+            return 0
+    for line in flash_attn_rows(args.quick, args.repeats, args.device):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""``attncomp.flash_attn``'s specs on the cuda backend against the float64 interpreter: tensors laid out
+as FlashAttention lays them out (``[B, T, H, D]``, read through transposes), bf16 on the tensor-core
+kernels (the staged one: a head's rows are not consecutive in this layout); a causal window with
+soft-capping and ALiBi over whole sequences (forward and gradients), and packed sequences with a
+causal mask."""
+
+import ml_dtypes
+import numpy as np
+
+import attncomp as ac
+from attncomp.flash_attn.specs import flash_attention, flash_attention_varlen
+from attncomp.testing import TOLERANCE, relative_error
+from tests.cuda_sim.helpers import host
+
+PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=32,block_k=32},mask-elimination,canonicalize,cse,dce"
+BF16 = ml_dtypes.bfloat16
+
+
+def _pair(spec, **constants):
+    return (ac.compile(spec, backend=backend, pipeline=PIPELINE, **constants) for backend in ("cuda", "interp"))
+
+
+def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 40, 2, 64)).astype(BF16)
+    k, v = (rng.standard_normal((1, 48, 1, 64)).astype(BF16) for _ in range(2))
+    args = [q, k, v, np.array([[0.5, 0.125]], np.float32), np.int64(0)]
+    fn, reference = _pair(flash_attention, causal=True, left=20, softcap=4.0, alibi=True)
+    want, want_pullback = reference.vjp(*args)
+    out = host(fn(*args))
+    assert out.shape == (1, 40, 2, 64)
+    assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
+    # on tensor cores; a head's rows are H * D apart, not consecutive (``arrays.dense_rows``): the staged kernel
+    choice = fn.for_dtype("bf16").compilation.program.attention[0].last_choice
+    assert choice.atom is not None and not choice.async_copies
+    _, pullback = fn.vjp(*args)
+    cotangent = rng.standard_normal(want.shape).astype(BF16)
+    for got, expected in list(zip(pullback(cotangent), want_pullback(cotangent)))[:3]:
+        assert (
+            relative_error(np.asarray(host(got), np.float64), np.asarray(expected, np.float64)) < 2 * TOLERANCE["bf16"]
+        )
+
+
+def test_packed_sequences_attend_within_their_own():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 70, 2, 64)).astype(BF16) for _ in range(3))
+    seq = np.repeat(np.arange(3, dtype=np.int32), [20, 35, 15])
+    args = [q, k, v, np.zeros((1, 2), np.float32), seq, seq, np.zeros(70, np.int32), np.int64(0)]
+    fn, reference = _pair(flash_attention_varlen, causal=True)
+    out = host(fn(*args))
+    want = reference(*args)
+    assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
