@@ -30,7 +30,7 @@ from attncomp.backends.numba_cpu.backward_kernel import write_backward_kernel
 from attncomp.backends.numba_cpu.driver import DriverWriter
 from attncomp.backends.numba_cpu.intrinsics import unpin_after_error
 from attncomp.backends.numba_cpu.kernel import FEW_ROWS, SERIAL_WORK, write_kernel
-from attncomp.backends.numba_cpu.signatures import Jit, quantized_cache, quantized_scales
+from attncomp.backends.numba_cpu.signatures import Jit, quantized_cache, quantized_scales, transposes_in_place
 from attncomp.backends.numba_cpu.tile_math import FASTMATH
 from attncomp.backends.tiles import read_tiled_attention
 from attncomp.ir.core import Func, Module, Op, Value, captured_values
@@ -132,6 +132,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
     dims = size_names(func)
     jit = Jit()
+    transposed = transposes_in_place(func)  # read in place by the forward kernels
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
         captured = {}
@@ -141,7 +142,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
                 captured.setdefault(v.owner.operands[1], f"arg_{n}_table")  # tiles read pages through it
             if quantized_cache(v) is not None:
                 captured.setdefault(quantized_scales(v), f"arg_{n}_scale")  # an 8-bit cache's row scales
-        chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, jit))
+        chunks.append(write_kernel(name, read_tiled_attention(op), captured, dims, jit, transposed))
         kernels[op] = (name, captured)
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):
         name = f"attention_backward_kernel_{k}"
@@ -157,7 +158,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
         text = "\n\n".join([header, *chunks])
         names = sorted(n for name, _ in kernels.values() for n in (name, f"{name.upper()}_TASKS"))
         driver.append(f"from {module_name(text, 'cpu')} import {', '.join(names)}\n")
-    return CpuSource(text, "\n".join(driver) + "\n\n" + DriverWriter(func, kernels).write())
+    return CpuSource(text, "\n".join(driver) + "\n\n" + DriverWriter(func, kernels, set(transposed)).write())
 
 
 class CpuFunction(Program):

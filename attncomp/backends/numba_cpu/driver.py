@@ -76,8 +76,10 @@ NUMPY_OPS |= {"ac.softmax", "ac.logsumexp", "ac.block_reduce", "ac.scatter_add",
 
 
 class DriverWriter:
-    def __init__(self, func: Func, kernels: dict[Op, tuple[str, dict[Value, str]]]):
+    def __init__(self, func: Func, kernels: dict[Op, tuple[str, dict[Value, str]]], in_place: set[Value] | None = None):
         self.func = func
+        #: transposes the kernels read in place (``signatures.transposes_in_place``): not computed
+        self.in_place = in_place or set()
         self.kernels = kernels
         self.w = SourceWriter()
         self.names: dict[Value, str] = {}
@@ -141,6 +143,8 @@ class DriverWriter:
             self.key_grid(op)
         elif name == "ac.check_index":
             self.w.line(check_index_call(op, a))
+        elif name == "ac.transpose" and op.results[0] in self.in_place:  # kernels read the array as it is
+            self.names[op.results[0]] = a[0]
         elif name == "ac.page_view":  # kernels read the pages through the table; nothing is copied
             rows = dim_expr(dim(op.attrs["rows"]))
             size = f"{a[0]}.shape[{op.operands[0].type.rank - 2}]"

@@ -133,12 +133,15 @@ def gemm(typingctx, trans_a, trans_b, m, n, k, a, b, beta, c):
     """``c[:m, :n] = op(a) @ op(b) + beta * c[:m, :n]`` by BLAS (``beta = 1`` accumulates).
 
     ``op(a)`` is the ``m x k`` matrix ``a[:m, :k]``, or ``a[:k, :m].T`` when ``trans_a`` is
-    nonzero; ``op(b)``, ``k x n``, likewise.  The arrays are 2-d, C-contiguous and of one
-    float type; the products read and write the tiles' rows in place (submatrices of larger
-    buffers included), with no copies and no temporaries.
+    nonzero; ``op(b)``, ``k x n``, likewise.  The arrays are 2-d and of one float type, ``c``
+    C-contiguous, ``a`` and ``b`` C-contiguous or of any layout whose rows are contiguous (each
+    row's elements one after another, the rows any stride apart: a key tile's rows of a
+    ``[B, S, H, D]`` array, which the kernels pass; the leading dimension is the rows' stride);
+    the products read and write the tiles' rows in place (submatrices of larger buffers
+    included), with no copies and no temporaries.
     """
     arrays = (a, b, c)
-    if not all(isinstance(x, types.Array) and x.ndim == 2 and x.layout == "C" for x in arrays):
+    if not all(isinstance(x, types.Array) and x.ndim == 2 and x.layout in "CA" for x in arrays) or c.layout != "C":
         return None
     if a.dtype not in (types.float32, types.float64) or not a.dtype == b.dtype == c.dtype:
         return None

@@ -71,7 +71,14 @@ class KernelWriter(KernelSource):
 
     functions = FUNCTIONS
 
-    def __init__(self, name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str]):
+    def __init__(
+        self,
+        name: str,
+        tiled: TiledAttention,
+        captured: dict[Value, str],
+        dims: list[str],
+        transposed: dict[Value, tuple[int, ...]] | None = None,
+    ):
         super().__init__(captured, dims)
         self.name = name
         #: the accumulation type: float64 for float64 specs, float32 otherwise
@@ -82,6 +89,8 @@ class KernelWriter(KernelSource):
         self.bits = sig.stored_bf16(tiled.grid)
         #: tile sources passed as 8-bit codes, each row with its scale (an 8-bit cache's views)
         self.codes = sig.stored_f8(tiled.grid)
+        #: tile sources passed as the array before a transpose, by its permutation (``sig.transposes_in_place``)
+        self.transposed = {v: p for v, p in (transposed or {}).items() if v in captured}
         repeat = tiled.grid.attrs.get("kv_repeat", 1)
         #: query heads per task: the group sharing a key/value head (head axis 1 of rank-4 outputs)
         self.group = dim_expr(dim(repeat)) if len(tiled.batch_args) == 2 else "1"
@@ -125,14 +134,12 @@ class KernelWriter(KernelSource):
         products and the softmax read (a decoding step copies one row, not a block)."""
         w = self.w
         load = self.t.q_load
-        src = self.array_ref(load.operands[0])
         batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
-        prefix = "".join(f"{b}, " for b in batch)
         w.line("for rr in range(nq):")
         with w.indent():
             w.line("for dd in range(n_d):")
             with w.indent():
-                x = self.element(load, f"{src}[{prefix}i0 + rr, dd]")
+                x = self.element(load, self.source_at(load.operands[0], [*batch, "i0 + rr", "dd"]))
                 w.line(f"x = ACC({x})")
                 w.line("qt[g, rr, dd] = x")
                 w.line("qt_t[g, dd, rr] = x")
@@ -228,27 +235,36 @@ class KernelWriter(KernelSource):
         # bf16 rows in place are read as bits by the few-row loops (decoding streams half the
         # bytes) and widened into float32 buffers for BLAS.  Rows read through pages are read in
         # place by the few-row loops too, a page's run of rows at a time, and gathered into
-        # float32 buffers for BLAS.
+        # float32 buffers for BLAS.  Rows of an array read through a transpose (FlashAttention's
+        # [B, S, H, D]: a head's rows H * D apart) are multiplied in place by BLAS (its leading
+        # dimension the rows' stride) and copied into the buffers for the few-row loops.
         loads = (("ks", compute.k_load), ("vs", compute.v_load))
         raw = {load: self.bits_in_place(load) for _, load in loads}
+        apart = {load: load.operands[0] in self.transposed for _, load in loads}
         for name, load in loads:
             if raw[load]:
                 w.line(f"{name}_bits = {self.tile_rows(load)}")
-            elif not self.paged(load):
+            elif not self.paged(load) and not apart[load]:
                 self.load_rows(name, load, f"{name[0]}_staged")
         w.line("if nq > FEW_ROWS:")
         with w.indent():
             for name, load in loads:
                 if raw[load] or self.paged(load):
                     self.load_rows(name, load, f"{name[0]}_staged")
-            w.line("gemm(0, 0, nk, nq, n_d, ks, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
+                elif apart[load]:
+                    w.line(f"{name}_apart = {self.tile_rows(load)}")
+            ks, vs = (f"{name}_apart" if apart[load] else name for name, load in loads)
+            w.line(f"gemm(0, 0, nk, nq, n_d, {ks}, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
             # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
             w.line("softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g)")
             self.weights(compute, by_rows=False)
-            w.line("gemm(1, 0, nq, n_e, nk, st, vs, 1.0, acc[g])  # acc += stᵀ @ vs")
+            w.line(f"gemm(1, 0, nq, n_e, nk, st, {vs}, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
+            for name, load in loads:
+                if apart[load]:
+                    self.load_rows(name, load, f"{name[0]}_staged")
             # the rows of the group's heads scored together at the first head computing this tile,
             # their values multiplied together after the last (task: group_values)
             w.line("if not scored:")
@@ -347,7 +363,7 @@ class KernelWriter(KernelSource):
         """Whether a key or value tile is copied into a work buffer for BLAS (read through pages,
         widened from bf16, or dequantised from 8-bit codes); the few-row loops read each kind in place."""
         source = load_op.operands[0]
-        return self.paged(load_op) or source in self.bits or source in self.codes
+        return self.paged(load_op) or source in self.bits or source in self.codes or source in self.transposed
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
         """``target`` = the tile's rows: in place, or copied into ``buffer``: page by page through the
@@ -373,6 +389,11 @@ class KernelWriter(KernelSource):
                 f"{self.code_scale(load_op)}, {buffer}[c0:], run)",
                 "    c0 += run",
             ]
+        elif load_op.operands[0] in self.transposed:  # rows a transpose apart: copied, each a contiguous run
+            batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
+            element = self.source_at(load_op.operands[0], [*batch, "j0 + c", "e"])
+            lines = ["for c in range(nk):", f"    for e in range({buffer}.shape[1]):"]
+            lines.append(f"        {buffer}[c, e] = {element}")  # element by element: vectorised
         elif load_op.operands[0] in self.codes:  # 8-bit codes: each row times its scale
             rows, scales = self.tile_rows(load_op), self.tile_rows(load_op, scales=True)
             lines = [f"dequantize_rows({rows}, {scales}, {self.code_scale(load_op)}, {buffer}, nk)"]
@@ -403,6 +424,8 @@ class KernelWriter(KernelSource):
         """No rows of a value tile read in place, of the type the few-row branch gives its rows
         (``scales``: of an 8-bit source's row scales)."""
         source = load_op.operands[0]
+        if source in self.transposed:  # its rows come from the work buffer
+            return "v_staged[0:0]"
         src = self.array_ref(sig.quantized_scales(source) if scales else source)
         return f"{src}[{''.join('0, ' for _ in load_op.operands[1:-1])}0:0]"
 
@@ -410,9 +433,23 @@ class KernelWriter(KernelSource):
         """``src[batch..., j0:j0 + nk]`` for a key or value tile load (``scales``: of an 8-bit
         source's row scales)."""
         source = load_op.operands[0]
-        src = self.array_ref(sig.quantized_scales(source) if scales else source)
         batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
+        if source in self.transposed:
+            return self.source_at(source, [*batch, "j0:j0 + nk", ":"])
+        src = self.array_ref(sig.quantized_scales(source) if scales else source)
         return f"{src}[{''.join(b + ', ' for b in batch)}j0:j0 + nk]"
+
+    def source_at(self, source: Value, index: list[str]) -> str:
+        """``source[index]``: the array passed for it indexed in its own order, where it is the array
+        before a transpose (``index[k]`` of axis ``k`` of the transposed value is the passed array's
+        axis ``perm[k]``)."""
+        perm = self.transposed.get(source)
+        if perm is not None:
+            passed = [""] * len(perm)
+            for k, axis in enumerate(perm):
+                passed[axis] = index[k]
+            index = passed
+        return f"{self.array_ref(source)}[{', '.join(index)}]"
 
     # the kernel ---------------------------------------------------------------
     def header(self) -> None:
@@ -707,8 +744,15 @@ class KernelWriter(KernelSource):
             write_finish(w, "m[g, r]", "l[g, r]", outputs, lse, to_natural=" * LN2")
 
 
-def write_kernel(name: str, tiled: TiledAttention, captured: dict[Value, str], dims: list[str], jit: sig.Jit) -> str:
-    return KernelWriter(name, tiled, captured, dims).write(jit)
+def write_kernel(
+    name: str,
+    tiled: TiledAttention,
+    captured: dict[Value, str],
+    dims: list[str],
+    jit: sig.Jit,
+    transposed: dict[Value, tuple[int, ...]] | None = None,
+) -> str:
+    return KernelWriter(name, tiled, captured, dims, transposed).write(jit)
 
 
 def reads_along_keys(compute: TileCompute, with_mask: bool) -> bool:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 from attncomp.backends.codegen import SourceWriter
 from attncomp.backends.scalars import SCALAR_TYPES, array_dtype
-from attncomp.ir.core import Op, Value
-from attncomp.ir.types import DTYPES
+from attncomp.ir.core import Func, Op, Value, captured_values
+from attncomp.ir.types import DTYPES, accumulation_dtype
 
 NUMBA_TYPES = {
     "i1": "types.boolean",
@@ -63,6 +63,43 @@ def buffer_of(value: Value) -> Value:
     if owner is not None and getattr(owner, "name", None) == "ac.page_view":
         return owner.operands[0]
     return value
+
+
+def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
+    """The ``ac.transpose`` results that forward kernels read in place, each with its permutation:
+    the driver passes the array before the transpose (no copy) and the kernel indexes it with the
+    axes permuted (a key tile's rows ``k[b, j0:j0 + nk, h]`` of a ``[B, S, KV, D]`` array read as
+    ``[B, KV, S, D]``: FlashAttention's layout), copying each tile's rows into a work buffer.  Only
+    where the last axis stays last (rows keep contiguous features), the type is the kernel's own
+    (float32 or float64 in a kernel of that accumulation type), and forward kernels' tile loads are
+    all that read it: anything else (the backward's kernels, a graph op) gets the transposed copy."""
+    readers: dict[Value, list[Op]] = {}
+    for op in func.body.ops:
+        for v in [*op.operands, *(captured_values(op) if op.regions else [])]:
+            readers.setdefault(v, []).append(op)
+    found = {}
+    for op in func.body.ops:
+        if op.name != "ac.transpose":
+            continue
+        value, perm = op.results[0], tuple(op.attrs["perm"])
+        users = readers.get(value, [])
+        if not users or perm[-1] != len(perm) - 1 or value.type.dtype not in ("f32", "f64"):
+            continue
+        if all(_only_tiles_of(user, value) for user in users):
+            found[value] = perm
+    return found
+
+
+def _only_tiles_of(grid: Op, value: Value) -> bool:
+    """Whether ``grid`` is a forward grid of ``value``'s type that reads ``value`` as a tile source only."""
+    if grid.name != "ac.tile_grid" or value in grid.operands:
+        return False
+    if accumulation_dtype(grid.results[0].type.dtype) != value.type.dtype:
+        return False
+    for op in grid.regions[0].walk():
+        if value in op.operands and (op.name != "ac.tile_load" or op.operands.index(value) != 0):
+            return False
+    return True
 
 
 def stored_bf16(grid: Op) -> set[Value]:

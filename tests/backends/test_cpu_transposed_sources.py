@@ -1,0 +1,59 @@
+"""Tiles read through a transpose (FlashAttention's ``[B, T, H, D]`` read as ``[B, H, T, D]``): the CPU
+forward kernels read the array as it is passed, its axes permuted in their indices (no transposed
+copy in the driver), by BLAS with the rows' stride as leading dimension and through a work buffer
+in the few-row loops; where the backward's kernels read it too, the driver copies it as before."""
+
+import numpy as np
+import pytest
+
+import attncomp as ac
+from attncomp.flash_attn.specs import flash_attention_cache
+from attncomp.testing import relative_error
+
+pytest.importorskip("torch")  # attncomp.flash_attn imports torch
+
+
+@ac.spec
+def heads_after_positions(
+    q: ac.f32["B", "T", "H", "D"], k: ac.f32["B", "S", "KV", "D"], v: ac.f32["B", "S", "KV", "D"]
+):
+    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    s = (qh @ ac.repeat_kv(kh, qh.shape[1] // kh.shape[1]).mT) * qh.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    out = ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ ac.repeat_kv(vh, qh.shape[1] // kh.shape[1])
+    return out.transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("rows", [70, 3], ids=["blas", "few-rows"])
+def test_tiles_are_read_through_the_transpose_in_place(rows):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, rows, 4, 16), dtype=np.float32)
+    k, v = (rng.standard_normal((2, 90, 2, 16), dtype=np.float32) for _ in range(2))
+    fn = ac.compile(heads_after_positions, backend="cpu")
+    want = ac.compile(heads_after_positions, backend="interp")(q, k, v)
+    assert relative_error(fn(q, k, v), want) < 1e-5
+    driver = fn.source.split("def heads_after_positions")[-1]
+    assert driver.count("np.transpose(") == 1  # the output's, a view: none of q, k or v is copied
+
+
+def test_a_cache_of_flash_attention_read_in_place_decodes_each_rows_keys():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((3, 1, 8, 32), dtype=np.float32)
+    k, v = (rng.standard_normal((3, 200, 2, 32), dtype=np.float32) for _ in range(2))
+    args = [q, k, v, np.zeros((1, 8), np.float32), np.array([200, 57, 130], np.int32), np.array([0, 3, 0], np.int32)]
+    args.append(np.int64(0))
+    fn = ac.compile(flash_attention_cache, backend="cpu", causal=True)
+    assert relative_error(fn(*args), ac.compile(flash_attention_cache, backend="interp", causal=True)(*args)) < 1e-5
+    assert fn.source.split("def flash_attention_cache")[-1].count("np.transpose(") == 1
+
+
+def test_where_the_backward_reads_the_transpose_too_it_is_copied():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 40, 2, 16), dtype=np.float32) for _ in range(3))
+    fn = ac.compile(heads_after_positions, backend="cpu")
+    reference = ac.compile(heads_after_positions, backend="interp")
+    cotangent = rng.standard_normal((1, 40, 2, 16), dtype=np.float32)
+    got = fn.vjp(q, k, v)[1](cotangent)
+    want = reference.vjp(q, k, v)[1](cotangent)
+    for a, b in zip(got, want):
+        assert relative_error(a, b) < 1e-4
