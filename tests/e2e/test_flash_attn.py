@@ -283,3 +283,25 @@ def test_what_cannot_be_computed_is_refused_by_name():
         fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_cache[:, :1])
     with pytest.raises(ValueError, match="cache_seqlens must be an int or an int32 tensor of 2 rows"):
         fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([3.0, 4.0]))
+
+
+def test_a_padded_batch_unpadded_attends_as_its_sequences_and_pads_back():
+    """``bert_padding``'s ``unpad_input`` and ``pad_input`` around ``flash_attn_varlen_func``: each row of a
+    right-padded batch attends its own tokens; the padding comes back zeros; gradients flow through."""
+    from attncomp.flash_attn.bert_padding import pad_input, unpad_input
+
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(B, 12, 3, H, D, generator=g, requires_grad=True)  # q, k and v of each position
+    mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5])
+    packed, indices, cu, longest, used = unpad_input(hidden, mask)
+    assert packed.shape == (19, 3, H, D) and cu.tolist() == [0, 12, 19] and longest == 12 and used.tolist() == [12, 7]
+    out = fa.flash_attn_varlen_qkvpacked_func(packed, cu, longest, causal=True, backend="interp")
+    padded = pad_input(out, indices, B, 12)
+    assert padded.shape == (B, 12, H, D) and padded[1, 7:].abs().max() == 0
+    for b, n in enumerate((12, 7)):
+        q, k, v = (hidden[b : b + 1, :n, i] for i in range(3))
+        torch.testing.assert_close(padded[b : b + 1, :n].double(), reference(q, k, v, causal=True)[0])
+    padded.sum().backward()
+    assert hidden.grad[1, 7:].abs().max() == 0 and hidden.grad[1, :7].abs().max() > 0
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        unpad_input(hidden, mask[:, :5])
