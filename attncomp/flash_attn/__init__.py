@@ -68,7 +68,7 @@ def flash_attn_func(
     refuse_probabilities("flash_attn_func", return_attn_probs, dropout_p)
     slopes = alibi_rows("flash_attn_func", alibi_slopes, q, q.shape[0])
     result = run(
-        flash_attention, [q, k, v, slopes],
+        "flash_attn_func", flash_attention, [q, k, v, slopes],
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi=alibi_slopes is not None, deterministic=deterministic, lse=return_attn_probs, backend=backend,
     )  # fmt: skip
@@ -145,7 +145,7 @@ def flash_attn_varlen_func(
     q_shift = ends[q_seq.clamp(max=batch - 1)]
     slopes = alibi_rows(where, alibi_slopes, q, batch)
     result = run(
-        flash_attention_varlen, [q[None], k[None], v[None], slopes, q_seq, k_seq, q_shift],
+        where, flash_attention_varlen, [q[None], k[None], v[None], slopes, q_seq, k_seq, q_shift],
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi=alibi_slopes is not None, deterministic=deterministic, lse=return_attn_probs, backend=backend,
     )  # fmt: skip

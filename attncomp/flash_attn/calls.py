@@ -29,19 +29,21 @@ def op_key(spec: str, backend: str, deterministic: bool, constants: tuple[tuple[
 constant_op_key = torch.compiler.assume_constant_result(op_key)
 
 
-def window(window_size: Any) -> tuple[int, int]:
+def window(where: str, window_size: Any) -> tuple[int, int]:
+    """``window_size`` as (left, right), each -1 (no bound) or a count of keys."""
     try:
         left, right = (int(trace_constant(w)) for w in window_size)
     except (TypeError, ValueError) as error:
         raise ValueError(
-            f"window_size must be two integers (left, right), -1 for no bound; got {window_size!r}"
+            f"{where}: window_size must be two integers (left, right), -1 for no bound; got {window_size!r}"
         ) from error
     if left < -1 or right < -1:
-        raise ValueError(f"window_size: each side is -1 (no bound) or a number of keys >= 0; got {window_size!r}")
+        raise ValueError(f"{where}: window_size: each side is -1 (no bound) or a count of keys; got {window_size!r}")
     return left, right
 
 
 def check_heads(where: str, q: Any, k: Any, v: Any, dims: int) -> None:
+    """Refuse, naming the argument, tensors of another rank, heads that do not group, head sizes that differ."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != dims:
             shape = "[B, T, H, D]" if dims == 4 else "[total, H, D]"
@@ -73,6 +75,7 @@ def alibi_rows(where: str, alibi_slopes: Any, q: Any, batch: int) -> torch.Tenso
 
 
 def run(
+    where: str,
     spec: Any,
     args: list[Any],
     *,
@@ -86,9 +89,8 @@ def run(
     lse: bool,
     backend: str | None,
 ) -> Any:
-    """Run ``spec`` on ``args`` (a seed appended) with the call's constants."""
-    where = spec.name.replace("flash_attention", "flash_attn")
-    left, right = window(window_size)
+    """Run ``spec`` on ``args`` (a seed appended) with the call's constants (``where``: the function's name)."""
+    left, right = window(where, window_size)
     softmax_scale, dropout_p, softcap, causal = (trace_constant(x) for x in (softmax_scale, dropout_p, softcap, causal))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{where}: dropout_p must be in [0, 1); got {dropout_p}")

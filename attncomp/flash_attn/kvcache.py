@@ -98,7 +98,7 @@ def flash_attn_with_kvcache(
     new = 0 if k is None else k.shape[1]
     if rotary_cos is not None:
         steps = torch.arange(max(new, q.shape[1]), device=device)
-        base = (lengths - starts).to(torch.int64)[:, None]
+        base = lengths.to(torch.int64)[:, None]  # a row's index in the cache, left padding included (as FlashAttention)
         if k is not None:
             k = rotated(k, rotary_cos, rotary_sin, base + steps[:new], rotary_interleaved)
         moving = causal or tuple(window_size) != (-1, -1)
@@ -124,7 +124,7 @@ def flash_attn_with_kvcache(
         keys, values = k_cache[:batch], v_cache[:batch]
     slopes = alibi_rows(WHERE, alibi_slopes, q, batch)
     result = run(
-        flash_attention_cache, [q, keys, values, slopes, lengths, starts],
+        WHERE, flash_attention_cache, [q, keys, values, slopes, lengths, starts],
         dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi=alibi_slopes is not None, deterministic=False, lse=return_softmax_lse, backend=backend,
     )  # fmt: skip

@@ -211,7 +211,7 @@ def test_a_decoding_step_appends_to_the_cache_and_attends(layout, interleaved):
     after = [c[table.long()].flatten(1, 2) if layout == "paged" else c[picks] for c in (k_cache, v_cache)]
     for b in range(B):
         n, first = int(lengths[b]), int(starts[b])
-        at = (n - first + torch.arange(new))[None]
+        at = (n + torch.arange(new))[None]  # positions are cache indices, left padding included
         k_new = rotary_reference(k[b : b + 1], cos, sin, at, interleaved)[0]
         keys = torch.cat((before[0][b, first:n].double(), k_new))
         values = torch.cat((before[1][b, first:n].double(), v[b].double()))
