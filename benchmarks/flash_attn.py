@@ -25,8 +25,9 @@ def _sdpa(torch, q, k, v, mask):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
 
 
-def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu") -> list[str]:
-    """The rows on ``device``: whole sequences, packed sequences, a decoding step."""
+def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu", timed: bool = True) -> list[str]:
+    """The rows on ``device``: whole sequences, packed sequences, a decoding step (``timed`` False: each
+    side called once and checked, nothing timed)."""
     try:
         import torch
     except ImportError:
@@ -37,11 +38,11 @@ def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu") -> list[str]
     if device == "cuda":
         from benchmarks.tensor_cores import paired_ms
 
-        def timed(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
+        def pair(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
             return paired_ms(torch, ours, theirs, repeats)
     else:
 
-        def timed(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
+        def pair(ours: Callable, theirs: Callable) -> tuple[float, float, float]:
             mine, other, ratio = paired(ours, theirs, repeats)
             return mine * 1e3, other * 1e3, ratio
 
@@ -64,7 +65,10 @@ def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu") -> list[str]
             error = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
             if error > (3e-2 if device == "cuda" else tolerance):
                 raise AssertionError(f"flash_attn {name}: attncomp differs from SDPA by {error:.2e}")
-        mine, other, ratio = timed(ours, theirs)
+        if not timed:
+            lines.append(f"  {name}: called once")
+            return
+        mine, other, ratio = pair(ours, theirs)
         lines.append(f"  {name:<62} {mine:8.2f}ms {other:8.2f}ms {ratio:7.2f}")
 
     with torch.no_grad():
@@ -110,6 +114,13 @@ def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu") -> list[str]
             lambda: _sdpa(torch, step_q, *cache, shown),
         )
     return lines
+
+
+def warm(device: str, quick: bool) -> str:
+    """One untimed call of each of attncomp's rows at the rows' sizes: their kernels cached (the GPU
+    check's compile phase)."""
+    lines = flash_attn_rows(quick, 0, device, timed=False)
+    return f"compiled: flash_attn, {len(lines) - 1} rows, {device}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,10 +89,12 @@ def flash_attn_qkvpacked_func(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> A
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
 
 
-def _sequences(cu_seqlens: Any, total: int, name: str) -> torch.Tensor:
+def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> torch.Tensor:
     """Each packed position's sequence (``len(cu_seqlens) - 1`` past the last one)."""
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"flash_attn_varlen_func: {name} must be a 1-D tensor of batch + 1 offsets")
+    if cu_seqlens.device != device:
+        raise ValueError(f"flash_attn_varlen_func: {name} is on {cu_seqlens.device}, the tensors on {device}")
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(
             f"flash_attn_varlen_func: {name} must be int32, as FlashAttention takes it; got {cu_seqlens.dtype}"
@@ -137,8 +139,8 @@ def flash_attn_varlen_func(
     if cu_seqlens_q.shape != getattr(cu_seqlens_k, "shape", None):
         raise ValueError(f"{where}: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
     batch = cu_seqlens_q.shape[0] - 1
-    q_seq = _sequences(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
-    k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    q_seq = _sequences(cu_seqlens_q, q.shape[0], "cu_seqlens_q", q.device)
+    k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
     k_seq = torch.where(k_seq == batch, batch + 1, k_seq)  # keys past the last sequence: no query's
     # a query's shift: its sequence's (S - T) + (where its keys start - where its queries start)
     ends = (cu_seqlens_k[1:] - cu_seqlens_q[1:]).to(torch.int32)

@@ -180,15 +180,15 @@ def gate_failed(run: Run) -> bool:
 def compile_jobs(run: Run) -> list[str]:
     """The compile phase's jobs: the sanitizer's workload first (its backward's compile alone took a
     minute under compute-sanitizer on an H100), then each benchmark row at its size (``tensor_cores:N``,
-    ``training:N``), the decoder step, the serving rows and the flex rows; in a dry run, one row of each table and
-    the decoder, tiny."""
+    ``training:N``), the decoder step, the serving rows, the flash_attn and the flex rows; in a dry run, one row of
+    each table and the decoder, tiny."""
     if run.args.dry_run:
         return ["tensor_cores:0", "training:0", "decoder"]
     from benchmarks import tensor_core_training, tensor_cores
 
     jobs = ["sanitize"] + [f"tensor_cores:{n}" for n in range(len(tensor_cores.rows(run.args.quick)))]
     jobs += [f"training:{n}" for n in range(len(tensor_core_training.rows(run.args.quick)))]
-    return jobs + ["decoder", "serving", "flex"]
+    return jobs + ["decoder", "serving", "flash_attn", "flex"]
 
 
 def phase_compile(run: Run, phase: Phase) -> None:

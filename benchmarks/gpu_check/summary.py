@@ -15,6 +15,10 @@ from benchmarks.gpu_check.run import Run
 FAILED_LISTED = 40
 
 
+#: the module each timing table without a title of its own comes from (the rest: ``benchmarks.gpu``)
+TABLE_SOURCES = {"flex": "benchmarks.flex", "flash_attn": "benchmarks.flash_attn", "serving": "benchmarks.serving"}
+
+
 def verdict(run: Run) -> str:
     states = [p.status for p in run.phases.values()]
     if not run.args.dry_run and run.phases["environment"].data.get("gpu_reason"):
@@ -117,7 +121,7 @@ def timing_lines(run: Run, card: Card | None) -> list[str]:
         if name in titles:
             lines += table_lines(titles[name], records, card)
         else:
-            source = {"flex": "benchmarks.flex", "serving": "benchmarks.serving"}.get(name, "benchmarks.gpu")
+            source = TABLE_SOURCES.get(name, "benchmarks.gpu")
             lines += [f"### {name} ({source})", "", "```"]
             for r in records:
                 if r.get("kind") == "line":

@@ -89,6 +89,10 @@ def worker_compile(args: argparse.Namespace) -> None:
 
         for line in serving.serving_rows(True, 1, backend="cuda"):
             print(line)
+    elif table == "flash_attn":
+        from benchmarks import flash_attn
+
+        print(flash_attn.warm("cuda", args.quick))
     elif table == "flex":
         from benchmarks import flex
 
@@ -166,14 +170,15 @@ def worker_timings(args: argparse.Namespace) -> None:
         for line in serving.serving_rows(args.quick or SERVING_QUICK, args.repeats, backend="cuda"):
             print(line, flush=True)
             emit(result, {"kind": "line", "text": line})
-    elif table == "flex":
-        from benchmarks import flex
+    elif table in ("flash_attn", "flex"):
+        from benchmarks import flash_attn, flex
 
+        rows = flash_attn.flash_attn_rows if table == "flash_attn" else flex.flex_rows
         try:
-            lines = flex.flex_rows(args.quick, args.repeats, "cuda")
+            lines = rows(args.quick, args.repeats, "cuda")
         except Exception as error:  # a wrong result or a failed launch: reported
-            print(f"flex: {type(error).__name__}: {error}", flush=True)
-            emit(result, {"kind": "error", "name": "flex", "error": f"{type(error).__name__}: {error}"})
+            print(f"{table}: {type(error).__name__}: {error}", flush=True)
+            emit(result, {"kind": "error", "name": table, "error": f"{type(error).__name__}: {error}"})
             return
         for line in lines:
             print(line, flush=True)

@@ -276,6 +276,8 @@ def test_what_cannot_be_computed_is_refused_by_name():
     q, k, v, cu_q, cu_k = packed()
     with pytest.raises(TypeError, match="cu_seqlens_q must be int32"):
         fa.flash_attn_varlen_func(q, k, v, cu_q.long(), cu_k, 17, 17)
+    with pytest.raises(ValueError, match="cu_seqlens_k is on meta"):
+        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k.to("meta"), 17, 17)
     with pytest.raises(NotImplementedError, match="block_table"):
         fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, block_table=torch.zeros(4, 2, dtype=torch.int32))
     q, k_cache, v_cache = tensors(t=1, s=30)
