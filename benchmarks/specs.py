@@ -88,6 +88,18 @@ def causal_any(
 
 
 @ac.spec
+def causal_heads_after_positions_any(
+    q: ac.floating["B", "T", "H", "D"], k: ac.floating["B", "S", "H", "D"], v: ac.floating["B", "S", "H", "D"]
+):
+    """``causal_any`` on FlashAttention's layout (``attncomp.flash_attn``): each tensor read as
+    ``[B, H, T, D]`` through a transpose, a view the kernels read in place (a head's rows H * D apart)."""
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return (ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v).transpose(0, 2, 1, 3)
+
+
+@ac.spec
 def gqa_decode_any(
     q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "KV", "S", "D"], v: ac.floating["B", "KV", "S", "D"]
 ):

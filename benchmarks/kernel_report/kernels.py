@@ -102,4 +102,5 @@ def one_split(group: Any, d: int) -> Any:
     (``KernelChoice.key_splits``), as ``impl.kernels`` lists the other."""
     from attncomp.backends.numba_cuda.program import group_kernel
 
-    return group_kernel(group, f"{group.name}[D={d},E={d},one split]", d, d, splits=False)
+    pitched = {"pitched": True} if group.views else {}  # arguments read through transposed views
+    return group_kernel(group, f"{group.name}[D={d},E={d},one split]", d, d, splits=False, **pitched)

@@ -267,6 +267,31 @@ def test_strided_calls_run_the_staged_tensor_core_kernels(dtype, head_dim):
         assert "mma.sync.aligned.m16n8k16" in ptx and "cp.async" not in ptx and "ldmatrix" not in ptx
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flashattention_layout_is_read_in_place_by_the_asynchronous_copies(head_dim):
+    """``attncomp.flash_attn``'s spec on ``[B, T, H, D]``: its arguments read through transposed views,
+    kept as bf16 patterns (typed of any layout: the specialisation such a call dispatches), and the
+    asynchronous copies stepping by the rows' pitch: cp.async and ldmatrix, without spills."""
+    pytest.importorskip("torch")  # attncomp.flash_attn's package imports it
+    from attncomp.backends import numba_cuda
+    from attncomp.backends.numba_cuda.program import KernelInfo, bounds
+    from attncomp.flash_attn.specs import flash_attention
+
+    module = ac.compile(flash_attention, backend="interp", causal=True, left=255).for_dtype("bf16").module
+    group = numba_cuda.build(module).attention[0]
+    assert len(group.views) == 3 and group.views <= group.bits  # q, k and v: transposed views, 16-bit
+    choice = group.choice_for(head_dim, head_dim)
+    assert choice.async_copies and choice.storage == "bits"
+    dispatcher = group.kernel(head_dim, head_dim, pitched=True)
+    source = group.source(head_dim, head_dim, pitched=True)
+    assert "k_pitch" in source and "uint16[:, :, :, :]" in group.signature()
+    info = KernelInfo("pitched", dispatcher.py_func, group.signature(), source, bounds(dispatcher), choice)
+    texts: dict = {}
+    _check(None, head_dim, [info], texts)
+    for ptx in texts.values():
+        assert "mma.sync.aligned.m16n8k16" in ptx and "cp.async" in ptx and "ldmatrix" in ptx
+
+
 @pytest.mark.parametrize("precision,head_dim", [("exact", 64), ("tf32", 128)])
 def test_float32_tensor_core_attention_kernels(precision, head_dim):
     """float32 attention on tf32 mma.sync (m16n8k8): 3xTF32 by default (three products each), one

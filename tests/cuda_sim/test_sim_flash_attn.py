@@ -1,6 +1,6 @@
 """``attncomp.flash_attn``'s specs on the cuda backend against the float64 interpreter: tensors laid out
 as FlashAttention lays them out (``[B, T, H, D]``, read through transposes), bf16 on the tensor-core
-kernels (the staged one: the device transposes the tensors, a float32 copy each); a causal window with
+kernels (the asynchronous copies, reading the arguments in place, a head's rows a pitch apart); a causal window with
 soft-capping and ALiBi over whole sequences (forward and gradients), and packed sequences with a
 causal mask."""
 
@@ -30,10 +30,9 @@ def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients()
     out = host(fn(*args))
     assert out.shape == (1, 40, 2, 64)
     assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
-    # on tensor cores; the transposes are copies made on the device, in float32 (computed values are widened):
-    # the staged kernel, not the asynchronous copies (which read 16-bit arguments in place)
-    choice = fn.for_dtype("bf16").compilation.program.attention[0].last_choice
-    assert choice.atom is not None and not choice.async_copies
+    # the arguments read in place through transposed views (``choice.transposes_in_place``), as 16-bit
+    # patterns, a head's rows H * D apart (``arrays.pitched_rows``): the asynchronous copies, stepping by the pitch
+    assert fn.for_dtype("bf16").compilation.program.attention[0].last_choice.async_copies
     _, pullback = fn.vjp(*args)
     cotangent = rng.standard_normal(want.shape).astype(BF16)
     for got, expected in list(zip(pullback(cotangent), want_pullback(cotangent)))[:3]:

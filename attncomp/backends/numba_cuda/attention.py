@@ -25,7 +25,7 @@ import numpy as np
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.key_splits import fixed_split_count, split_blocks
-from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
+from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice, transposes_in_place
 from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, quantized_pages
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
@@ -63,6 +63,8 @@ class AttentionKernels:
     ):
         self.index = index
         self.grid = grid
+        #: arguments read through transposed views (any layout at a call: their signature's arrays)
+        self.views = transposes_in_place(func)
         self.tiled = read_tiled_attention(grid)
         self.captured: dict = {}
         for n, v in enumerate(captured_values(grid)):
@@ -213,9 +215,11 @@ class AttentionKernels:
         dense: bool = True,
         splits: bool = True,
         packed: bool = False,
+        pitched: bool = False,
     ) -> KernelChoice:
         """The kernel a launch with these head dims and rows per block runs: the grid's choice where
-        its tensor-core plan fits, else the scalar kernel."""
+        its tensor-core plan fits, else the scalar kernel (rows a pitch apart, ``pitched``, or not: the
+        same choice)."""
         mma = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         return mma.choice if mma is not None else self.choice.scalar()
 
@@ -238,13 +242,17 @@ class AttentionKernels:
         dense: bool = True,
         splits: bool = True,
         packed: bool = False,
+        pitched: bool = False,
     ) -> str:
-        """The kernel's source: on tensor cores where the plan allows, else the scalar kernel."""
+        """The kernel's source: on tensor cores where the plan allows, else the scalar kernel;
+        ``pitched``: the asynchronous copies read rows a pitch apart (``FlashKernelWriter.pitched``)."""
         args = (self.name, self.func_name, self.tiled, self.captured, self.dims)
         mma = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         if mma is not None:
             writer = FlashKernelWriter if mma.async_copies else MmaKernelWriter
-            return writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits).write(self.func_name)
+            kernel = writer(self.name, self.tiled, self.captured, self.dims, mma, self.out_bits)
+            kernel.pitched = pitched and mma.async_copies
+            return kernel.write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim, rows), self.choice.scalar()
         return write_attention_kernel(*args, plan, self.bits, self.out_bits, choice)
 
@@ -256,7 +264,7 @@ class AttentionKernels:
             types[0] = array_type("f32", self.grid.results[0].type.rank, contiguous=True, patterns=True)
         for value in self.captured:
             rank = value.type.rank
-            contiguous = contiguous_at_call(value)
+            contiguous = contiguous_at_call(value) and value not in self.views
             if value in self.bits:  # bf16 patterns (a host array's uint16 view)
                 types.append(array_type("f32", rank, contiguous, patterns=True))
             elif codes_of(value) is not None:  # 8-bit codes (a cache's or pages'), as bytes
@@ -270,13 +278,23 @@ class AttentionKernels:
         types.append("int32[::1]")  # each unit's count of finished splits (``simt/forward_kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
-    def _module(self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool, packed: bool) -> Any:
+    def _module(
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None,
+        dense: bool,
+        splits: bool,
+        packed: bool,
+        pitched: bool = False,
+    ) -> Any:
         rows = self.tiled.block_q if rows is None else rows
         # dense rows make a kernel of their own only where they get the asynchronous copies, and one
         # split only there too
         plan = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         flash = plan is not None and plan.async_copies
-        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits, packed)
+        pitched = flash and pitched and not packed
+        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits, packed, pitched)
         if key not in self._kernels:
             self._kernels[key] = load_source(self.source(*key), "cuda")
         return self._kernels[key]
@@ -289,18 +307,28 @@ class AttentionKernels:
         dense: bool = True,
         splits: bool = True,
         packed: bool = False,
+        pitched: bool = False,
     ) -> Any:
         """The attention kernel for these head dims (and query rows per thread block), for a call
-        whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``), with key splits
-        or not (``splits``: one split where False and the flash kernel runs), with grouped heads'
-        rows ``packed`` into its tiles or not (:meth:`packed_rows`)."""
-        return self.launchable(head_dim, value_dim, rows, dense, splits, packed)[0]
+        whose query, key and value rows are ``dense`` or not (``arrays.dense_rows``; ``pitched``: a
+        pitch apart, ``arrays.pitched_rows``), with key splits or not (``splits``: one split where
+        False and the flash kernel runs), with grouped heads' rows ``packed`` into its tiles or not
+        (:meth:`packed_rows`)."""
+        return self.launchable(head_dim, value_dim, rows, dense, splits, packed, pitched)[0]
 
     def launchable(
-        self, head_dim: int, value_dim: int, rows: int | None, dense: bool, splits: bool, packed: bool
+        self,
+        head_dim: int,
+        value_dim: int,
+        rows: int | None,
+        dense: bool,
+        splits: bool,
+        packed: bool,
+        pitched: bool = False,
     ) -> tuple[Any, int]:
-        """:meth:`kernel` and the threads a block its module says it is written for (``threads_constant``)."""
-        module = self._module(head_dim, value_dim, rows, dense, splits, packed)
+        """:meth:`kernel` and the threads a block its module says it is written for (``threads_constant``);
+        ``pitched``: dense rows a pitch apart, not one after another (``arrays.pitched_rows``)."""
+        module = self._module(head_dim, value_dim, rows, dense, splits, packed, pitched)
         return getattr(module, self.name), getattr(module, threads_constant(self.name))
 
     @property
@@ -339,9 +367,12 @@ class AttentionKernels:
         values and sizes; ``blocks`` the (batch, query block) units."""
         if blocks <= 0:
             return
-        dense = all(arrays.dense_rows(args[n]) for n in self._qkv_args)
+        consecutive = all(arrays.dense_rows(args[n]) for n in self._qkv_args)
+        # rows a pitch apart (FlashAttention's layout) take the asynchronous copies too, not packed heads
+        pitched = not consecutive and all(arrays.pitched_rows(args[n]) for n in self._qkv_args)
+        dense = consecutive or pitched
         group = self.group_of(args) if self.packable is not None else 1
-        rows = self.packed_rows(n_rows, group, head_dim, value_dim, dense)
+        rows = self.packed_rows(n_rows, group, head_dim, value_dim, consecutive)
         packed = rows is not None
         if packed:  # a block per (batch position, key/value head): its group's rows
             blocks //= group
@@ -352,7 +383,7 @@ class AttentionKernels:
         n_split = self.split_for(blocks, n_keys, self.threads(head_dim, value_dim, rows, dense, packed), value_dim)
         self.last_split = n_split
         self.last_choice = self.choice_for(head_dim, value_dim, rows, dense, n_split > 1, packed)
-        kernel, threads = self.launchable(head_dim, value_dim, rows, dense, n_split > 1, packed)
+        kernel, threads = self.launchable(head_dim, value_dim, rows, dense, n_split > 1, packed, pitched)
         outs = args[: self.n_outs]
         dtype = NUMPY_DTYPES[self.acc_dtype]
         with self._launching:

@@ -26,7 +26,7 @@ import numpy as np
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
+from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice, transposes_in_place
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
@@ -60,6 +60,8 @@ class BackwardKernels:
         choice: KernelChoice | None = None,
         lanes: int | None = None,
     ):
+        #: arguments read through transposed views (any layout at a call: their signature's arrays)
+        self.views = transposes_in_place(func)
         self.index = index
         self.grid = grid
         self.tiled = read_tiled_backward(grid)
@@ -198,7 +200,8 @@ class BackwardKernels:
         types = [array_type(acc, rank, contiguous=True) for rank in ranks]
         for value in self.captured:
             rank = value.type.rank
-            contiguous = contiguous_at_call(value)  # the specialisation a call with C-contiguous arrays dispatches
+            # the specialisation a call with C-contiguous arrays dispatches (a transposed view: any layout)
+            contiguous = contiguous_at_call(value) and value not in self.views
             if rank == 0:
                 types.append(SCALAR_ARG[value.type.dtype])
             else:  # bf16 patterns (a host array's uint16 view) where kept 16-bit

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.mma.atoms import ATOMS, MmaAtom
-from attncomp.ir.core import Module, Op
+from attncomp.ir.core import Func, Module, Op, Value
 from attncomp.ir.types import CACHE_DTYPES, accumulation_dtype
 
 #: the kernel families: an attention's forward, its backward (dK, dV, and dQ by atomics or in a
@@ -188,6 +188,28 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     return choice
 
 
+def transposes_in_place(func: Func) -> set[Value]:
+    """The ``ac.transpose`` results kernels read through a view of the argument transposed, nothing
+    copied: an argument's axes permuted with its last axis kept last (FlashAttention's ``[B, T, H, D]``
+    read as ``[B, H, T, D]``: a head's rows a pitch apart, each row contiguous), read by tile loads
+    alone (the asynchronous copies step by the rows' pitch, ``arrays.pitched_rows``; the staged kernels
+    index any layout).  Any other transpose is a copy the device makes."""
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    found = set()
+    for op in func.body.ops:
+        if op.name != "ac.transpose" or op.operands[0] not in func.args:
+            continue
+        value, perm = op.results[0], list(op.attrs["perm"])
+        users = readers.get(value, [])
+        tiles_only = all(u.name == "ac.tile_load" and u.operands[0] is value for u in users)
+        if users and perm[-1] == len(perm) - 1 and tiles_only:
+            found.add(value)
+    return found
+
+
 def tensor_core_types(
     module: Module, fixed_lanes: bool = False, backward_lanes: bool = False
 ) -> tuple[list[KernelChoice], frozenset[int], list[KernelChoice]]:
@@ -215,6 +237,7 @@ def tensor_core_types(
     from attncomp.backends.tiles import read_tiled_attention
 
     func = module.main
+    views = transposes_in_place(func)
     readers: dict = {}
     for op in func.body.walk():
         for value in op.operands:
@@ -240,11 +263,12 @@ def tensor_core_types(
         return None
 
     def paged(value) -> Op | None:
-        """The ``ac.page_view`` of an argument (a paged decoder's pool) that ``value`` is."""
+        """The ``ac.page_view`` of an argument (a paged decoder's pool), or the transpose of one read in
+        place (:func:`transposes_in_place`), that ``value`` is."""
         owner = value.owner
         if getattr(owner, "name", None) == "ac.page_view" and owner.operands[0] in func.args:
             return owner
-        return None
+        return owner if value in views else None
 
     def computed(value) -> bool:
         return value not in func.args and appended(value) is None and paged(value) is None

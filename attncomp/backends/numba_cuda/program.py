@@ -250,7 +250,9 @@ class CudaFunction(Program):
             found.append(info)
         for kernels in [*self.attention, *self.backward]:
             dims = self._head_dims(kernels, head_dim, value_dim)
-            info = group_kernel(kernels, f"{kernels.name}[D={dims[0]},E={dims[1]}]", *dims)
+            # arguments read through transposed views (FlashAttention's layout): the forward's rows a pitch apart
+            pitched = {"pitched": True} if kernels in self.attention and kernels.views else {}
+            info = group_kernel(kernels, f"{kernels.name}[D={dims[0]},E={dims[1]}]", *dims, **pitched)
             found.append(info)
             for suffix, kernel, signature, extra in kernels.extra_kernels(*dims):
                 name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"

@@ -17,6 +17,7 @@ from attncomp.backends.numba_cuda.host.arrays import (
     prefix,
     result,
     to_device,
+    transposed,
     zeros,
 )
 from attncomp.backends.numba_cuda.host.launches import launch_map, launch_matmul, work
@@ -41,6 +42,7 @@ __all__ = [
     "prefix",
     "result",
     "to_device",
+    "transposed",
     "work",
     "zeros",
 ]

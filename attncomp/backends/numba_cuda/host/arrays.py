@@ -161,6 +161,26 @@ def dense_rows(x: Any) -> bool:
     return address is not None and address % COPY_ALIGN == 0
 
 
+def pitched_rows(x: Any) -> bool:
+    """Whether a forward kernel may read ``x`` (a device view) a 16-byte chunk at a time as rows a pitch
+    apart (:func:`dense_rows` but for the rows' stride, any 16-byte multiple at least a row long:
+    FlashAttention's ``[B, T, H, D]`` read as ``[B, H, T, D]``, a head's rows ``H * D`` apart), with
+    a head's rows times the pitch fewer than 2^31 elements (the copies' 32-bit offsets)."""
+    shape, strides = tuple(x.shape), tuple(x.strides)
+    if len(shape) < 2 or 0 in shape:
+        return False
+    item = x.dtype.itemsize
+    if shape[-1] > 1 and strides[-1] != item:
+        return False
+    row = shape[-1] * item
+    if row % COPY_ALIGN or strides[-2] % COPY_ALIGN or strides[-2] < row or shape[-2] * strides[-2] >= item << 31:
+        return False
+    if any(s % COPY_ALIGN for n, s in zip(shape[:-2], strides[:-2]) if n > 1):
+        return False
+    address = _device_address(x)
+    return address is not None and address % COPY_ALIGN == 0
+
+
 def to_device(x: Any) -> Any:
     """An argument on the device: device memory as it is, host arrays copied in."""
     if is_device(x):
@@ -342,6 +362,17 @@ def sliced(x: Any, index: Any) -> Any:
     return type(x)(
         shape=view.shape, strides=view.strides, dtype=x.dtype, gpu_data=x.gpu_data.view(start, stop), stream=x.stream
     )
+
+
+def transposed(x: Any, perm: tuple[int, ...]) -> Any:
+    """``x`` with its axes permuted, a view (nothing copied): a Numba device array's made from its shape
+    and strides over the same memory, the simulator's by its own ``transpose``; bit patterns' as their
+    integer array (``device_view``: bf16 as uint16, which the kernels reading patterns take)."""
+    x = device_view(x)
+    if SIMULATED or type(x) is not cuda.cudadrv.devicearray.DeviceNDArray:
+        return x.transpose(perm)
+    shape, strides = (tuple(t[p] for p in perm) for t in (x.shape, x.strides))
+    return type(x)(shape=shape, strides=strides, dtype=x.dtype, gpu_data=x.gpu_data, stream=x.stream)
 
 
 def result(x: Any, dtype: str, to_host: bool) -> Any:

@@ -23,6 +23,7 @@ from attncomp.backends.host_ops import (
 )
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
+from attncomp.backends.numba_cuda.choice import transposes_in_place
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
@@ -69,6 +70,8 @@ class DriverWriter:
         self.patterns = {v for kernels in [*attention.values(), *backward.values()] for v in kernels.bits}
         #: the arguments the device keeps as bf16 patterns (the fused reductions read them so)
         self.kept = kept
+        #: transposes of arguments that kernels read through a view (``choice.transposes_in_place``)
+        self.views = transposes_in_place(func)
         #: reductions with the elementwise ops they compute inline, by the op where each is launched
         self.fused = {f.last: f for f in plan_fused_reductions(func).values()}
         self.absorbed = {o for f in self.fused.values() for o in [f.reduce, *f.absorbed] if o is not f.last}
@@ -261,7 +264,8 @@ class DriverWriter:
         rounded = {}  # computed sources the kernel reads as patterns: their rounded copies
         for value in kernels.bits:
             owner = getattr(value.owner, "name", None)
-            if value not in self.func.args and owner not in ("ac.cache_append", "ac.page_view"):
+            in_place = owner in ("ac.cache_append", "ac.page_view") or value in self.views
+            if value not in self.func.args and not in_place:
                 rounded[value] = self.bf16_patterns(value)
         outs = []
         for n, result in enumerate(op.results):
@@ -304,6 +308,10 @@ class DriverWriter:
             raise LoweringError("the cuda backend runs ac.attention_grad tiled: run flash-tiling first")
         if op.name == "ac.check_index":
             self.w.line(check_index_call(op, [self.ref(v) for v in op.operands]))
+            return
+        if op.name == "ac.transpose" and op.results[0] in self.views:  # a view: nothing is copied
+            view = self.fresh(op.results[0])
+            self.w.line(f"{view} = rt.transposed({self.ref(op.operands[0])}, {tuple(op.attrs['perm'])})")
             return
         if op.name == "ac.page_view":  # the kernels read the pages through the table: nothing is copied
             if op not in self.checked:

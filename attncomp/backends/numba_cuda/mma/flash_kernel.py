@@ -2,7 +2,9 @@
 
 The products, the scores, the online softmax and the finish are ``mma/forward_kernel.py``'s; what
 changes is how keys and values reach the B fragments.  Where a call's query, key and value rows are dense (the
-last two axes of each array contiguous, 16-byte aligned: ``arrays.dense_rows``) and D and E are
+last two axes of each array contiguous, 16-byte aligned: ``arrays.dense_rows``; or each row contiguous,
+the rows a 16-byte multiple apart: ``arrays.pitched_rows``, FlashAttention's layout read through a
+transposed view, its copies' offsets stepping by the pitch, ``FlashKernelWriter.pitched``) and D and E are
 multiples of 64, each thread issues a fixed number of 16-byte ``cp.async`` copies per chunk
 (``atoms.CP_ASYNC_16``), with zero fill past the last key, into shared tiles kept row by row as
 the arrays are (``k_sh[key, d]``, ``v_sh[key, e]``): no transposed copy.  A row's 16-byte chunk
@@ -49,6 +51,10 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     """Writes the asynchronous-copy tensor-core kernel of one tiled attention (see the module)."""
 
     POSITIONS = "np.int32"  # a sequence is shorter than 2^31
+    #: rows any 16-byte multiple apart (``arrays.pitched_rows``: FlashAttention's ``[B, T, H, D]`` read as
+    #: ``[B, H, T, D]``, a head's rows ``H * D`` apart): each copy's offset steps by the rows' pitch, read
+    #: once a block from the array, where consecutive rows step by D, a constant of the instruction
+    pitched = False
 
     def scalar(self, integers: str | None = None) -> ScalarEmitter:
         """The IR's integer ops in 32 bits, as the loop's positions (tile classes, bounds, a mask's
@@ -85,6 +91,12 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     def row_bytes(dim: int) -> int:
         return 2 * dim
 
+    @staticmethod
+    def pitch(name: str) -> str:
+        """The elements from one of ``{name}_rows``'s rows to the next: its stride in bytes halved (16-bit
+        elements, as every array the asynchronous copies read: f16, or bf16 patterns), not divided."""
+        return f"np.int32({name}_rows.strides[0] >> 1)"
+
     def copy_lanes(self) -> None:
         """Where each thread's copies start: its chunk of a row, its first row, and their place."""
         p, w = self.mp, self.w
@@ -99,6 +111,8 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
                 self.page_lanes(name, load, view)
             else:
                 w.line(f"{name}_rows = {self.slice_of(load)}  # this head's rows, dense")
+                if self.pitched:
+                    w.line(f"{name}_pitch = {self.pitch(name)}")
 
     def tile_load(self, name: str) -> Op:
         """The key ("k") or value ("v") tile load."""
@@ -119,13 +133,15 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             self.page_copies(name, dim, jc, rows)
             return
         # 32 bits (a head's keys times features are fewer than 2^31): 32-bit index arithmetic
-        w.line(f"src_at = np.int32(({jc} + {name}_row) * {dim} + {name}_col * {COPY_ELEMENTS})")
+        pitch = f"{name}_pitch" if self.pitched else str(dim)
+        w.line(f"src_at = np.int32(({jc} + {name}_row) * {pitch} + {name}_col * {COPY_ELEMENTS})")
         if not full:  # rows past the keys' end: zero-filled, their source not read (``cp_async16``)
             w.line(f"past = np.int32(n_keys - ({jc}) - {name}_row)")
         for at, row in rows:
             dst = self.copy_destination(name, dim, at, row)
             size = str(CHUNK_BYTES) if full else f"select({at} < past, {CHUNK_BYTES}, 0)"
-            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {at * dim}, {size})")
+            step = f"np.int32({at}) * {pitch}" if self.pitched else str(at * dim)
+            w.line(f"cp_async16({name}_sh, {dst}, {name}_rows, src_at + {step}, {size})")
         w.line("cp_async_commit()")
 
     def batch_decode(self, rank: int) -> list[str]:
@@ -185,12 +201,16 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         w.line(f"q_dst = q_row * {self.row_bytes(p.head_dim)} + {swizzled('q_row', 'q_col')}")
         # 32 bits, as the keys' copies: one offset and constant steps; rows past the end read nothing
         w.line("q_past = np.int32(n_rows - i0 - q_row)")
-        w.line(f"q_at = np.int32((i0 + q_row) * {p.head_dim} + q_col * {COPY_ELEMENTS})")
+        if self.pitched:
+            w.line(f"q_pitch = {self.pitch('q')}")
+        pitch = "q_pitch" if self.pitched else str(p.head_dim)
+        w.line(f"q_at = np.int32((i0 + q_row) * {pitch} + q_col * {COPY_ELEMENTS})")
         for n in range(p.rows // step):
             row = f"q_row + {n * step}" if n else "q_row"
             dst = self.copy_destination("q", p.head_dim, n * step, row)
             size = f"{CHUNK_BYTES} if {n * step} < q_past else 0"
-            w.line(f"cp_async16(q_sh, {dst}, q_rows, q_at + {n * step * p.head_dim}, {size})")
+            at = f"np.int32({n * step}) * q_pitch" if self.pitched else str(n * step * p.head_dim)
+            w.line(f"cp_async16(q_sh, {dst}, q_rows, q_at + {at}, {size})")
         w.line("cp_async_commit()")
 
     def query_address(self, tile: int, kc: int) -> str:

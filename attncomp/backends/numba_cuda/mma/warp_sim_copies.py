@@ -87,6 +87,23 @@ def _bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
+def _source_bytes(array) -> np.ndarray:
+    """The bytes from a copy source's first element on, flat, as the GPU's addresses see them: a
+    C-contiguous array's, or one whose rows are a pitch apart (each row contiguous: a head's rows of
+    ``[B, T, H, D]``), the memory between its rows included.  Read only."""
+    found = np.asarray(array)
+    if found.dtype == object:
+        raise TypeError(f"an array is needed, not {type(array).__name__}")
+    if found.flags.c_contiguous:
+        return _bytes(found)
+    rows_contiguous = found.ndim >= 1 and (found.shape[-1] == 1 or found.strides[-1] == found.itemsize)
+    if not rows_contiguous or min(found.strides) < 0 or 0 in found.shape:
+        raise TypeError(f"rows of contiguous elements are needed, not shape {found.shape}, strides {found.strides}")
+    extent = sum((n - 1) * s for n, s in zip(found.shape, found.strides)) + found.itemsize
+    flat = np.lib.stride_tricks.as_strided(found, shape=(extent // found.itemsize,), strides=(found.itemsize,))
+    return flat.view(np.uint8)
+
+
 def _checked(data: np.ndarray, byte: int, size: int, what: str) -> int:
     """``byte``, once it is 16-byte aligned (as the hardware needs) and its ``size`` bytes lie in ``data``."""
     if byte % 16 or not 0 <= byte <= data.size - size:
@@ -166,12 +183,12 @@ def cp_async16(dst, dst_byte, src, src_elem, src_bytes):
     size = int(src_bytes)
     if not 0 <= size <= CP_ASYNC_16.bytes:
         raise ValueError(f"{CP_ASYNC_16.name}: src_size {size} is not in 0..{CP_ASYNC_16.bytes}")
-    shared, source = _bytes(_array(dst)), _array(src)
+    shared, source = _bytes(_array(dst)), _source_bytes(src)
     at = _checked(shared, int(dst_byte), CP_ASYNC_16.bytes, "cp.async destination")
     data = np.zeros(CP_ASYNC_16.bytes, np.uint8)  # read now (the source is input nobody writes), zero-filled
     if size:  # src_size 0 reads nothing (the instruction's ignore-src form): a row past the end's address
-        read = _checked(_bytes(source), int(src_elem) * source.itemsize, size, "cp.async source")
-        data[:size] = _bytes(source)[read : read + size]
+        read = _checked(source, int(src_elem) * np.asarray(src).itemsize, size, "cp.async source")
+        data[:size] = source[read : read + size]
     exchange((shared, at), _cp_async16)
     warp, lane = warp_of(threading.current_thread())
     warp.copies[lane].append((shared, at, data))
