@@ -36,6 +36,23 @@ def test_tiles_are_read_through_the_transpose_in_place(rows):
     assert driver.count("np.transpose(") == 1  # the output's, a view: none of q, k or v is copied
 
 
+@pytest.mark.parametrize("rows", [70, 3], ids=["blas", "few-rows"])
+def test_bf16_tiles_read_through_the_transpose_are_widened_as_their_rows_are_copied(rows):
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    bf16 = ml_dtypes.bfloat16
+    q = rng.standard_normal((2, rows, 4, 16)).astype(bf16)
+    k, v = (rng.standard_normal((2, 90, 2, 16)).astype(bf16) for _ in range(2))
+    fn = ac.compile(flash_attention_cache, backend="cpu", causal=True)
+    args = [q, k, v, np.zeros((1, 4), np.float32), np.array([90, 41], np.int32), np.zeros(2, np.int32), np.int64(0)]
+    got = np.asarray(fn(*args), np.float64)
+    want = ac.compile(flash_attention_cache, backend="interp", causal=True)(*args)
+    assert relative_error(got, np.asarray(want, np.float64)) < 2e-2
+    driver = fn.for_dtype("bf16").source.split("def flash_attention_cache")[-1]
+    assert driver.count("np.transpose(") == 1  # the output's: q, k and v read as they are, as bf16 bits
+
+
 def test_a_cache_of_flash_attention_read_in_place_decodes_each_rows_keys():
     rng = np.random.default_rng(1)
     q = rng.standard_normal((3, 1, 8, 32), dtype=np.float32)

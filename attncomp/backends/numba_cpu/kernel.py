@@ -241,6 +241,8 @@ class KernelWriter(KernelSource):
         loads = (("ks", compute.k_load), ("vs", compute.v_load))
         raw = {load: self.bits_in_place(load) for _, load in loads}
         apart = {load: load.operands[0] in self.transposed for _, load in loads}
+        # rows a transpose apart that BLAS multiplies where they are: float32 or float64 (bf16 is widened)
+        in_place = {load: apart[load] and load.operands[0] not in self.bits for _, load in loads}
         for name, load in loads:
             if raw[load]:
                 w.line(f"{name}_bits = {self.tile_rows(load)}")
@@ -249,11 +251,11 @@ class KernelWriter(KernelSource):
         w.line("if nq > FEW_ROWS:")
         with w.indent():
             for name, load in loads:
-                if raw[load] or self.paged(load):
+                if raw[load] or self.paged(load) or (apart[load] and not in_place[load]):
                     self.load_rows(name, load, f"{name[0]}_staged")
-                elif apart[load]:
+                elif in_place[load]:
                     w.line(f"{name}_apart = {self.tile_rows(load)}")
-            ks, vs = (f"{name}_apart" if apart[load] else name for name, load in loads)
+            ks, vs = (f"{name}_apart" if in_place[load] else name for name, load in loads)
             w.line(f"gemm(0, 0, nk, nq, n_d, {ks}, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
             # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
@@ -357,7 +359,8 @@ class KernelWriter(KernelSource):
         """Whether a key or value tile's rows are bf16 bits or 8-bit codes the few-row loops read in
         place (not through pages)."""
         source = load_op.operands[0]
-        return not self.paged(load_op) and (source in self.bits or source in self.codes)
+        in_place = source in self.bits or source in self.codes
+        return not self.paged(load_op) and in_place and source not in self.transposed
 
     def staged(self, load_op) -> bool:
         """Whether a key or value tile is copied into a work buffer for BLAS (read through pages,
@@ -391,7 +394,7 @@ class KernelWriter(KernelSource):
             ]
         elif load_op.operands[0] in self.transposed:  # rows a transpose apart: copied, each a contiguous run
             batch = [self.scalar().ref(v) for v in load_op.operands[1:-1]]
-            element = self.source_at(load_op.operands[0], [*batch, "j0 + c", "e"])
+            element = self.element(load_op, self.source_at(load_op.operands[0], [*batch, "j0 + c", "e"]))
             lines = ["for c in range(nk):", f"    for e in range({buffer}.shape[1]):"]
             lines.append(f"        {buffer}[c, e] = {element}")  # element by element: vectorised
         elif load_op.operands[0] in self.codes:  # 8-bit codes: each row times its scale
@@ -603,7 +606,8 @@ class KernelWriter(KernelSource):
             w.line("acc[:, :nq] = ACC(0.0)")
             # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits or codes
             keys = t.masked.k_load.operands[0]
-            bits = "query_bits(qt, qt_bits, G, nq)" if keys in self.bits or keys in self.codes else "False"
+            as_bits = (keys in self.bits and keys not in self.transposed) or keys in self.codes
+            bits = "query_bits(qt, qt_bits, G, nq)" if as_bits else "False"
             w.line(f"qt_is_bf16 = nq <= FEW_ROWS and {bits}")
             if self.split_blocks is None:
                 w.line("if n_split > 1:")

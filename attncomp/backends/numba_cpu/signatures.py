@@ -71,7 +71,8 @@ def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
     axes permuted (a key tile's rows ``k[b, j0:j0 + nk, h]`` of a ``[B, S, KV, D]`` array read as
     ``[B, KV, S, D]``: FlashAttention's layout), copying each tile's rows into a work buffer.  Only
     where the last axis stays last (rows keep contiguous features), the type is the kernel's own
-    (float32 or float64 in a kernel of that accumulation type), and forward kernels' tile loads are
+    (float32 or float64 in a kernel of that accumulation type, or bf16 the kernel reads as bits:
+    widened as its rows are copied), and forward kernels' tile loads are
     all that read it: anything else (the backward's kernels, a graph op) gets the transposed copy."""
     readers: dict[Value, list[Op]] = {}
     for op in func.body.ops:
@@ -83,7 +84,7 @@ def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
             continue
         value, perm = op.results[0], tuple(op.attrs["perm"])
         users = readers.get(value, [])
-        if not users or perm[-1] != len(perm) - 1 or value.type.dtype not in ("f32", "f64"):
+        if not users or perm[-1] != len(perm) - 1 or value.type.dtype not in ("f32", "f64", "bf16"):
             continue
         if all(_only_tiles_of(user, value) for user in users):
             found[value] = perm
@@ -94,7 +95,7 @@ def _only_tiles_of(grid: Op, value: Value) -> bool:
     """Whether ``grid`` is a forward grid of ``value``'s type that reads ``value`` as a tile source only."""
     if grid.name != "ac.tile_grid" or value in grid.operands:
         return False
-    if accumulation_dtype(grid.results[0].type.dtype) != value.type.dtype:
+    if accumulation_dtype(grid.results[0].type.dtype) != value.type.dtype and value not in stored_bf16(grid):
         return False
     for op in grid.regions[0].walk():
         if value in op.operands and (op.name != "ac.tile_load" or op.operands.index(value) != 0):
