@@ -3,6 +3,7 @@
 
     python -m benchmarks.flash_attn                 # the CPU rows (float32)
     python -m benchmarks.flash_attn --device cuda   # bf16 on a GPU
+    python -m benchmarks.flash_attn --compile-only  # one untimed call of each row: fills the caches
 
 Rows: a causal sliding window of 512 (``window_size=(511, 0)``), forward and forward + backward;
 four packed causal sequences (``flash_attn_varlen_func``) against SDPA with the block-diagonal
@@ -14,7 +15,6 @@ per-pair ratios (below 1.0 attncomp is faster).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -124,21 +124,9 @@ def warm(device: str, quick: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    if args.device == "cuda":
-        from benchmarks.gpu import gpu_or_reason
+    from benchmarks import device_rows
 
-        reason = gpu_or_reason()
-        if reason is not None:
-            print(f"no GPU: {reason}")
-            return 0
-    for line in flash_attn_rows(args.quick, args.repeats, args.device):
-        print(line)
-    return 0
+    return device_rows.main(__doc__, flash_attn_rows, warm, argv)
 
 
 if __name__ == "__main__":

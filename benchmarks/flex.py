@@ -14,7 +14,6 @@ ratios (below 1.0 attncomp is faster).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -117,25 +116,9 @@ def warm(device: str, quick: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--compile-only", action="store_true", help="one untimed call of each side")
-    args = parser.parse_args(argv)
-    if args.device == "cuda":
-        from benchmarks.gpu import gpu_or_reason
+    from benchmarks import device_rows
 
-        reason = gpu_or_reason()
-        if reason is not None:
-            print(f"no GPU: {reason}")
-            return 0
-    if args.compile_only:
-        print(warm(args.device, args.quick))
-        return 0
-    for line in flex_rows(args.quick, args.repeats, args.device):
-        print(line)
-    return 0
+    return device_rows.main(__doc__, flex_rows, warm, argv)
 
 
 if __name__ == "__main__":

@@ -278,27 +278,6 @@ class AttentionKernels:
         types.append("int32[::1]")  # each unit's count of finished splits (``simt/forward_kernel.py``'s merge)
         return f"void({', '.join(types)})"
 
-    def _module(
-        self,
-        head_dim: int,
-        value_dim: int,
-        rows: int | None,
-        dense: bool,
-        splits: bool,
-        packed: bool,
-        pitched: bool = False,
-    ) -> Any:
-        rows = self.tiled.block_q if rows is None else rows
-        # dense rows make a kernel of their own only where they get the asynchronous copies, and one
-        # split only there too
-        plan = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
-        flash = plan is not None and plan.async_copies
-        pitched = flash and pitched and not packed
-        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits, packed, pitched)
-        if key not in self._kernels:
-            self._kernels[key] = load_source(self.source(*key), "cuda")
-        return self._kernels[key]
-
     def kernel(
         self,
         head_dim: int,
@@ -328,7 +307,16 @@ class AttentionKernels:
     ) -> tuple[Any, int]:
         """:meth:`kernel` and the threads a block its module says it is written for (``threads_constant``);
         ``pitched``: dense rows a pitch apart, not one after another (``arrays.pitched_rows``)."""
-        module = self._module(head_dim, value_dim, rows, dense, splits, packed, pitched)
+        rows = self.tiled.block_q if rows is None else rows
+        # dense rows make a kernel of their own only where they get the asynchronous copies, and one
+        # split only there too
+        plan = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
+        flash = plan is not None and plan.async_copies
+        pitched = flash and pitched and not packed
+        key = (head_dim, value_dim, rows, flash, not flash or plan.choice.key_splits, packed, pitched)
+        if key not in self._kernels:
+            self._kernels[key] = load_source(self.source(*key), "cuda")
+        module = self._kernels[key]
         return getattr(module, self.name), getattr(module, threads_constant(self.name))
 
     @property
