@@ -292,6 +292,33 @@ def test_flashattention_layout_is_read_in_place_by_the_asynchronous_copies(head_
         assert "mma.sync.aligned.m16n8k16" in ptx and "cp.async" in ptx and "ldmatrix" in ptx
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flashattention_layout_gradients_are_read_in_place_by_the_asynchronous_copies(head_dim):
+    """The backward of ``attncomp.flash_attn``'s spec: query, key, value and output gradient read
+    through transposed views as bf16 patterns (the output gradient's also by the fused ``delta``
+    reduction, typed of any layout), the backward's asynchronous copies stepping by the rows' pitch:
+    cp.async and ldmatrix, without spills; nothing of the four is copied."""
+    pytest.importorskip("torch")  # attncomp.flash_attn's package imports it
+    from attncomp.backends import numba_cuda
+    from attncomp.flash_attn.specs import flash_attention
+
+    module = ac.compile(flash_attention, backend="interp", causal=True).for_dtype("bf16").backward.module
+    impl = numba_cuda.build(module)
+    group = impl.backward[0]
+    assert len(group.views) == 4 and group.views <= group.bits
+    kernels = impl.kernels(head_dim, head_dim)
+    [reduction] = [k for k in kernels if k.name.endswith("_reduce")]
+    assert "uint16[:, :, :, :]" in reduction.signature  # d_out's view, as patterns, of any layout
+    [backward] = [k for k in kernels if k.name.startswith("attention_backward_")]
+    assert backward.choice.async_copies and "o_rows_pitch" in backward.source
+    texts: dict = {}
+    _check(None, head_dim, [backward, reduction], texts)
+    assert all("cp.async" in ptx and "ldmatrix" in ptx for (name, _), ptx in texts.items() if name == backward.name)
+    # the driver copies none of them: the transposes left are the gradients' own
+    copies = [line for line in impl.driver_source.splitlines() if "launch_map(k" in line and "transpose" in line]
+    assert len(copies) == 3
+
+
 @pytest.mark.parametrize("precision,head_dim", [("exact", 64), ("tf32", 128)])
 def test_float32_tensor_core_attention_kernels(precision, head_dim):
     """float32 attention on tf32 mma.sync (m16n8k8): 3xTF32 by default (three products each), one

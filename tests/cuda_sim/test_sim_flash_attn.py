@@ -1,8 +1,8 @@
 """``attncomp.flash_attn``'s specs on the cuda backend against the float64 interpreter: tensors laid out
 as FlashAttention lays them out (``[B, T, H, D]``, read through transposes), bf16 on the tensor-core
-kernels (the asynchronous copies, reading the arguments in place, a head's rows a pitch apart); a causal window with
-soft-capping and ALiBi over whole sequences (forward and gradients), and packed sequences with a
-causal mask."""
+kernels (the asynchronous copies, reading the arguments in place, a head's rows a pitch apart); a causal
+window with soft-capping and ALiBi over whole sequences (forward and gradients, the backward reading
+them in place too, and the deterministic backward's bits), and packed sequences with a causal mask."""
 
 import ml_dtypes
 import numpy as np
@@ -39,6 +39,10 @@ def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients()
         assert (
             relative_error(np.asarray(host(got), np.float64), np.asarray(expected, np.float64)) < 2 * TOLERANCE["bf16"]
         )
+    # the backward reads the four (the output gradient too, beside its fused delta reduction) in place,
+    # 16-bit, by the asynchronous copies stepping by the pitch
+    backward = fn.for_dtype("bf16").backward.compilation.program.backward[0]
+    assert len(backward.views) == 4 and backward.last_choice.async_copies
 
 
 def test_packed_sequences_attend_within_their_own():
@@ -50,3 +54,21 @@ def test_packed_sequences_attend_within_their_own():
     out = host(fn(*args))
     want = reference(*args)
     assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
+
+
+def test_deterministic_gradients_read_in_place_are_the_same_bits_twice():
+    """Two query heads per key/value head, ``deterministic=true``: the key-major and dQ kernels read the
+    four through their views, and two runs give the same bits."""
+    rng = np.random.default_rng(2)
+    q, d_out = (rng.standard_normal((2, 36, 4, 64)).astype(BF16) for _ in range(2))
+    k, v = (rng.standard_normal((2, 40, 2, 64)).astype(BF16) for _ in range(2))
+    args = [q, k, v, np.zeros((1, 4), np.float32), np.int64(0)]
+    pipeline = PIPELINE.replace("block_k=32", "block_k=32,deterministic=true")
+    fn, reference = (ac.compile(flash_attention, backend=b, pipeline=pipeline, causal=True) for b in ("cuda", "interp"))
+    runs = [[host(g) for g in fn.vjp(*args)[1](d_out)[:3]] for _ in range(2)]
+    want = reference.vjp(*args)[1](d_out)[:3]
+    for got, expected in zip(runs[0], want):
+        assert relative_error(np.asarray(got, np.float64), np.asarray(expected, np.float64)) < 2 * TOLERANCE["bf16"]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
+    backward = fn.for_dtype("bf16").backward.compilation.program.backward[0]
+    assert backward.deterministic and len(backward.views) == 4 and backward.last_choice.async_copies

@@ -223,7 +223,9 @@ class AttentionKernels:
         mma = self.mma_plan(head_dim, value_dim, rows, dense, splits, packed)
         return mma.choice if mma is not None else self.choice.scalar()
 
-    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
+    def extra_kernels(
+        self, head_dim: int, value_dim: int, pitched: bool = False
+    ) -> list[tuple[str, Any, str, KernelChoice]]:
         """None: one kernel per launch (``BackwardKernels.extra_kernels``)."""
         return []
 

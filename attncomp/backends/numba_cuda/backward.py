@@ -92,7 +92,9 @@ class BackwardKernels:
         ]
         #: the tile sources read as bf16 bit patterns (query, key, value and output gradient kept 16-bit)
         self.bits = frozenset(load.operands[0] for load in loads if self.choice.storage == "bits")
-        self._kernels: dict[tuple[int, int, bool], Any] = {}
+        self._kernels: dict[tuple[int, int, bool, bool], Any] = {}
+        #: the kernel the last launch ran (``choice_for``)
+        self.last_choice: KernelChoice | None = None
 
     @property
     def element(self) -> str | None:
@@ -164,24 +166,31 @@ class BackwardKernels:
             return found
         return self.dq_plan(plan.head_dim, plan.value_dim)
 
-    def choice_for(self, head_dim: int, value_dim: int, dense: bool = True) -> KernelChoice:
-        """The kernel a launch with these head dims (and ``dense`` rows or not) runs: the grid's choice
-        where its tensor-core plan fits, else the scalar kernel."""
-        mma = self.mma_plan(head_dim, value_dim, dense)
+    def choice_for(self, head_dim: int, value_dim: int, dense: bool = True, pitched: bool = False) -> KernelChoice:
+        """The kernel a launch with these head dims (and ``dense`` rows or not; ``pitched``: dense rows
+        a pitch apart, the same choice) runs: the grid's choice where its tensor-core plan fits, else
+        the scalar kernel."""
+        mma = self.mma_plan(head_dim, value_dim, dense or pitched)
         return mma.choice if mma is not None else self.choice.scalar()
 
     def launch_plan(self, head_dim: int, value_dim: int, dense: bool = True) -> BackwardPlan | MmaBackwardPlan:
         """The plan a launch with these head dims runs: on tensor cores where it can."""
         return self.mma_plan(head_dim, value_dim, dense) or self.plan(head_dim, value_dim)
 
-    def source(self, head_dim: int, value_dim: int, dense: bool = True) -> str:
-        mma = self.mma_plan(head_dim, value_dim, dense)
+    def source(self, head_dim: int, value_dim: int, dense: bool = True, pitched: bool = False) -> str:
+        """The kernels' source; ``pitched``: the asynchronous copies read rows a pitch apart
+        (``FlashBackwardWriter.pitched``: FlashAttention's layout read through transposed views)."""
+        mma = self.mma_plan(head_dim, value_dim, dense or pitched)
         parts = (self.tiled, self.captured, self.dims, mma)
+        pitched = pitched and mma is not None and mma.choice.async_copies
         if mma is not None and self.deterministic:
-            return write_deterministic_mma(self.name, self.func_name, *parts, self.dq_pass_plan(mma), self.acc_dtype)
+            dq = self.dq_pass_plan(mma)
+            return write_deterministic_mma(self.name, self.func_name, *parts, dq, self.acc_dtype, pitched)
         if mma is not None:
             writer = FlashBackwardWriter if mma.choice.async_copies else MmaBackwardKernelWriter
-            return writer(self.name, *parts).write(self.func_name)
+            kernel = writer(self.name, *parts)
+            kernel.pitched = pitched
+            return kernel.write(self.func_name)
         plan, choice = self.plan(head_dim, value_dim), self.choice.scalar()
         if choice.deterministic:
             dq = self.dq_plan(head_dim, value_dim)
@@ -209,26 +218,35 @@ class BackwardKernels:
         types += ["int64"] * len(self.dims)
         return f"void({', '.join(types)})"
 
-    def kernel(self, head_dim: int, value_dim: int, suffix: str = "", dense: bool = True) -> Any:
-        """The backward kernel for these head dims, for a call whose rows are ``dense`` or not (a
-        deterministic grid's: ``suffix`` "_dq" the dQ kernel, "_sites" the sum of the sites' slices)."""
-        mma = self.mma_plan(head_dim, value_dim, dense)
-        key = (head_dim, value_dim, mma is not None and mma.choice.async_copies)
+    def kernel(self, head_dim: int, value_dim: int, suffix: str = "", dense: bool = True, pitched: bool = False) -> Any:
+        """The backward kernel for these head dims, for a call whose rows are ``dense`` or not (or
+        ``pitched``: dense rows a pitch apart, ``arrays.pitched_rows``; a deterministic grid's:
+        ``suffix`` "_dq" the dQ kernel, "_sites" the sum of the sites' slices)."""
+        mma = self.mma_plan(head_dim, value_dim, dense or pitched)
+        flash = mma is not None and mma.choice.async_copies
+        key = (head_dim, value_dim, flash, flash and pitched)
         if key not in self._kernels:
-            self._kernels[key] = load_source(self.source(head_dim, value_dim, dense), "cuda")
+            self._kernels[key] = load_source(self.source(head_dim, value_dim, dense or pitched, key[3]), "cuda")
         return getattr(self._kernels[key], self.name + suffix)
 
-    def extra_kernels(self, head_dim: int, value_dim: int) -> list[tuple[str, Any, str, KernelChoice]]:
+    def extra_kernels(
+        self, head_dim: int, value_dim: int, pitched: bool = False
+    ) -> list[tuple[str, Any, str, KernelChoice]]:
         """(suffix, kernel, signature, choice) of the kernels a deterministic grid runs after the
-        key-major one: the dQ pass, and the ordered sums (the backward's)."""
+        key-major one: the dQ pass, and the ordered sums (the backward's), for a call with dense rows
+        (``pitched``: a pitch apart)."""
         if not self.deterministic:
             return []
         rows, row = array_type(self.acc_dtype, 2, contiguous=True), array_type(self.acc_dtype, 1, contiguous=True)
-        choice = self.choice_for(head_dim, value_dim)  # the kernels of a call with dense rows
+        choice = self.choice_for(head_dim, value_dim)
+
+        def kernel(suffix: str) -> Any:
+            return self.kernel(head_dim, value_dim, suffix, pitched=pitched)
+
         return [
-            ("_dq", self.kernel(head_dim, value_dim, "_dq"), self.signature(), choice.dq()),
-            ("_heads", self.kernel(head_dim, value_dim, "_heads"), f"void({rows}, int64[:, ::1], {rows})", choice),
-            ("_sites", self.kernel(head_dim, value_dim, "_sites"), f"void({rows}, {row})", choice),
+            ("_dq", kernel("_dq"), self.signature(), choice.dq()),
+            ("_heads", kernel("_heads"), f"void({rows}, int64[:, ::1], {rows})", choice),
+            ("_sites", kernel("_sites"), f"void({rows}, {row})", choice),
         ]
 
     @property
@@ -242,19 +260,29 @@ class BackwardKernels:
         if self.deterministic:
             self.launch_deterministic(positions, n_keys, head_dim, value_dim, *args)
             return
-        dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
+        dense, pitched = self.rows_of(args)
         plan = self.launch_plan(head_dim, value_dim, dense)
+        self.last_choice = self.choice_for(head_dim, value_dim, dense)
         blocks = positions * (-(-n_keys // plan.block_k)) * plan.parts * plan.halves
         if blocks <= 0:
             return
-        launches.launch(self.kernel(head_dim, value_dim, dense=dense), blocks, plan.threads, *args)
+        launches.launch(self.kernel(head_dim, value_dim, dense=dense, pitched=pitched), blocks, plan.threads, *args)
+
+    def rows_of(self, args: tuple) -> tuple[bool, bool]:
+        """Whether a launch's query, key, value and output-gradient rows are dense (rows one after
+        another, ``arrays.dense_rows``, or a pitch apart, ``arrays.pitched_rows``: FlashAttention's
+        layout read through transposed views), and whether a pitch apart."""
+        consecutive = all(arrays.dense_rows(args[n]) for n in self._row_args)
+        pitched = not consecutive and all(arrays.pitched_rows(args[n]) for n in self._row_args)
+        return consecutive or pitched, pitched
 
     def launch_deterministic(self, positions: int, n_keys: int, head_dim: int, value_dim: int, *args: Any) -> None:
         """The key-major kernel (each site into a zeroed slice per thread block; dK and dV into scratch
         rows per query batch position where several share a key/value head), the dQ kernel, then the
         sums: of each key/value head's positions, and of the sites' slices, in a fixed order."""
-        dense = all(arrays.dense_rows(args[n]) for n in self._row_args)
+        dense, pitched = self.rows_of(args)
         plan = self.launch_plan(head_dim, value_dim, dense)
+        self.last_choice = self.choice_for(head_dim, value_dim, dense)
         dq = self.dq_pass_plan(plan)
         query_parts = dq.query_parts if isinstance(dq, MmaBackwardPlan) else dq.parts
         n_sites = len(self.grid.results) - 3
@@ -270,18 +298,20 @@ class BackwardKernels:
         slices = [arrays.zeros((max(key_blocks, 1), *tuple(site.shape)), self.acc_dtype) for site in outputs[3:]]
         launched = [*outputs[:3], *slices, *rest]
         if key_blocks > 0:
-            launches.launch(self.kernel(head_dim, value_dim, dense=dense), key_blocks, plan.threads, *launched)
+            keys = self.kernel(head_dim, value_dim, dense=dense, pitched=pitched)
+            launches.launch(keys, key_blocks, plan.threads, *launched)
         query_blocks = positions * (-(-tuple(out_dq.shape)[-2] // dq.block_q)) * query_parts
         if query_blocks > 0:
-            launches.launch(self.kernel(head_dim, value_dim, "_dq", dense), query_blocks, dq.threads, *launched)
+            dq_kernel = self.kernel(head_dim, value_dim, "_dq", dense, pitched)
+            launches.launch(dq_kernel, query_blocks, dq.threads, *launched)
         if shared and key_blocks > 0:
-            heads = self.kernel(head_dim, value_dim, "_heads", dense)
+            heads = self.kernel(head_dim, value_dim, "_heads", dense, pitched)
             table = arrays.from_host(members, members.shape)
             for out, part in ((out_dk, outputs[1]), (out_dv, outputs[2])):
                 size = int(out.size) // members.shape[0]
                 flat_out, flat_part = out.reshape(members.shape[0], size), part.reshape(positions, size)
                 launches.launch_map(heads, int(out.size), flat_part, table, flat_out)
-        sums = self.kernel(head_dim, value_dim, "_sites", dense)
+        sums = self.kernel(head_dim, value_dim, "_sites", dense, pitched)
         for site, part in zip(outputs[3:], slices):
             size = int(site.size)
             launches.launch_map(sums, size, part.reshape(part.shape[0], size), site.reshape(size))

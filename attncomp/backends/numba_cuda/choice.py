@@ -192,20 +192,24 @@ def transposes_in_place(func: Func) -> set[Value]:
     """The ``ac.transpose`` results kernels read through a view of the argument transposed, nothing
     copied: an argument's axes permuted with its last axis kept last (FlashAttention's ``[B, T, H, D]``
     read as ``[B, H, T, D]``: a head's rows a pitch apart, each row contiguous), read by tile loads
-    alone (the asynchronous copies step by the rows' pitch, ``arrays.pitched_rows``; the staged kernels
-    index any layout).  Any other transpose is a copy the device makes."""
+    (the asynchronous copies step by the rows' pitch, ``arrays.pitched_rows``; the staged kernels
+    index any layout) and fused reductions (``host/fused_reductions.py``: the backward's ``delta =
+    rowsum(d_out * out)`` indexes the view) alone.  Any other transpose is a copy the device makes."""
+    from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
+
     readers: dict = {}
     for op in func.body.walk():
         for value in op.operands:
             readers.setdefault(value, []).append(op)
+    fused = {id(o) for f in plan_fused_reductions(func).values() for o in [f.reduce, *f.absorbed]}
     found = set()
     for op in func.body.ops:
         if op.name != "ac.transpose" or op.operands[0] not in func.args:
             continue
         value, perm = op.results[0], list(op.attrs["perm"])
         users = readers.get(value, [])
-        tiles_only = all(u.name == "ac.tile_load" and u.operands[0] is value for u in users)
-        if users and perm[-1] == len(perm) - 1 and tiles_only:
+        in_place = all((u.name == "ac.tile_load" and u.operands[0] is value) or id(u) in fused for u in users)
+        if users and perm[-1] == len(perm) - 1 and in_place:
             found.add(value)
     return found
 

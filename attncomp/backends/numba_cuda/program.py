@@ -250,11 +250,11 @@ class CudaFunction(Program):
             found.append(info)
         for kernels in [*self.attention, *self.backward]:
             dims = self._head_dims(kernels, head_dim, value_dim)
-            # arguments read through transposed views (FlashAttention's layout): the forward's rows a pitch apart
-            pitched = {"pitched": True} if kernels in self.attention and kernels.views else {}
+            # arguments read through transposed views (FlashAttention's layout): rows a pitch apart
+            pitched = {"pitched": True} if kernels.views else {}
             info = group_kernel(kernels, f"{kernels.name}[D={dims[0]},E={dims[1]}]", *dims, **pitched)
             found.append(info)
-            for suffix, kernel, signature, extra in kernels.extra_kernels(*dims):
+            for suffix, kernel, signature, extra in kernels.extra_kernels(*dims, **pitched):
                 name = f"{kernels.name}{suffix}[D={dims[0]},E={dims[1]}]"
                 found.append(KernelInfo(name, kernel.py_func, signature, info.source, bounds(kernel), extra))
         return found

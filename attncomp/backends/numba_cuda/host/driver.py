@@ -291,7 +291,9 @@ class DriverWriter:
             return
         if op in self.fused:  # a reduction and its elementwise neighbours: one kernel
             fused = self.fused[op]
-            kernel = reduce_kernel(f"k{len(self.kernels)}_reduce", fused, self.kept)
+            # a view of an argument kept 16-bit is read as its patterns too
+            kept = self.kept | {v for v in self.views if v.owner.operands[0] in self.kept}
+            kernel = reduce_kernel(f"k{len(self.kernels)}_reduce", fused, frozenset(kept), frozenset(self.views))
             self.launch(kernel, fused.reduce, fused.out)
             return
         if op.name == "ac.return":

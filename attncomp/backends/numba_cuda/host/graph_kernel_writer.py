@@ -92,11 +92,20 @@ class GraphKernel:
 class GraphKernelWriter:
     """Shared pieces: parameters, the grid-stride loop, flat-index decoding, operand loads."""
 
-    def __init__(self, name: str, op: Op | None, out: Value | None = None, patterns: frozenset[Value] = frozenset()):
+    def __init__(
+        self,
+        name: str,
+        op: Op | None,
+        out: Value | None = None,
+        patterns: frozenset[Value] = frozenset(),
+        views: frozenset[Value] = frozenset(),
+    ):
         """A kernel computing ``op``'s result (or ``out``, a value of the same type); the operands in
-        ``patterns`` are held as bf16 patterns (uint16), widened as they are loaded."""
+        ``patterns`` are held as bf16 patterns (uint16), widened as they are loaded; those in ``views``
+        are transposed views of arguments (``choice.transposes_in_place``), typed as any layout."""
         self.name = name
         self.patterns = patterns
+        self.views = views
         #: whether an operand held as patterns was read (the kernel imports ``widen_bf16``)
         self.read_patterns = False
         self.op = op
@@ -127,7 +136,8 @@ class GraphKernelWriter:
         if value.type.rank == 0:
             return self.param(name, "scalar", SCALAR_ARG[value.type.dtype], value)
         patterns = value in self.patterns
-        numba_type = array_type(value.type.dtype, value.type.rank, contiguous_at_call(value), patterns)
+        contiguous = contiguous_at_call(value) and value not in self.views
+        numba_type = array_type(value.type.dtype, value.type.rank, contiguous, patterns)
         return self.param(name, "array", numba_type, value)
 
     def start(self, count: str = "out.size", setup: tuple[str, ...] = ()) -> None:

@@ -55,13 +55,16 @@ class _Inline:
         return names[value]
 
 
-def reduce_kernel(name: str, fused: FusedReduction, patterns: frozenset[Value] = frozenset()) -> GraphKernel:
+def reduce_kernel(
+    name: str, fused: FusedReduction, patterns: frozenset[Value] = frozenset(), views: frozenset[Value] = frozenset()
+) -> GraphKernel:
     """``ac.reduce``: one output element per iteration, the reduced axes looped over.  Its producers
     are computed per element inside the loop from the arrays they read (as stored: a float16 element
-    widened as it is loaded, a bf16 one held as its 16-bit ``patterns`` too), its epilogue per output
-    element after it; neither has a buffer."""
+    widened as it is loaded, a bf16 one held as its 16-bit ``patterns`` too; ``views``: transposed
+    views of arguments, indexed where they lie), its epilogue per output element after it; neither
+    has a buffer."""
     op = fused.reduce
-    k = GraphKernelWriter(name, op, out=fused.out, patterns=patterns)
+    k = GraphKernelWriter(name, op, out=fused.out, patterns=patterns, views=views)
     src_value = op.operands[0]
     src_type = src_value.type
     rank = src_type.rank

@@ -239,14 +239,18 @@ def write_deterministic_mma(
     plan: MmaBackwardPlan,
     dq_plan: MmaBackwardPlan,
     acc: str,
+    pitched: bool = False,
 ) -> str:
     """The module of a deterministic tensor-core backward of ``plan`` (its design by
     ``choice.async_copies``) and ``dq_plan`` (its dQ pass's, ``BackwardKernels.dq_pass_plan``): the key-major kernel
-    ``name``, the dQ kernel ``name_dq``, and the scalar module's sums ``name_heads`` and ``name_sites``."""
+    ``name``, the dQ kernel ``name_dq``, and the scalar module's sums ``name_heads`` and ``name_sites``;
+    ``pitched``: the asynchronous copies read rows a pitch apart (``FlashBackwardWriter.pitched``)."""
     if plan.choice.async_copies:
         keys, dq = FlashDeterministicWriter, FlashDqWriter
     else:
         keys, dq = StagedDeterministicWriter, StagedDqWriter
     kernels = [keys(name, tiled, captured, dims, plan), dq(f"{name}_dq", tiled, captured, dims, dq_plan)]
+    for kernel in kernels:
+        kernel.pitched = pitched
     sums = [head_sums_source(f"{name}_heads", acc), site_sums_source(f"{name}_sites", acc)]
     return "\n\n".join([kernels[0].write(func_name), kernels[1].write(func_name), *sums])

@@ -5,7 +5,9 @@ The tile loop, the elements (``mma/backward_elements.py``) and the stores are th
 query, key, value and output-gradient rows are dense (``arrays.dense_rows``), each thread issues a
 fixed number of 16-byte ``cp.async`` copies, from one 32-bit offset into its (batch, head) slice
 plus constants, zero-filled past the last key or row: the block's keys and values once, each chunk's
-query and output-gradient rows.  The tiles keep the arrays' rows (``mma/flash_backward_plan.py``),
+query and output-gradient rows (rows a 16-byte multiple apart, ``arrays.pitched_rows``: FlashAttention's
+layout read through transposed views, each copy's offset stepping by its source's pitch,
+``FlashBackwardWriter.pitched``).  The tiles keep the arrays' rows (``mma/flash_backward_plan.py``),
 and every operand is read by ``ldmatrix.x4``, transposed by the instruction where a product sums
 along a tile's rows:
 
@@ -69,6 +71,10 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
 
     BLOCK_INDEX = "np.uint32"  # a grid's blocks and a batch's axes are fewer than 2^32
     ROW_TYPE = "np.int32"  # a tile's rows, as its positions: one register each
+    #: rows any 16-byte multiple apart (``arrays.pitched_rows``: FlashAttention's ``[B, T, H, D]`` read as
+    #: ``[B, H, T, D]``): each copy's offset steps by its source's pitch, read once where the source is
+    #: sliced, where consecutive rows step by D or E, a constant of the instruction
+    pitched = False
 
     def scalar(self, integers: str | None = None) -> ScalarEmitter:
         """The IR's integer ops in 32 bits (a sequence is shorter than 2^31): one register and one
@@ -134,12 +140,17 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         32-bit offset and constant steps; rows past ``count`` read nothing and are zero-filled."""
         p, w = self.mp, self.w
         elements, pitch = (p.head_dim, p.k_pitch) if dim == "d" else (p.value_dim, p.v_pitch)
-        w.line(f"src_at = np.int32(({first} + c_row_{dim}) * {elements} + c_col_{dim} * {COPY_ELEMENTS})")
+        step = f"{src}_pitch" if self.pitched else str(elements)
+        if self.pitched:  # the elements from one row to the next: the stride in bytes halved (16-bit rows)
+            w.line(f"{step} = np.int32({src}.strides[0] >> 1)")
+        w.line(f"src_at = np.int32(({first} + c_row_{dim}) * {step} + c_col_{dim} * {COPY_ELEMENTS})")
         w.line(f"past = np.int32({count} - c_row_{dim})")
         for at, chunk in p.copy_steps(rows, elements):
             size = f"select({at} < past, {CHUNK_BYTES}, 0)"
             dst = f"c_dst_{dim}{plus(p.tile_at[tile] + at * pitch + chunk * CHUNK_BYTES)}"
-            w.line(f"cp_async16(sh, {dst}, {src}, src_at{plus(at * elements + chunk * COPY_ELEMENTS)}, {size})")
+            offset = f"np.int32({at}) * {step}{plus(chunk * COPY_ELEMENTS)}" if self.pitched and at else None
+            offset = f" + {offset}" if offset else plus(at * elements + chunk * COPY_ELEMENTS)
+            w.line(f"cp_async16(sh, {dst}, {src}, src_at{offset}, {size})")
 
     def stage_keys(self, first: str) -> None:
         """The block's keys and values, one group of copies (landed by the first chunk's wait)."""
