@@ -17,7 +17,8 @@ Where it differs: the dropout mask is attncomp's hash of the positions, not Flas
 Philox; a query that sees no key gets zeros and a log-sum-exp of ``-inf``; ``return_attn_probs``
 gives the log-sum-exp and an empty tensor (FlashAttention's ``S_dmask`` when nothing is dropped), and
 is refused with dropout (the dropped-out probabilities are a ``[B, H, T, S]`` matrix attncomp never
-forms); a paged cache is gathered into contiguous rows for the call (a copy of the pages read).
+forms); a paged cache (``flash_attn_with_kvcache``'s, or ``flash_attn_varlen_func``'s with a
+``block_table``) is gathered into contiguous rows for the call (a copy of the pages read).
 It needs the ``torch`` extra; ``import attncomp`` does not import this module (nor torch).
 """
 
@@ -103,6 +104,34 @@ def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> 
     return torch.searchsorted(cu_seqlens[1:], positions, right=True).to(torch.int32)
 
 
+def _paged_rows(
+    where: str, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: Any, cu_seqlens_k: Any, batch: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's pages in order as rows ``[batch * capacity, KV, D]`` (capacity: the table's pages
+    a sequence times the page size; entries past a sequence's keys read page 0, unused), the end of
+    each sequence's keys in those rows, and each row's sequence (``batch + 1`` past its keys)."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(
+            f"{where}: block_table must be an int32 tensor [{batch}, pages a sequence]; got {block_table!r}"
+        )
+    if block_table.dtype != torch.int32 or block_table.device != k_pages.device:
+        raise TypeError(
+            f"{where}: block_table must be int32 on {k_pages.device}; got {block_table.dtype} on {block_table.device}"
+        )
+    _sequences(cu_seqlens_k, 0, "cu_seqlens_k", k_pages.device)  # its type and device
+    device, size = k_pages.device, k_pages.shape[1]
+    capacity = block_table.shape[1] * size
+    lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    used = torch.arange(block_table.shape[1], device=device) * size < lengths[:, None]
+    table = torch.where(used, block_table, 0).to(torch.int64)
+    keys, values = (pages[table].flatten(0, 2) for pages in (k_pages, v_pages))
+    starts = torch.arange(batch, device=device) * capacity
+    row_sequence = torch.arange(batch * capacity, device=device) // capacity
+    inside = torch.arange(batch * capacity, device=device) % capacity < lengths[row_sequence]
+    k_seq = torch.where(inside, row_sequence, batch + 1).to(torch.int32)
+    return keys, values, starts + lengths, k_seq
+
+
 def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -126,24 +155,34 @@ def flash_attn_varlen_func(
     """``flash_attn.flash_attn_varlen_func``: ``q`` ``[total_q, H, D]``, ``k`` and ``v`` ``[total_k, KV, D]``,
     sequence ``b`` at ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` (int32) of ``q`` and likewise of ``k``; each
     query sees its own sequence's keys, aligned to its last key, with the masks of :func:`flash_attn_func`.
-    Positions past the last offset take part in nothing.  ``max_seqlen_q`` and ``max_seqlen_k`` are
-    accepted and not needed.  Gives ``out`` ``[total_q, H, Dv]``, and with ``return_attn_probs``
-    ``(out, lse [H, total_q] float32, an empty tensor)``."""
+    Positions past the last offset take part in nothing.  With ``block_table`` ``[batch, pages a
+    sequence]`` (int32), ``k`` and ``v`` are pages ``[num_pages, page_size, KV, D]`` and sequence ``b``'s
+    keys its first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions through its row of the table (a
+    prefill chunk against a paged cache; the pages read are gathered into rows for the call).
+    ``max_seqlen_q`` and ``max_seqlen_k`` are accepted and not needed.  Gives ``out`` ``[total_q, H,
+    Dv]``, and with ``return_attn_probs`` ``(out, lse [H, total_q] float32, an empty tensor)``."""
     where = "flash_attn_varlen_func"
-    if block_table is not None:
-        raise NotImplementedError(
-            f"{where}: block_table (keys in a paged cache) is not supported here; flash_attn_with_kvcache takes one"
-        )
-    check_heads(where, q, k, v, 3)
+    paged = block_table is not None
+    if paged:
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4:
+                raise ValueError(f"{where}: with block_table, {name} must be pages [num_pages, page_size, KV, D]")
+        check_heads(where, q, k.flatten(0, 1), v.flatten(0, 1), 3)
+    else:
+        check_heads(where, q, k, v, 3)
     refuse_probabilities(where, return_attn_probs, dropout_p)
     if cu_seqlens_q.shape != getattr(cu_seqlens_k, "shape", None):
         raise ValueError(f"{where}: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
     batch = cu_seqlens_q.shape[0] - 1
     q_seq = _sequences(cu_seqlens_q, q.shape[0], "cu_seqlens_q", q.device)
-    k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
-    k_seq = torch.where(k_seq == batch, batch + 1, k_seq)  # keys past the last sequence: no query's
+    if paged:  # sequence b's keys at rows b * capacity + p, p < its length; the rows past them no query's
+        k, v, k_ends, k_seq = _paged_rows(where, k, v, block_table, cu_seqlens_k, batch)
+    else:
+        k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
+        k_seq = torch.where(k_seq == batch, batch + 1, k_seq)  # keys past the last sequence: no query's
+        k_ends = cu_seqlens_k[1:]
     # a query's shift: its sequence's (S - T) + (where its keys start - where its queries start)
-    ends = (cu_seqlens_k[1:] - cu_seqlens_q[1:]).to(torch.int32)
+    ends = (k_ends - cu_seqlens_q[1:]).to(torch.int32)
     q_shift = ends[q_seq.clamp(max=batch - 1)]
     slopes = alibi_rows(where, alibi_slopes, q, batch)
     result = run(

@@ -169,6 +169,40 @@ def test_packed_sequences_on_the_cpu_backend_with_gradients():
     torch.testing.assert_close(self_attention[5:22].double(), alone, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_packed_queries_against_a_paged_cache(backend):
+    """``flash_attn_varlen_func`` with ``block_table``: packed prefill chunks, each sequence's keys the
+    first of its pages (in the table's order, scattered over the pool; entries past its keys unused,
+    out of the pool's range), its queries aligned to its last key, as if called alone; gradients of
+    the queries and of the pages read."""
+    page, pages_a_row = 4, 5
+    q, k, v, cu_q, cu_k = packed(seed=9)
+    g = torch.Generator().manual_seed(10)
+    k_pages, v_pages = (torch.randn(24, page, KV, D, generator=g) for _ in range(2))
+    table = torch.randperm(24, generator=g)[: len(LK) * pages_a_row].reshape(len(LK), pages_a_row).to(torch.int32)
+    lengths = torch.tensor(LK)
+    table[(torch.arange(pages_a_row) * page)[None] >= lengths[:, None]] = 999  # past each row's keys: not read
+    q, k_pages, v_pages = (x.requires_grad_() for x in (q, k_pages, v_pages))
+    out, lse, _ = fa.flash_attn_varlen_func(
+        q, k_pages, v_pages, cu_q, cu_k, max(LQ), max(LK), causal=True, block_table=table, return_attn_probs=True,
+        backend=backend,
+    )  # fmt: skip
+    parts = []
+    for b in range(len(LQ)):
+        rows = slice(cu_q[b], cu_q[b + 1])
+        keys, values = (p[table[b].clamp(max=23).long()].flatten(0, 1)[: LK[b]] for p in (k_pages, v_pages))
+        want, want_lse = reference(q[rows][None], keys[None], values[None], causal=True)
+        torch.testing.assert_close(lse[:, rows].double(), want_lse[0].float().double(), rtol=1e-4, atol=1e-5)
+        parts.append(want[0])
+    want = torch.cat(parts)
+    torch.testing.assert_close(out[: want.shape[0]].double(), want, rtol=1e-4, atol=1e-5)
+    assert out[want.shape[0] :].abs().max() == 0
+    got = torch.autograd.grad(out[: want.shape[0]].square().sum(), (q, k_pages, v_pages))
+    expected = torch.autograd.grad(want.square().sum(), (q, k_pages, v_pages))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+
+
 def rotary_reference(x, cos, sin, positions, interleaved):
     """Rotary embedding written independently: complex products (GPT-J's pairs) or rotate-half (GPT-NeoX's)."""
     half = cos.shape[1]
@@ -278,8 +312,13 @@ def test_what_cannot_be_computed_is_refused_by_name():
         fa.flash_attn_varlen_func(q, k, v, cu_q.long(), cu_k, 17, 17)
     with pytest.raises(ValueError, match="cu_seqlens_k is on meta"):
         fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k.to("meta"), 17, 17)
-    with pytest.raises(NotImplementedError, match="block_table"):
+    with pytest.raises(ValueError, match="with block_table, k must be pages"):
         fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, block_table=torch.zeros(4, 2, dtype=torch.int32))
+    pages = k[:40].reshape(10, 4, KV, D)
+    with pytest.raises(ValueError, match=r"block_table must be an int32 tensor \[4, pages a sequence\]"):
+        fa.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 17, 17, block_table=torch.zeros(3, 2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        fa.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 17, 17, block_table=torch.zeros(4, 5, dtype=torch.int64))
     q, k_cache, v_cache = tensors(t=1, s=30)
     with pytest.raises(ValueError, match="give k and v together"):
         fa.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_cache[:, :1])

@@ -1,6 +1,7 @@
 """``attncomp.flash_attn`` on CUDA tensors against PyTorch's SDPA on the GPU (FlashAttention's layout,
 ``[B, T, H, D]``, transposed for SDPA): a causal sliding window with GQA in bf16 and float32, forward
-and gradients; packed sequences against each sequence alone; a decoding step appending to a paged cache."""
+and gradients; packed sequences against each sequence alone; a decoding step appending to a paged cache;
+packed queries against a paged cache."""
 
 from __future__ import annotations
 
@@ -70,3 +71,20 @@ def test_a_decoding_step_on_a_paged_cache():
         torch.testing.assert_close(keys[0, n - 1], k[b, 0])
         want = sdpa(q[b : b + 1], keys, values, None)
         torch.testing.assert_close(out[b : b + 1], want, **TOLERANCE[torch.bfloat16])
+
+
+def test_packed_queries_against_a_paged_cache():
+    """``flash_attn_varlen_func`` with ``block_table``: two prefill chunks of 40 and 7 queries against
+    130 and 47 keys in pages of 64."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    pages = [torch.randn(12, 64, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
+    table = torch.tensor([[4, 0, 11], [8, 6, 0]], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 40, 47], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 130, 177], dtype=torch.int32, device="cuda")
+    q = torch.randn(47, 8, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = fa.flash_attn_varlen_func(q, *pages, cu_q, cu_k, 40, 130, causal=True, block_table=table)
+    for b, (t, s) in enumerate([(40, 130), (7, 47)]):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys, values = (p[table[b].long()].flatten(0, 1)[None, :s] for p in pages)
+        want = sdpa(q[None, rows], keys, values, window_mask(t, s, s, "cuda"))[0]
+        torch.testing.assert_close(out[rows], want, **TOLERANCE[torch.bfloat16])
