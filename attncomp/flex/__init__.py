@@ -36,32 +36,76 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch.nn.attention.flex_attention import and_masks, create_mask, noop_mask, or_masks
 
 import attncomp as ac
+from attncomp.flex.blocks import picture, sparsity, visible_blocks
 from attncomp.flex.recording import record
 from attncomp.flex.specs import TYPES, build
 from attncomp.torch.traced_ops import TracedOps, trace_constant
 
-__all__ = ["BlockMask", "create_block_mask", "flex_attention"]
+#: torch's own mask helpers are here too (``and_masks``, ``or_masks``, ``noop_mask``, ``create_mask``), so
+#: that code written for FlexAttention swaps one import
+__all__ = ["BlockMask", "and_masks", "create_block_mask", "create_mask", "flex_attention", "noop_mask", "or_masks"]
 
 
 class BlockMask(NamedTuple):
     """What :func:`flex_attention` needs of a block mask: its ``mask_mod`` and the sequence lengths
-    it was made for (``(Q_LEN, KV_LEN)``). No block is evaluated."""
+    it was made for (``(Q_LEN, KV_LEN)``); nothing is evaluated for a call.  FlexAttention's
+    ``shape``, ``sparsity()``, ``to_dense()`` and ``to_string()`` evaluate ``mask_mod`` when asked
+    (:mod:`attncomp.flex.blocks`), at the batch, heads, ``BLOCK_SIZE`` and device it was made with."""
 
     mask_mod: Callable
     seq_lengths: tuple[int, int]
+    B: int | None = None
+    H: int | None = None
+    BLOCK_SIZE: tuple[int, int] = (128, 128)
+    device: Any = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, H, Q_LEN, KV_LEN)``, 1 for a batch or heads of None (the mask is the same for each)."""
+        return (self.B or 1, self.H or 1, *self.seq_lengths)
+
+    def to_dense(self) -> torch.Tensor:
+        """int32 ``[B, H, query blocks, key blocks]``: 1 where a block has a shown entry (one
+        FlexAttention computes), 0 where it has none."""
+        return self._blocks().to(torch.int32)
+
+    def sparsity(self) -> float:
+        """The percentage of the scores in blocks with nothing shown, each other block counted whole
+        (FlexAttention's definition: negative where blocks run past the lengths)."""
+        return sparsity(self._blocks(), self.BLOCK_SIZE, *self.seq_lengths)
+
+    def to_string(self, grid_size: int | tuple[int, int] = (20, 20), limit: int = 4) -> str:
+        """The computed blocks drawn per (batch, head), as FlexAttention's ``to_string``."""
+        return picture(self._blocks(), grid_size, limit)
+
+    def _blocks(self) -> torch.Tensor:
+        device = "cpu" if self.device is None else self.device
+        return visible_blocks(self.mask_mod, *self.shape, self.BLOCK_SIZE, device)
 
 
 def create_block_mask(
-    mask_mod: Callable, B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device: Any = None, **options: Any
+    mask_mod: Callable,
+    B: int | None,
+    H: int | None,
+    Q_LEN: int,
+    KV_LEN: int,
+    device: Any = None,
+    BLOCK_SIZE: int | tuple[int, int] = 128,
+    **options: Any,
 ) -> BlockMask:
-    """``torch.nn.attention.flex_attention.create_block_mask``'s arguments (``BLOCK_SIZE`` and the
-    like accepted and unused): the mask function, kept. attncomp's kernels find their tiles from
-    the function's expression, so nothing is evaluated here, whatever the lengths."""
+    """``torch.nn.attention.flex_attention.create_block_mask``'s arguments (``_compile`` and the like
+    accepted and unused): the mask function, kept with the sizes. attncomp's kernels find their
+    tiles from the function's expression, so nothing is evaluated here, whatever the lengths."""
     if not callable(mask_mod):
         raise TypeError(f"create_block_mask: mask_mod must be a function (b, h, q_idx, kv_idx), got {mask_mod!r}")
-    return BlockMask(mask_mod, (int(Q_LEN), int(KV_LEN)))
+    size = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+    if len(size) != 2 or any(not isinstance(n, int) or n < 1 for n in size):
+        raise ValueError(f"create_block_mask: BLOCK_SIZE must be a positive int or two of them; got {BLOCK_SIZE!r}")
+    batch, heads = (None if n is None else int(n) for n in (B, H))
+    return BlockMask(mask_mod, (int(Q_LEN), int(KV_LEN)), batch, heads, size, device)
 
 
 class Compiled(NamedTuple):
@@ -196,10 +240,6 @@ def _mask_mod(block_mask: Any) -> Callable | None:
             "flex_attention: block_mask must come from create_block_mask (attncomp.flex's or torch's), with its "
             f"mask_mod; got {type(block_mask).__name__}"
         )
-    try:
-        from torch.nn.attention.flex_attention import noop_mask
-    except ImportError:  # pragma: no cover - a torch without FlexAttention
-        return mask_mod
     return None if mask_mod is noop_mask else mask_mod
 
 

@@ -216,6 +216,31 @@ def test_a_modules_numbers_symbolic_in_the_trace_are_compiled_in():
         torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["documents", "neighbourhood", "prefix-lm", "two-sided"])
+def test_a_block_masks_blocks_sparsity_and_picture_are_pytorchs(case):
+    """``shape``, ``to_dense()``, ``sparsity()`` and ``to_string()`` of attncomp's block mask, evaluated
+    when asked, against PyTorch's own block mask of the same function: lengths that are not whole
+    blocks, per-batch masks, square and oblong blocks; and torch's mask helpers under the same import."""
+    mask_mod = {
+        "documents": documents,
+        "neighbourhood": neighbours,
+        "prefix-lm": acf.or_masks(prefix, causal),
+        "two-sided": acf.and_masks(near, acf.noop_mask),
+    }[case]
+    for batch, heads, block in [(2, 3, 16), (None, None, (8, 16)), (2, None, 128)]:
+        ours = acf.create_block_mask(mask_mod, batch, heads, L, L - 3, BLOCK_SIZE=block)
+        theirs = flex.create_block_mask(mask_mod, batch, heads, L, L - 3, device="cpu", BLOCK_SIZE=block)
+        assert ours.shape == theirs.shape and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
+        assert torch.equal(ours.to_dense(), theirs.to_dense())
+        assert ours.sparsity() == pytest.approx(theirs.sparsity())
+        first = ours.to_string(limit=1).split("...")[0]
+        assert first == theirs.to_string(limit=1).split("...")[0] and first.count("\n") > 2
+    dense_mask = acf.create_mask(mask_mod, 2, 1, L, L)
+    assert dense_mask.shape == (2, 1, L, L) and dense_mask.dtype == torch.bool
+    with pytest.raises(ValueError, match="BLOCK_SIZE must be a positive int"):
+        acf.create_block_mask(causal, 1, 1, L, L, BLOCK_SIZE=0)
+
+
 def test_what_cannot_be_compiled_is_refused_by_name():
     q, k, v = tensors()
     with pytest.raises(NotImplementedError, match="branches on a tensor's value"):
