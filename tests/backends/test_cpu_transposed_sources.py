@@ -1,7 +1,8 @@
 """Tiles read through a transpose (FlashAttention's ``[B, T, H, D]`` read as ``[B, H, T, D]``): the CPU
 forward kernels read the array as it is passed, its axes permuted in their indices (no transposed
 copy in the driver), by BLAS with the rows' stride as leading dimension and through a work buffer
-in the few-row loops; where the backward's kernels read it too, the driver copies it as before."""
+in the few-row loops; the backward's kernels multiply its rows where they lie, and the driver's numpy
+reads a view of it."""
 
 import numpy as np
 import pytest
@@ -64,13 +65,27 @@ def test_a_cache_of_flash_attention_read_in_place_decodes_each_rows_keys():
     assert fn.source.split("def flash_attention_cache")[-1].count("np.transpose(") == 1
 
 
-def test_where_the_backward_reads_the_transpose_too_it_is_copied():
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_the_backward_reads_the_transposes_in_place_too(dtype):
+    """The backward's kernel multiplies query, key, value and output-gradient rows where they lie (its
+    arrays in the accumulation type: bf16 widened in their own layout), and ``delta = sum(d_out *
+    out)`` reads a view of the output gradient: of q, k, v and d_out nothing is transposed into a
+    copy; the gradients' own transposes back are all the driver makes."""
+    import ml_dtypes
+
+    from attncomp.flash_attn.specs import flash_attention
+
     rng = np.random.default_rng(2)
-    q, k, v = (rng.standard_normal((1, 40, 2, 16), dtype=np.float32) for _ in range(3))
-    fn = ac.compile(heads_after_positions, backend="cpu")
-    reference = ac.compile(heads_after_positions, backend="interp")
-    cotangent = rng.standard_normal((1, 40, 2, 16), dtype=np.float32)
-    got = fn.vjp(q, k, v)[1](cotangent)
-    want = reference.vjp(q, k, v)[1](cotangent)
+    cast = np.float32 if dtype == "f32" else ml_dtypes.bfloat16
+    q, cotangent = (rng.standard_normal((2, 45, 4, 16)).astype(cast) for _ in range(2))
+    k, v = (rng.standard_normal((2, 37, 2, 16)).astype(cast) for _ in range(2))
+    args = [q, k, v, np.zeros((1, 4), np.float32), np.int64(0)]
+    fn = ac.compile(flash_attention, backend="cpu", causal=True)
+    reference = ac.compile(flash_attention, backend="interp", causal=True)
+    got = fn.vjp(*args)[1](cotangent)[:3]
+    want = reference.vjp(*args)[1](cotangent)[:3]
     for a, b in zip(got, want):
-        assert relative_error(a, b) < 1e-4
+        assert relative_error(np.asarray(a, np.float64), np.asarray(b, np.float64)) < (1e-4 if dtype == "f32" else 2e-2)
+    driver = fn.for_dtype(dtype).backward.source.split("def flash_attention_backward")[-1]
+    views = [line for line in driver.splitlines() if "np.transpose(" in line]
+    assert len(views) == 4 and sum("rt.cast" not in line for line in views) == 1  # d_out's view; dq, dk, dv

@@ -132,7 +132,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
     kernels: dict[Op, tuple[str, dict[Value, str]]] = {}
     dims = size_names(func)
     jit = Jit()
-    transposed = transposes_in_place(func)  # read in place by the forward kernels
+    transposed = transposes_in_place(func)  # read in place by the kernels
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.tile_grid"):
         name = f"attention_kernel_{k}"
         captured = {}
@@ -147,7 +147,7 @@ def generate_source(func: Func, fastmath: set[str] | None = None) -> CpuSource:
     for k, op in enumerate(o for o in func.body.ops if o.name == "ac.key_grid"):
         name = f"attention_backward_kernel_{k}"
         captured = {v: f"arg_{n}" for n, v in enumerate(captured_values(op))}
-        chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, jit))
+        chunks.append(write_backward_kernel(name, read_tiled_backward(op), captured, dims, jit, transposed))
         kernels[op] = (name, captured)
     driver = [DRIVER_HEADER.format(name=func.name)]
     text = None

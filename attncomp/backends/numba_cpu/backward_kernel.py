@@ -38,10 +38,19 @@ from attncomp.ir.types import accumulation_dtype
 class BackwardKernelWriter(KernelSource):
     functions = FUNCTIONS
 
-    def __init__(self, name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str]):
+    def __init__(
+        self,
+        name: str,
+        tiled: TiledBackward,
+        captured: dict[Value, str],
+        dims: list[str],
+        transposed: dict[Value, tuple[int, ...]] | None = None,
+    ):
         super().__init__(captured, dims)
         self.name = name
         self.t = tiled
+        #: tile sources passed as the array before their transpose (``signatures.transposes_in_place``)
+        self.transposed = {v: p for v, p in (transposed or {}).items() if v in captured}
         self.acc_dtype = accumulation_dtype(tiled.grid.results[0].type.dtype)
         self.acc = NUMPY_SCALAR[self.acc_dtype]
         self.nb = tiled.grid.results[0].type.rank - 2
@@ -60,10 +69,18 @@ class BackwardKernelWriter(KernelSource):
         ]
 
     def rows_of(self, load, start: str, count: str, array: str | None = None) -> str:
-        """``src[batch..., start:start + count]`` of a tile load, read in place (or of ``array``)."""
+        """``src[batch..., start:start + count]`` of a tile load, read in place (or of ``array``): a
+        transposed source's rows indexed in the passed array's order (rows a stride apart, each
+        contiguous: BLAS reads them where they are)."""
         src = array or self.array_ref(load.operands[0])
-        batch = [self.scalar().ref(v) for v in load.operands[1:-1]]
-        return f"{src}[{''.join(b + ', ' for b in batch)}{start}:{start} + {count}]"
+        index = [*(self.scalar().ref(v) for v in load.operands[1:-1]), f"{start}:{start} + {count}"]
+        perm = None if array else self.transposed.get(load.operands[0])
+        if perm is None:
+            return f"{src}[{', '.join(index)}]"
+        passed = [":"] * len(perm)
+        for k, axis in enumerate(perm[: len(index)]):
+            passed[axis] = index[k]
+        return f"{src}[{', '.join(passed)}]"
 
     def row_value(self, load, row: str) -> str:
         """Element ``[batch..., row, 0]`` of a ``[..., T, 1]`` source (the LSE and delta rows)."""
@@ -248,6 +265,11 @@ class BackwardKernelWriter(KernelSource):
 
 
 def write_backward_kernel(
-    name: str, tiled: TiledBackward, captured: dict[Value, str], dims: list[str], jit: sig.Jit
+    name: str,
+    tiled: TiledBackward,
+    captured: dict[Value, str],
+    dims: list[str],
+    jit: sig.Jit,
+    transposed: dict[Value, tuple[int, ...]] | None = None,
 ) -> str:
-    return BackwardKernelWriter(name, tiled, captured, dims).write(jit)
+    return BackwardKernelWriter(name, tiled, captured, dims, transposed).write(jit)

@@ -80,6 +80,8 @@ class DriverWriter:
         self.func = func
         #: transposes the kernels read in place (``signatures.transposes_in_place``): not computed
         self.in_place = in_place or set()
+        #: such a transpose -> the array before it, which kernels read (numpy reads a view of it)
+        self.kernel_arrays: dict[Value, str] = {}
         self.kernels = kernels
         self.w = SourceWriter()
         self.names: dict[Value, str] = {}
@@ -144,7 +146,11 @@ class DriverWriter:
         elif name == "ac.check_index":
             self.w.line(check_index_call(op, a))
         elif name == "ac.transpose" and op.results[0] in self.in_place:  # kernels read the array as it is
-            self.names[op.results[0]] = a[0]
+            self.kernel_arrays[op.results[0]] = a[0]
+            if all(user.name in ("ac.tile_grid", "ac.key_grid") for user in self.readers[op.results[0]]):
+                self.names[op.results[0]] = a[0]
+            else:  # the driver's numpy reads a view of it: nothing copied
+                self.w.line(f"{self.fresh(op.results[0])} = np.transpose({a[0]}, {tuple(op.attrs['perm'])})")
         elif name == "ac.page_view":  # kernels read the pages through the table; nothing is copied
             rows = dim_expr(dim(op.attrs["rows"]))
             size = f"{a[0]}.shape[{op.operands[0].type.rank - 2}]"
@@ -188,7 +194,7 @@ class DriverWriter:
         """The kernel's arguments for the values its regions capture (tile sources in ``acc``)."""
         args = []
         for value in captured:
-            value_ref = self.ref(self.buffers.get(value, value))
+            value_ref = self.kernel_arrays.get(value) or self.ref(self.buffers.get(value, value))
             if value.type.rank == 0:
                 args.append(f"rt.kernel_scalar({self.ref(value)}, {value.type.dtype!r})")
             else:  # the dtype the kernel's signature names (signatures.captured_types)

@@ -66,14 +66,16 @@ def buffer_of(value: Value) -> Value:
 
 
 def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
-    """The ``ac.transpose`` results that forward kernels read in place, each with its permutation:
-    the driver passes the array before the transpose (no copy) and the kernel indexes it with the
-    axes permuted (a key tile's rows ``k[b, j0:j0 + nk, h]`` of a ``[B, S, KV, D]`` array read as
-    ``[B, KV, S, D]``: FlashAttention's layout), copying each tile's rows into a work buffer.  Only
-    where the last axis stays last (rows keep contiguous features), the type is the kernel's own
-    (float32 or float64 in a kernel of that accumulation type, or bf16 the kernel reads as bits:
-    widened as its rows are copied), and forward kernels' tile loads are
-    all that read it: anything else (the backward's kernels, a graph op) gets the transposed copy."""
+    """The ``ac.transpose`` results that kernels read in place, each with its permutation: the
+    driver passes the array before the transpose (no copy) and the kernel indexes it with the axes
+    permuted (a key tile's rows ``k[b, j0:j0 + nk, h]`` of a ``[B, S, KV, D]`` array read as
+    ``[B, KV, S, D]``: FlashAttention's layout).  Only where the last axis stays last (rows keep
+    contiguous features), kernels' tile loads read it (a forward kernel copying each tile's rows
+    into a work buffer, where its type is the kernel's own: float32 or float64 in a kernel of that
+    accumulation type, or bf16 read as bits, widened as its rows are copied; a backward kernel
+    multiplying the rows where they are, its array in the accumulation type), and the driver's
+    numpy alone reads it otherwise (``READ_AS_VIEWS``: a view, ``np.transpose``, nothing copied:
+    the backward's ``delta = sum(d_out * out)``).  Anything else gets the transposed copy."""
     readers: dict[Value, list[Op]] = {}
     for op in func.body.ops:
         for v in [*op.operands, *(captured_values(op) if op.regions else [])]:
@@ -84,18 +86,26 @@ def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
             continue
         value, perm = op.results[0], tuple(op.attrs["perm"])
         users = readers.get(value, [])
-        if not users or perm[-1] != len(perm) - 1 or value.type.dtype not in ("f32", "f64", "bf16"):
+        if perm[-1] != len(perm) - 1 or value.type.dtype not in ("f32", "f64", "bf16"):
             continue
-        if all(_only_tiles_of(user, value) for user in users):
+        grids = [user for user in users if user.name in ("ac.tile_grid", "ac.key_grid")]
+        viewed = all(user in grids or user.name in READ_AS_VIEWS for user in users)
+        if grids and viewed and all(_only_tiles_of(grid, value) for grid in grids):
             found[value] = perm
     return found
 
 
+#: the driver's numpy ops that read a transpose kernels read in place as a view of the array
+READ_AS_VIEWS = {"ac.cast", "ac.mul", "ac.reduce"}
+
+
 def _only_tiles_of(grid: Op, value: Value) -> bool:
-    """Whether ``grid`` is a forward grid of ``value``'s type that reads ``value`` as a tile source only."""
-    if grid.name != "ac.tile_grid" or value in grid.operands:
+    """Whether ``grid`` reads ``value`` as a tile source only: a backward grid, or a forward one of
+    ``value``'s type (or reading it as bf16 bits)."""
+    if value in grid.operands:
         return False
-    if accumulation_dtype(grid.results[0].type.dtype) != value.type.dtype and value not in stored_bf16(grid):
+    forward_type = accumulation_dtype(grid.results[0].type.dtype) == value.type.dtype or value in stored_bf16(grid)
+    if grid.name == "ac.tile_grid" and not forward_type:
         return False
     for op in grid.regions[0].walk():
         if value in op.operands and (op.name != "ac.tile_load" or op.operands.index(value) != 0):
