@@ -32,7 +32,11 @@ def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients()
     assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
     # the arguments read in place through transposed views (``choice.transposes_in_place``), as 16-bit
     # patterns, a head's rows H * D apart (``arrays.pitched_rows``): the asynchronous copies, stepping by the pitch
-    assert fn.for_dtype("bf16").compilation.program.attention[0].last_choice.async_copies
+    program = fn.for_dtype("bf16").compilation.program
+    assert program.attention[0].last_choice.async_copies
+    # the output written as bf16 patterns through a transposed view of the result: no pass after the kernel
+    assert program.attention[0].out_view and program.attention[0].out_bits
+    assert not program.graph_kernels  # no transpose of the inputs or of the output, no narrowing
     _, pullback = fn.vjp(*args)
     cotangent = rng.standard_normal(want.shape).astype(BF16)
     for got, expected in list(zip(pullback(cotangent), want_pullback(cotangent)))[:3]:

@@ -25,7 +25,7 @@ import numpy as np
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.key_splits import fixed_split_count, split_blocks
-from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice, transposes_in_place
+from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice, outputs_in_place, transposes_in_place
 from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, quantized_pages
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
@@ -65,6 +65,8 @@ class AttentionKernels:
         self.grid = grid
         #: arguments read through transposed views (any layout at a call: their signature's arrays)
         self.views = transposes_in_place(func)
+        #: whether the output is written through a transposed view of the function's result
+        self.out_view = grid.results[0] in outputs_in_place(func)
         self.tiled = read_tiled_attention(grid)
         self.captured: dict = {}
         for n, v in enumerate(captured_values(grid)):
@@ -262,8 +264,10 @@ class AttentionKernels:
         """The Numba signature the PTX is compiled for: the specialisation a call with C-contiguous
         arrays dispatches (``contiguous_at_call``: a decoder's cache views are of any layout)."""
         types = [array_type(r.type.dtype, r.type.rank, contiguous=True) for r in self.grid.results]
+        out_rank = self.grid.results[0].type.rank
+        types[0] = array_type(self.grid.results[0].type.dtype, out_rank, contiguous=not self.out_view)
         if self.out_bits:
-            types[0] = array_type("f32", self.grid.results[0].type.rank, contiguous=True, patterns=True)
+            types[0] = array_type("f32", out_rank, contiguous=not self.out_view, patterns=True)
         for value in self.captured:
             rank = value.type.rank
             contiguous = contiguous_at_call(value) and value not in self.views

@@ -214,6 +214,32 @@ def transposes_in_place(func: Func) -> set[Value]:
     return found
 
 
+def outputs_in_place(func: Func) -> dict[Value, Op]:
+    """Per ``ac.tile_grid`` output written through a transposed view of the function's result: the
+    output whose one reader is an ``ac.transpose`` keeping the last axis last, whose result the
+    function returns and nothing else reads (FlashAttention's ``[B, T, H, D]`` output, computed as
+    ``[B, H, T, D]``): the output -> that transpose.  The driver allocates the result and hands the
+    kernel the view; nothing is transposed after it."""
+    readers: dict = {}
+    for op in func.body.walk():
+        for value in op.operands:
+            readers.setdefault(value, []).append(op)
+    ret = func.body.ops[-1]
+    found = {}
+    for op in func.body.ops:
+        if op.name != "ac.tile_grid":
+            continue
+        users = readers.get(op.results[0], [])
+        if len(users) != 1 or users[0].name != "ac.transpose" or users[0].operands[0] is not op.results[0]:
+            continue
+        transpose = users[0]
+        perm = list(transpose.attrs["perm"])
+        returned = readers.get(transpose.results[0], [])
+        if perm[-1] == len(perm) - 1 and returned == [ret] and ret.operands.count(transpose.results[0]) == 1:
+            found[op.results[0]] = transpose
+    return found
+
+
 def tensor_core_types(
     module: Module, fixed_lanes: bool = False, backward_lanes: bool = False
 ) -> tuple[list[KernelChoice], frozenset[int], list[KernelChoice]]:
@@ -332,17 +358,20 @@ def tensor_core_types(
 
 def bf16_outputs(module: Module) -> list[bool]:
     """Per ``ac.tile_grid``: whether its kernel writes its output as bf16 patterns (uint16, rounded
-    to nearest even in the kernel): the output is declared bf16 and the function returns it, which
-    nothing else reads.  Half the bytes a float32 output writes, and no rounding pass after."""
+    to nearest even in the kernel): the output is declared bf16 and the function returns it (or its
+    transpose, written in place: :func:`outputs_in_place`), which nothing else reads.  Half the bytes
+    a float32 output writes, and no rounding pass after."""
     func = module.main
     ret = func.body.ops[-1]
     readers: dict = {}
     for op in func.body.walk():
         for value in op.operands:
             readers.setdefault(value, []).append(op)
+    viewed = outputs_in_place(func)
     found = []
     for op in func.body.ops:
         if op.name == "ac.tile_grid":
             out = op.results[0]
-            found.append(out.type.dtype == "bf16" and all(r is ret for r in readers.get(out, [])))
+            returned = all(r is ret for r in readers.get(out, [])) or out in viewed
+            found.append(out.type.dtype == "bf16" and returned)
     return found

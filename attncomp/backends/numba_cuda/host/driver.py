@@ -23,7 +23,7 @@ from attncomp.backends.host_ops import (
 )
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
-from attncomp.backends.numba_cuda.choice import transposes_in_place
+from attncomp.backends.numba_cuda.choice import outputs_in_place, transposes_in_place
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
@@ -72,6 +72,9 @@ class DriverWriter:
         self.kept = kept
         #: transposes of arguments that kernels read through a view (``choice.transposes_in_place``)
         self.views = transposes_in_place(func)
+        #: attention outputs written through a transposed view of the result (``choice.outputs_in_place``)
+        self.out_views = outputs_in_place(func)
+        self.written = set(self.out_views.values())
         #: reductions with the elementwise ops they compute inline, by the op where each is launched
         self.fused = {f.last: f for f in plan_fused_reductions(func).values()}
         self.absorbed = {o for f in self.fused.values() for o in [f.reduce, *f.absorbed] if o is not f.last}
@@ -269,8 +272,17 @@ class DriverWriter:
                 rounded[value] = self.bf16_patterns(value)
         outs = []
         for n, result in enumerate(op.results):
-            outs.append(self.fresh(result))
             dtype = "np.uint16" if n == 0 and kernels.out_bits else repr(result.type.dtype)  # bf16 patterns
+            transpose = self.out_views.get(result)
+            if transpose is not None:  # the function's result, the kernel writing it through a view
+                final = transpose.results[0]
+                self.w.line(f"{self.fresh(final)} = rt.empty({shape_expr(final)}, {dtype})")
+                perm = list(transpose.attrs["perm"])
+                inverse = tuple(perm.index(axis) for axis in range(len(perm)))
+                outs.append(self.fresh(result))
+                self.w.line(f"{outs[-1]} = rt.transposed({self.ref(final)}, {inverse})")
+                continue
+            outs.append(self.fresh(result))
             self.w.line(f"{outs[-1]} = rt.empty({shape_expr(result)}, {dtype})")
         args = [rounded.get(v, a) for v, a in zip(kernels.captured, self.captured_args(kernels.captured))]
         dims = [dim_var(d) for d in kernels.dims]
@@ -287,7 +299,7 @@ class DriverWriter:
         self.w.line(f"attention[{kernels.index}].launch({sizes}, {', '.join(outs + args + dims)})")
 
     def op(self, op: Op) -> None:
-        if op in self.folded or op in self.absorbed:
+        if op in self.folded or op in self.absorbed or op in self.written:
             return
         if op in self.fused:  # a reduction and its elementwise neighbours: one kernel
             fused = self.fused[op]
