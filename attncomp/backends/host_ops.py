@@ -63,3 +63,25 @@ def check_index_call(op: Op, operands: list[str]) -> str:
         f"rt.check_index_range(int({operands[0]}), int({operands[1]}), int({operands[2]}), {size}, "
         f"{attrs['axis']}, {attrs['exact']}, {attrs.get('at', '')!r})"
     )
+
+
+def scalar_expr(op: Op, operands: list[str]) -> str | None:
+    """A 0-d op as a numpy expression of its ``operands`` (their names), or None where it has none."""
+    name, a, attrs = op.name, operands, op.attrs
+    if name == "ac.constant":
+        return f"np.full((), {py_literal(attrs['value'])})"
+    if name == "ac.dim":
+        return dim_expr(attrs["value"])
+    if name in NUMPY_UNARY:
+        return f"{NUMPY_UNARY[name]}({a[0]})"
+    if name == "ac.rsqrt":
+        return f"1.0 / np.sqrt({a[0]})"
+    if name in NUMPY_BINARY:
+        return f"{NUMPY_BINARY[name]}({a[0]}, {a[1]})"
+    if name == "ac.cmp":
+        return f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})"
+    if name == "ac.where":
+        return f"np.where({a[0]}, {a[1]}, {a[2]})"
+    if name in ("ac.cast", "ac.reshape"):
+        return a[0]
+    return None

@@ -30,7 +30,7 @@ def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients()
     out = host(fn(*args))
     assert out.shape == (1, 40, 2, 64)
     assert relative_error(np.asarray(out, np.float64), np.asarray(want, np.float64)) < TOLERANCE["bf16"]
-    # the arguments read in place through transposed views (``choice.transposes_in_place``), as 16-bit
+    # the arguments read in place through transposed views (``host/views.py``), as 16-bit
     # patterns, a head's rows H * D apart (``arrays.pitched_rows``): the asynchronous copies, stepping by the pitch
     program = fn.for_dtype("bf16").compilation.program
     assert program.attention[0].last_choice.async_copies
@@ -45,8 +45,12 @@ def test_whole_sequences_with_a_window_softcap_and_alibi_forward_and_gradients()
         )
     # the backward reads the four (the output gradient too, beside its fused delta reduction) in place,
     # 16-bit, by the asynchronous copies stepping by the pitch
-    backward = fn.for_dtype("bf16").backward.compilation.program.backward[0]
+    backward_program = fn.for_dtype("bf16").backward.compilation.program
+    backward = backward_program.backward[0]
     assert len(backward.views) == 4 and backward.last_choice.async_copies
+    # the gradients transposed back into [B, T, H, D] and rounded to bf16 patterns in one pass each
+    transposes = [k for k in backward_program.graph_kernels if k.name.endswith("_transpose")]
+    assert len(transposes) == 3 and all(k.signature.startswith("void(uint16[") for k in transposes)
 
 
 def test_packed_sequences_attend_within_their_own():

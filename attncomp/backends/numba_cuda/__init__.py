@@ -99,7 +99,8 @@ def build(
         op: BackwardKernels(k, op, func, choice, backward_lanes)
         for k, (op, choice) in enumerate(zip(key_grids, backward_chosen))
     }
-    source, graph_kernels = generate_driver(func, attention, backward, frozenset(func.args[k] for k in bits))
+    kept = frozenset(func.args[k] for k in bits)
+    source, graph_kernels = generate_driver(func, attention, backward, kept, tuple(d == "bf16" for d in declared))
     module_ = load_source(source, "cuda")
     program = CudaFunction(source, module_, graph_kernels, list(attention.values()), list(backward.values()))
     program.bf16_results = [d == "bf16" for d in declared]

@@ -25,12 +25,13 @@ import numpy as np
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
 from attncomp.backends.key_splits import fixed_split_count, split_blocks
-from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice, outputs_in_place, transposes_in_place
+from attncomp.backends.numba_cuda.choice import FORWARD, KernelChoice
 from attncomp.backends.numba_cuda.fp8_codes import codes_of, quantized_append, quantized_pages
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
 from attncomp.backends.numba_cuda.host.quantized_append import codes_type
 from attncomp.backends.numba_cuda.host.scratch import Scratch
+from attncomp.backends.numba_cuda.host.views import outputs_in_place, transposes_in_place
 from attncomp.backends.numba_cuda.kernel_source import threads_constant
 from attncomp.backends.numba_cuda.mma.flash_kernel import FlashKernelWriter
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter

@@ -26,9 +26,10 @@ import numpy as np
 from attncomp.backends.backward_tiles import read_tiled_backward
 from attncomp.backends.cache import load_source
 from attncomp.backends.codegen import size_names
-from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice, transposes_in_place
+from attncomp.backends.numba_cuda.choice import BACKWARD, KernelChoice
 from attncomp.backends.numba_cuda.host import arrays, launches
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import SCALAR_ARG, array_type, contiguous_at_call
+from attncomp.backends.numba_cuda.host.views import transposes_in_place
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.backward_plan import MmaBackwardPlan, plan_mma_backward, staged_dq_plan
 from attncomp.backends.numba_cuda.mma.deterministic import write_deterministic_mma

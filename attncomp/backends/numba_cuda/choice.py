@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from attncomp.backends.numba_cuda.mma.atoms import ATOMS, MmaAtom
-from attncomp.ir.core import Func, Module, Op, Value
+from attncomp.ir.core import Module, Op
 from attncomp.ir.types import CACHE_DTYPES, accumulation_dtype
 
 #: the kernel families: an attention's forward, its backward (dK, dV, and dQ by atomics or in a
@@ -188,58 +188,6 @@ def choose(op: Op, storage: str | None = None, fixed_lanes: bool = False) -> Ker
     return choice
 
 
-def transposes_in_place(func: Func) -> set[Value]:
-    """The ``ac.transpose`` results kernels read through a view of the argument transposed, nothing
-    copied: an argument's axes permuted with its last axis kept last (FlashAttention's ``[B, T, H, D]``
-    read as ``[B, H, T, D]``: a head's rows a pitch apart, each row contiguous), read by tile loads
-    (the asynchronous copies step by the rows' pitch, ``arrays.pitched_rows``; the staged kernels
-    index any layout) and fused reductions (``host/fused_reductions.py``: the backward's ``delta =
-    rowsum(d_out * out)`` indexes the view) alone.  Any other transpose is a copy the device makes."""
-    from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
-
-    readers: dict = {}
-    for op in func.body.walk():
-        for value in op.operands:
-            readers.setdefault(value, []).append(op)
-    fused = {id(o) for f in plan_fused_reductions(func).values() for o in [f.reduce, *f.absorbed]}
-    found = set()
-    for op in func.body.ops:
-        if op.name != "ac.transpose" or op.operands[0] not in func.args:
-            continue
-        value, perm = op.results[0], list(op.attrs["perm"])
-        users = readers.get(value, [])
-        in_place = all((u.name == "ac.tile_load" and u.operands[0] is value) or id(u) in fused for u in users)
-        if users and perm[-1] == len(perm) - 1 and in_place:
-            found.add(value)
-    return found
-
-
-def outputs_in_place(func: Func) -> dict[Value, Op]:
-    """Per ``ac.tile_grid`` output written through a transposed view of the function's result: the
-    output whose one reader is an ``ac.transpose`` keeping the last axis last, whose result the
-    function returns and nothing else reads (FlashAttention's ``[B, T, H, D]`` output, computed as
-    ``[B, H, T, D]``): the output -> that transpose.  The driver allocates the result and hands the
-    kernel the view; nothing is transposed after it."""
-    readers: dict = {}
-    for op in func.body.walk():
-        for value in op.operands:
-            readers.setdefault(value, []).append(op)
-    ret = func.body.ops[-1]
-    found = {}
-    for op in func.body.ops:
-        if op.name != "ac.tile_grid":
-            continue
-        users = readers.get(op.results[0], [])
-        if len(users) != 1 or users[0].name != "ac.transpose" or users[0].operands[0] is not op.results[0]:
-            continue
-        transpose = users[0]
-        perm = list(transpose.attrs["perm"])
-        returned = readers.get(transpose.results[0], [])
-        if perm[-1] == len(perm) - 1 and returned == [ret] and ret.operands.count(transpose.results[0]) == 1:
-            found[op.results[0]] = transpose
-    return found
-
-
 def tensor_core_types(
     module: Module, fixed_lanes: bool = False, backward_lanes: bool = False
 ) -> tuple[list[KernelChoice], frozenset[int], list[KernelChoice]]:
@@ -264,6 +212,7 @@ def tensor_core_types(
     (``widen-bf16``)."""
     from attncomp.backends.backward_tiles import read_tiled_backward
     from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
+    from attncomp.backends.numba_cuda.host.views import transposes_in_place
     from attncomp.backends.tiles import read_tiled_attention
 
     func = module.main
@@ -361,6 +310,8 @@ def bf16_outputs(module: Module) -> list[bool]:
     to nearest even in the kernel): the output is declared bf16 and the function returns it (or its
     transpose, written in place: :func:`outputs_in_place`), which nothing else reads.  Half the bytes
     a float32 output writes, and no rounding pass after."""
+    from attncomp.backends.numba_cuda.host.views import outputs_in_place
+
     func = module.main
     ret = func.body.ops[-1]
     readers: dict = {}

@@ -13,24 +13,22 @@ arguments stay where they are and so do the results.
 from __future__ import annotations
 
 from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
-from attncomp.backends.host_ops import (
-    NUMPY_BINARY,
-    NUMPY_COMPARE,
-    NUMPY_UNARY,
-    check_index_call,
-    py_literal,
-    shape_expr,
-)
+from attncomp.backends.host_ops import check_index_call, scalar_expr, shape_expr
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
-from attncomp.backends.numba_cuda.choice import outputs_in_place, transposes_in_place
 from attncomp.backends.numba_cuda.device_math import IMPORT
 from attncomp.backends.numba_cuda.host.fused_reductions import plan_fused_reductions
 from attncomp.backends.numba_cuda.host.graph_kernel_writer import GraphKernel
 from attncomp.backends.numba_cuda.host.graph_kernels import graph_kernel
-from attncomp.backends.numba_cuda.host.map_kernels import bf16_patterns_kernel, cache_append_kernel, reshape_copy
+from attncomp.backends.numba_cuda.host.map_kernels import (
+    bf16_patterns_kernel,
+    cache_append_kernel,
+    layout_kernel,
+    reshape_copy,
+)
 from attncomp.backends.numba_cuda.host.quantized_append import quantized_append_kernel
 from attncomp.backends.numba_cuda.host.reduction_kernels import reduce_kernel, scatter_add_kernel
+from attncomp.backends.numba_cuda.host.views import outputs_in_place, rounded_transposes, transposes_in_place
 from attncomp.backends.tiles import LoweringError
 from attncomp.ir.core import Func, Op, Value
 from attncomp.ir.dims import dim
@@ -56,6 +54,7 @@ class DriverWriter:
         attention: dict[Op, AttentionKernels],
         backward: dict[Op, BackwardKernels],
         kept: frozenset[Value] = frozenset(),
+        narrowed: tuple[bool, ...] = (),
     ):
         self.func = func
         self.attention = attention
@@ -70,11 +69,14 @@ class DriverWriter:
         self.patterns = {v for kernels in [*attention.values(), *backward.values()] for v in kernels.bits}
         #: the arguments the device keeps as bf16 patterns (the fused reductions read them so)
         self.kept = kept
-        #: transposes of arguments that kernels read through a view (``choice.transposes_in_place``)
+        #: transposes of arguments that kernels read through a view (``host/views.py``)
         self.views = transposes_in_place(func)
-        #: attention outputs written through a transposed view of the result (``choice.outputs_in_place``)
+        #: attention outputs written through a transposed view of the result (``host/views.py``)
         self.out_views = outputs_in_place(func)
         self.written = set(self.out_views.values())
+        #: float32 transposes the function returns as bf16 (``narrowed``: per result, declared bf16):
+        #: written as bf16 patterns by the transpose's kernel, no rounding pass after it
+        self.rounded = rounded_transposes(func, narrowed)
         #: reductions with the elementwise ops they compute inline, by the op where each is launched
         self.fused = {f.last: f for f in plan_fused_reductions(func).values()}
         self.absorbed = {o for f in self.fused.values() for o in [f.reduce, *f.absorbed] if o is not f.last}
@@ -92,27 +94,10 @@ class DriverWriter:
 
     # host (0-d) ops -------------------------------------------------------------
     def host_op(self, op: Op) -> None:
-        name, a, out = op.name, [self.ref(v) for v in op.operands], op.results[0]
-        attrs = op.attrs
-        if name == "ac.constant":
-            expr = f"np.full((), {py_literal(attrs['value'])})"
-        elif name == "ac.dim":
-            expr = dim_expr(attrs["value"])
-        elif name in NUMPY_UNARY:
-            expr = f"{NUMPY_UNARY[name]}({a[0]})"
-        elif name == "ac.rsqrt":
-            expr = f"1.0 / np.sqrt({a[0]})"
-        elif name in NUMPY_BINARY:
-            expr = f"{NUMPY_BINARY[name]}({a[0]}, {a[1]})"
-        elif name == "ac.cmp":
-            expr = f"{NUMPY_COMPARE[attrs['pred']]}({a[0]}, {a[1]})"
-        elif name == "ac.where":
-            expr = f"np.where({a[0]}, {a[1]}, {a[2]})"
-        elif name in ("ac.cast", "ac.reshape"):
-            expr = a[0]
-        else:
-            raise LoweringError(f"the cuda backend cannot lower a 0-d {name}")
-        self.w.line(f"{self.fresh(out)} = rt.cast({expr}, {out.type.dtype!r})")
+        expr = scalar_expr(op, [self.ref(v) for v in op.operands])
+        if expr is None:
+            raise LoweringError(f"the cuda backend cannot lower a 0-d {op.name}")
+        self.w.line(f"{self.fresh(op.results[0])} = rt.cast({expr}, {op.results[0].type.dtype!r})")
 
     # device ops ------------------------------------------------------------------
     def launch(self, kernel: GraphKernel, op: Op, out: Value | None = None) -> None:
@@ -124,7 +109,8 @@ class DriverWriter:
         for p in kernel.params:
             if p.kind == "out":
                 args[p.name] = self.fresh(out)
-                w.line(f"{args[p.name]} = rt.empty({shape_expr(out)}, {out.type.dtype!r})")
+                dtype = "np.uint16" if out in self.rounded else repr(out.type.dtype)  # bf16 patterns
+                w.line(f"{args[p.name]} = rt.empty({shape_expr(out)}, {dtype})")
             elif p.kind == "array":
                 args[p.name] = self.ref(p.value)
             elif p.kind == "scalar":
@@ -343,6 +329,8 @@ class DriverWriter:
             self.reshape(op, name)
         elif op.name == "ac.cache_append":
             self.cache_append(op, name)
+        elif out in self.rounded:
+            self.launch(layout_kernel(name, op, rounded=True), op)
         else:
             self.launch(graph_kernel(name, op), op)
 
@@ -384,10 +372,12 @@ def generate_driver(
     attention: dict[Op, AttentionKernels],
     backward: dict[Op, BackwardKernels] | None = None,
     kept: frozenset[Value] = frozenset(),
+    narrowed: tuple[bool, ...] = (),
 ) -> tuple[str, list[GraphKernel]]:
     """The driver module's source (graph kernels, then ``run``) and its kernels (``kept``: the
-    arguments the device holds as bf16 patterns)."""
-    writer = DriverWriter(func, attention, backward or {}, kept)
+    arguments the device holds as bf16 patterns; ``narrowed``: per result, whether the function
+    returns it as bf16)."""
+    writer = DriverWriter(func, attention, backward or {}, kept, narrowed)
     run = writer.write()
     imports = "\n".join([IMPORT, *dict.fromkeys(line for k in writer.kernels for line in k.imports)])
     chunks = [HEADER.format(name=func.name, device_math=imports)] + [k.source for k in writer.kernels] + [run]

@@ -102,7 +102,7 @@ class GraphKernelWriter:
     ):
         """A kernel computing ``op``'s result (or ``out``, a value of the same type); the operands in
         ``patterns`` are held as bf16 patterns (uint16), widened as they are loaded; those in ``views``
-        are transposed views of arguments (``choice.transposes_in_place``), typed as any layout."""
+        are transposed views of arguments (``host/views.py``), typed as any layout."""
         self.name = name
         self.patterns = patterns
         self.views = views

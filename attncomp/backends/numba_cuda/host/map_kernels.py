@@ -90,9 +90,10 @@ def elementwise_kernel(name: str, op: Op) -> GraphKernel:
     return k.finish(after=after)
 
 
-def layout_kernel(name: str, op: Op) -> GraphKernel:
+def layout_kernel(name: str, op: Op, rounded: bool = False) -> GraphKernel:
     """Copies: each output element reads one operand element (or, for cache_append, each new entry
-    is written into the cache)."""
+    is written into the cache); ``rounded``: a transpose written as bf16 patterns (uint16, rounded to
+    nearest even: a float32 value the function returns as bf16, rounded as it is copied)."""
     if op.name == "ac.cache_append":
         return cache_append_kernel(name, [(op, False, False)])
     k = GraphKernelWriter(name, op)
@@ -113,6 +114,11 @@ def layout_kernel(name: str, op: Op) -> GraphKernel:
         at = [""] * op.operands[0].type.rank
         for axis, source_axis in enumerate(attrs["perm"]):
             at[source_axis] = index[axis]
+        if rounded:
+            out = op.results[0].type
+            k.params[0].numba_type = array_type(out.dtype, out.rank, contiguous=True, patterns=True)
+            k.store(index, f"round_bf16({srcs[0]}[{', '.join(at)}])")
+            return k.finish(imports=[ROUND_BF16])
         k.store(index, f"{srcs[0]}[{', '.join(at)}]")
     elif op.name == "ac.slice":
         at = list(index)
