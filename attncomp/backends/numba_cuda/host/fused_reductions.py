@@ -8,9 +8,10 @@ loop: its *epilogue*, with the elementwise ops computing the epilogue's other op
 nowhere else.  A reshape that only inserts or removes axes of size 1 counts as elementwise (the
 same element, its index with or without the size-1 axes).  The backward's
 ``delta = rowsum(cast(d_out) * cast(out)) - reshape(cast(d_lse))`` is then one kernel reading
-``d_out``, ``out`` and ``d_lse`` as it receives them (f16 as stored; bf16 ones still arrive widened
-to float32), summing in float32, where it was one kernel per op with
-a buffer between each.  Values stay in their compute type (float32 for 16-bit floats) between fused
+``d_out``, ``out`` and ``d_lse`` as it receives them (f16 as stored; bf16 ones as their 16-bit
+patterns where the device keeps them so, ``choice.tensor_core_types``; a transposed view of an
+argument indexed where it lies, ``host/views.py``), summing in float32, where it was one kernel per
+op with a buffer between each.  Values stay in their compute type (float32 for 16-bit floats) between fused
 ops, as in the attention kernels.
 
 :func:`plan_fused_reductions` decides what fuses; ``reduction_kernels.reduce_kernel`` writes the
