@@ -28,7 +28,15 @@ from typing import Any
 
 import torch
 
-from attncomp.flash_attn.calls import alibi_rows, check_heads, refuse_probabilities, run, with_probabilities
+from attncomp.flash_attn.calls import (
+    alibi_rows,
+    check_heads,
+    check_table,
+    refuse_probabilities,
+    run,
+    table_rows,
+    with_probabilities,
+)
 from attncomp.flash_attn.kvcache import flash_attn_with_kvcache
 from attncomp.flash_attn.specs import flash_attention, flash_attention_varlen
 
@@ -90,8 +98,8 @@ def flash_attn_qkvpacked_func(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> A
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
 
 
-def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> torch.Tensor:
-    """Each packed position's sequence (``len(cu_seqlens) - 1`` past the last one)."""
+def _check_offsets(cu_seqlens: Any, name: str, device: torch.device) -> None:
+    """Refuse, by name, offsets that are not a 1-D int32 tensor of batch + 1 on ``device``."""
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"flash_attn_varlen_func: {name} must be a 1-D tensor of batch + 1 offsets")
     if cu_seqlens.device != device:
@@ -100,6 +108,11 @@ def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> 
         raise TypeError(
             f"flash_attn_varlen_func: {name} must be int32, as FlashAttention takes it; got {cu_seqlens.dtype}"
         )
+
+
+def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> torch.Tensor:
+    """Each packed position's sequence (``len(cu_seqlens) - 1`` past the last one)."""
+    _check_offsets(cu_seqlens, name, device)
     positions = torch.arange(total, dtype=torch.int32, device=cu_seqlens.device)
     return torch.searchsorted(cu_seqlens[1:], positions, right=True).to(torch.int32)
 
@@ -108,23 +121,14 @@ def _paged_rows(
     where: str, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: Any, cu_seqlens_k: Any, batch: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each sequence's pages in order as rows ``[batch * capacity, KV, D]`` (capacity: the table's pages
-    a sequence times the page size; entries past a sequence's keys read page 0, unused), the end of
-    each sequence's keys in those rows, and each row's sequence (``batch + 1`` past its keys)."""
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(
-            f"{where}: block_table must be an int32 tensor [{batch}, pages a sequence]; got {block_table!r}"
-        )
-    if block_table.dtype != torch.int32 or block_table.device != k_pages.device:
-        raise TypeError(
-            f"{where}: block_table must be int32 on {k_pages.device}; got {block_table.dtype} on {block_table.device}"
-        )
-    _sequences(cu_seqlens_k, 0, "cu_seqlens_k", k_pages.device)  # its type and device
-    device, size = k_pages.device, k_pages.shape[1]
-    capacity = block_table.shape[1] * size
+    a sequence times the page size, :func:`calls.table_rows`), the end of each sequence's keys in
+    those rows, and each row's sequence (``batch + 1`` past its keys)."""
+    device = k_pages.device
+    check_table(where, block_table, batch, device)
+    _check_offsets(cu_seqlens_k, "cu_seqlens_k", device)
+    capacity = block_table.shape[1] * k_pages.shape[1]
     lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
-    used = torch.arange(block_table.shape[1], device=device) * size < lengths[:, None]
-    table = torch.where(used, block_table, 0).to(torch.int64)
-    keys, values = (pages[table].flatten(0, 2) for pages in (k_pages, v_pages))
+    keys, values = (table_rows(pages, block_table, lengths).flatten(0, 1) for pages in (k_pages, v_pages))
     starts = torch.arange(batch, device=device) * capacity
     row_sequence = torch.arange(batch * capacity, device=device) // capacity
     inside = torch.arange(batch * capacity, device=device) % capacity < lengths[row_sequence]

@@ -59,6 +59,27 @@ def check_heads(where: str, q: Any, k: Any, v: Any, dims: int) -> None:
         raise ValueError(f"{where}: q and k must have the same head size; got {q.shape[-1]} and {k.shape[-1]}")
 
 
+def check_table(where: str, block_table: Any, batch: int, device: Any) -> None:
+    """Refuse, by name, a page table that is not int32 ``[batch, pages a sequence]`` on ``device``."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(
+            f"{where}: block_table must be an int32 tensor [{batch}, pages a sequence]; got {block_table!r}"
+        )
+    if block_table.dtype != torch.int32 or block_table.device != device:
+        raise TypeError(
+            f"{where}: block_table must be int32 on {device}; got {block_table.dtype} on {block_table.device}"
+        )
+
+
+def table_rows(pages: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each sequence's pages in its table's order as rows ``[batch, pages a sequence * page_size, ...]``
+    (a copy of the pages read); a table's entries past the sequence's ``lengths`` read page 0, whatever
+    they hold, and those rows are masked by the spec."""
+    size = pages.shape[1]
+    used = torch.arange(block_table.shape[1], device=pages.device) * size < lengths.to(torch.int64)[:, None]
+    return pages[torch.where(used, block_table, 0).to(torch.int64)].flatten(1, 2)
+
+
 def alibi_rows(where: str, alibi_slopes: Any, q: Any, batch: int) -> torch.Tensor:
     """The ALiBi slopes as ``[A, H]`` float32 (``A`` 1 or the batch); none: one row of zeros, unread."""
     heads = q.shape[-2]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from attncomp.flash_attn.calls import alibi_rows, check_heads, run
+from attncomp.flash_attn.calls import alibi_rows, check_heads, check_table, run, table_rows
 from attncomp.flash_attn.specs import flash_attention_cache
 
 WHERE = "flash_attn_with_kvcache"
@@ -83,8 +83,7 @@ def flash_attn_with_kvcache(
     batch, device = q.shape[0], q.device
     paged = block_table is not None
     if paged:
-        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
-            raise ValueError(f"{WHERE}: block_table must be int32 [{batch}, pages a row]; got {block_table!r}")
+        check_table(WHERE, block_table, batch, device)
         if cache_batch_idx is not None:
             raise ValueError(f"{WHERE}: cache_batch_idx picks rows of a contiguous cache; a paged one has block_table")
         capacity = block_table.shape[1] * k_cache.shape[1]
@@ -117,7 +116,7 @@ def flash_attn_with_kvcache(
                     cache[rows[:, None], positions] = fresh.to(cache.dtype)
         lengths = lengths + new
     if paged:  # each row's pages in order: contiguous rows for the kernels (a copy of the pages read)
-        keys, values = (c[block_table.to(torch.int64)].flatten(1, 2) for c in (k_cache, v_cache))
+        keys, values = (table_rows(c, block_table, lengths) for c in (k_cache, v_cache))
     elif cache_batch_idx is not None:
         keys, values = k_cache[rows], v_cache[rows]
     else:

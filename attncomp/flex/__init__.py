@@ -39,7 +39,7 @@ import torch
 from torch.nn.attention.flex_attention import and_masks, create_mask, noop_mask, or_masks
 
 import attncomp as ac
-from attncomp.flex.blocks import picture, sparsity, visible_blocks
+from attncomp.flex import blocks
 from attncomp.flex.recording import record
 from attncomp.flex.specs import TYPES, build
 from attncomp.torch.traced_ops import TracedOps, trace_constant
@@ -75,15 +75,15 @@ class BlockMask(NamedTuple):
     def sparsity(self) -> float:
         """The percentage of the scores in blocks with nothing shown, each other block counted whole
         (FlexAttention's definition: negative where blocks run past the lengths)."""
-        return sparsity(self._blocks(), self.BLOCK_SIZE, *self.seq_lengths)
+        return blocks.sparsity(self._blocks(), self.BLOCK_SIZE, *self.seq_lengths)
 
     def to_string(self, grid_size: int | tuple[int, int] = (20, 20), limit: int = 4) -> str:
         """The computed blocks drawn per (batch, head), as FlexAttention's ``to_string``."""
-        return picture(self._blocks(), grid_size, limit)
+        return blocks.picture(self._blocks(), grid_size, limit)
 
     def _blocks(self) -> torch.Tensor:
         device = "cpu" if self.device is None else self.device
-        return visible_blocks(self.mask_mod, *self.shape, self.BLOCK_SIZE, device)
+        return blocks.visible_blocks(self.mask_mod, *self.shape, self.BLOCK_SIZE, device)
 
 
 def create_block_mask(

@@ -75,12 +75,7 @@ class BackwardKernelWriter(KernelSource):
         src = array or self.array_ref(load.operands[0])
         index = [*(self.scalar().ref(v) for v in load.operands[1:-1]), f"{start}:{start} + {count}"]
         perm = None if array else self.transposed.get(load.operands[0])
-        if perm is None:
-            return f"{src}[{', '.join(index)}]"
-        passed = [":"] * len(perm)
-        for k, axis in enumerate(perm[: len(index)]):
-            passed[axis] = index[k]
-        return f"{src}[{', '.join(passed)}]"
+        return f"{src}[{', '.join(index if perm is None else sig.permuted(index, perm))}]"
 
     def row_value(self, load, row: str) -> str:
         """Element ``[batch..., row, 0]`` of a ``[..., T, 1]`` source (the LSE and delta rows)."""

@@ -447,12 +447,7 @@ class KernelWriter(KernelSource):
         before a transpose (``index[k]`` of axis ``k`` of the transposed value is the passed array's
         axis ``perm[k]``)."""
         perm = self.transposed.get(source)
-        if perm is not None:
-            passed = [""] * len(perm)
-            for k, axis in enumerate(perm):
-                passed[axis] = index[k]
-            index = passed
-        return f"{self.array_ref(source)}[{', '.join(index)}]"
+        return f"{self.array_ref(source)}[{', '.join(index if perm is None else sig.permuted(index, perm))}]"
 
     # the kernel ---------------------------------------------------------------
     def header(self) -> None:

@@ -95,6 +95,15 @@ def transposes_in_place(func: Func) -> dict[Value, tuple[int, ...]]:
     return found
 
 
+def permuted(index: list[str], perm: tuple[int, ...]) -> list[str]:
+    """An index of a transposed value (``index[k]`` of its axis ``k``; axes past the index whole) as
+    the index of the array before the transpose, whose axis ``perm[k]`` that is."""
+    passed = [":"] * len(perm)
+    for k, axis in enumerate(perm[: len(index)]):
+        passed[axis] = index[k]
+    return passed
+
+
 #: the driver's numpy ops that read a transpose kernels read in place as a view of the array
 READ_AS_VIEWS = {"ac.cast", "ac.mul", "ac.reduce"}
 

@@ -149,31 +149,28 @@ def dense_rows(x: Any) -> bool:
     """Whether a kernel may read ``x`` (a device view) a 16-byte chunk at a time as dense rows: the
     last axis contiguous, the rows one after another, every other stride and the first element
     16-byte aligned (a C-contiguous array, or a decoder cache's prefix of one)."""
-    shape, strides = tuple(x.shape), tuple(x.strides)
-    if len(shape) < 2 or 0 in shape:
-        return False
-    item = x.dtype.itemsize
-    if (shape[-1] > 1 and strides[-1] != item) or (shape[-2] > 1 and strides[-2] != shape[-1] * item):
-        return False
-    if (shape[-1] * item) % COPY_ALIGN or any(s % COPY_ALIGN for n, s in zip(shape[:-2], strides[:-2]) if n > 1):
-        return False
-    address = _device_address(x)
-    return address is not None and address % COPY_ALIGN == 0
+    return _chunked_rows(x, lambda rows, pitch, row: rows == 1 or pitch == row)
 
 
 def pitched_rows(x: Any) -> bool:
-    """Whether a forward kernel may read ``x`` (a device view) a 16-byte chunk at a time as rows a pitch
-    apart (:func:`dense_rows` but for the rows' stride, any 16-byte multiple at least a row long:
+    """Whether a kernel may read ``x`` (a device view) a 16-byte chunk at a time as rows a pitch apart
+    (:func:`dense_rows` but for the rows' stride, any 16-byte multiple at least a row long:
     FlashAttention's ``[B, T, H, D]`` read as ``[B, H, T, D]``, a head's rows ``H * D`` apart), with
     a head's rows times the pitch fewer than 2^31 elements (the copies' 32-bit offsets)."""
+    limit = x.dtype.itemsize << 31
+    return _chunked_rows(x, lambda rows, pitch, row: pitch % COPY_ALIGN == 0 and row <= pitch and rows * pitch < limit)
+
+
+def _chunked_rows(x: Any, rows_apart: Any) -> bool:
+    """Whether ``x`` has rows of 16-byte chunks (the last axis contiguous, a 16-byte multiple long),
+    ``rows_apart(rows, pitch, row bytes)`` of its rows' count and stride, every other stride and
+    the first element 16-byte aligned."""
     shape, strides = tuple(x.shape), tuple(x.strides)
     if len(shape) < 2 or 0 in shape:
         return False
     item = x.dtype.itemsize
-    if shape[-1] > 1 and strides[-1] != item:
-        return False
     row = shape[-1] * item
-    if row % COPY_ALIGN or strides[-2] % COPY_ALIGN or strides[-2] < row or shape[-2] * strides[-2] >= item << 31:
+    if (shape[-1] > 1 and strides[-1] != item) or row % COPY_ALIGN or not rows_apart(shape[-2], strides[-2], row):
         return False
     if any(s % COPY_ALIGN for n, s in zip(shape[:-2], strides[:-2]) if n > 1):
         return False

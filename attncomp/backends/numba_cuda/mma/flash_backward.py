@@ -43,7 +43,7 @@ from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16, plus
 from attncomp.backends.numba_cuda.mma.backward_kernel import MmaBackwardKernelWriter
 from attncomp.backends.numba_cuda.mma.flash_backward_plan import COPY_GROUP, FlashBackwardPlan
-from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS
+from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS, row_pitch
 from attncomp.ir.core import Op
 
 #: a lane's ldmatrix row, by pattern, from its matrix ``j`` and row ``r`` in it: (rows, chunk) as
@@ -141,8 +141,8 @@ class FlashBackwardWriter(MmaBackwardKernelWriter):
         p, w = self.mp, self.w
         elements, pitch = (p.head_dim, p.k_pitch) if dim == "d" else (p.value_dim, p.v_pitch)
         step = f"{src}_pitch" if self.pitched else str(elements)
-        if self.pitched:  # the elements from one row to the next: the stride in bytes halved (16-bit rows)
-            w.line(f"{step} = np.int32({src}.strides[0] >> 1)")
+        if self.pitched:
+            w.line(f"{step} = {row_pitch(src)}")
         w.line(f"src_at = np.int32(({first} + c_row_{dim}) * {step} + c_col_{dim} * {COPY_ELEMENTS})")
         w.line(f"past = np.int32({count} - c_row_{dim})")
         for at, chunk in p.copy_steps(rows, elements):

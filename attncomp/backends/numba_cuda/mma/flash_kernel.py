@@ -39,7 +39,14 @@ from attncomp.backends.numba_cuda.lanes import quotient, remainder
 from attncomp.backends.numba_cuda.mma.atoms import LDMATRIX_X4, M16N8K16
 from attncomp.backends.numba_cuda.mma.flash_loop import FlashKeyLoop
 from attncomp.backends.numba_cuda.mma.forward_kernel import MmaKernelWriter
-from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS, SWIZZLE, SWIZZLED, swizzled
+from attncomp.backends.numba_cuda.mma.forward_plan import (
+    CHUNK_BYTES,
+    COPY_ELEMENTS,
+    SWIZZLE,
+    SWIZZLED,
+    row_pitch,
+    swizzled,
+)
 from attncomp.backends.numba_cuda.mma.fragment_rows import ROW_NAMES, row_letter, tile_name
 from attncomp.backends.numba_cuda.mma.packed_heads import PackedHeads
 from attncomp.backends.numba_cuda.mma.page_copies import PageCopies
@@ -91,12 +98,6 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
     def row_bytes(dim: int) -> int:
         return 2 * dim
 
-    @staticmethod
-    def pitch(name: str) -> str:
-        """The elements from one of ``{name}_rows``'s rows to the next: its stride in bytes halved (16-bit
-        elements, as every array the asynchronous copies read: f16, or bf16 patterns), not divided."""
-        return f"np.int32({name}_rows.strides[0] >> 1)"
-
     def copy_lanes(self) -> None:
         """Where each thread's copies start: its chunk of a row, its first row, and their place."""
         p, w = self.mp, self.w
@@ -112,7 +113,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
             else:
                 w.line(f"{name}_rows = {self.slice_of(load)}  # this head's rows, dense")
                 if self.pitched:
-                    w.line(f"{name}_pitch = {self.pitch(name)}")
+                    w.line(f"{name}_pitch = {row_pitch(f'{name}_rows')}")
 
     def tile_load(self, name: str) -> Op:
         """The key ("k") or value ("v") tile load."""
@@ -202,7 +203,7 @@ class FlashKernelWriter(PackedHeads, PageCopies, FlashKeyLoop, MmaKernelWriter):
         # 32 bits, as the keys' copies: one offset and constant steps; rows past the end read nothing
         w.line("q_past = np.int32(n_rows - i0 - q_row)")
         if self.pitched:
-            w.line(f"q_pitch = {self.pitch('q')}")
+            w.line(f"q_pitch = {row_pitch('q_rows')}")
         pitch = "q_pitch" if self.pitched else str(p.head_dim)
         w.line(f"q_at = np.int32((i0 + q_row) * {pitch} + q_col * {COPY_ELEMENTS})")
         for n in range(p.rows // step):

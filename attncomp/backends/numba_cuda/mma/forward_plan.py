@@ -158,6 +158,15 @@ FLASH_DIM = 64
 COPY_ELEMENTS = 8
 #: bytes of one copy and of one ldmatrix row: a 16-byte chunk of eight 16-bit elements
 CHUNK_BYTES = 2 * COPY_ELEMENTS
+
+
+def row_pitch(rows: str) -> str:
+    """The elements from one of ``rows``'s rows to the next (a generated expression): its stride in
+    bytes halved (16-bit elements, as every array the asynchronous copies read: f16, or bf16
+    patterns), not divided."""
+    return f"np.int32({rows}.strides[0] >> 1)"
+
+
 #: rows of one swizzle pattern of the asynchronous-copy kernel's tiles: a chunk's place is
 #: ``chunk ^ (row % SWIZZLE)``
 SWIZZLE = LDMATRIX_X4.rows
