@@ -25,6 +25,7 @@ from attncomp.functions import (
     mean,
     min,
     minimum,
+    page_view,
     random,
     repeat_kv,
     rsqrt,
@@ -40,8 +41,8 @@ from attncomp.plot import plot_attention
 __version__ = "0.1.0"
 
 SPEC_FUNCTIONS = (
-    "abs concat cos dropout exp index log logsumexp max maximum mean min minimum random repeat_kv rsqrt sin softmax "
-    "sqrt sum tanh where"
+    "abs concat cos dropout exp index log logsumexp max maximum mean min minimum page_view random repeat_kv rsqrt sin "
+    "softmax sqrt sum tanh where"
 ).split()
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "mean",
     "min",
     "minimum",
+    "page_view",
     "parse_ir",
     "plot_attention",
     "random",

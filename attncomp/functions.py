@@ -134,6 +134,28 @@ def repeat_kv(x: Tensor, n_rep: Any) -> Tensor:
     return tracer.emit("ac.repeat_kv", [x], {"n_rep": reps.value if reps.is_const else reps})
 
 
+def page_view(pages: Tensor, table: Tensor, rows: Any, slot: int | None = None) -> Tensor:
+    """The first ``rows`` rows of sequences kept in pages (op ``ac.page_view``): row ``r`` of sequence
+    ``b`` is slot ``r % P`` of page ``table[b, r // P]``; nothing is copied, the kernels read the pages
+    through the table.
+
+    ``pages`` is ``[num_pages, *heads, P, d]``, or with ``slot=1`` ``[num_pages, P, *heads, d]``
+    (FlashAttention's and vLLM's layout); ``table`` is integer ``[batch, pages a sequence]`` (or
+    ``[pages]``: one sequence); the view is ``[batch, *heads, rows, d]``.  Page numbers are checked
+    before a call reads them.
+    """
+    tracer = _need_tracer("page_view", pages, table)
+    pages, table = tracer.lift(pages), tracer.lift(table)
+    attrs: dict[str, Any] = {"rows": tracer.size(rows)}
+    if slot is not None:
+        if not isinstance(slot, int) or isinstance(slot, bool) or slot not in (1, pages.ndim - 2, -2):
+            raise tracer.located(
+                SpecError(f"ac.page_view: slot is 1 or -2 (the pages' axis holding a page's rows), got {slot!r}")
+            )
+        attrs["slot"] = slot % pages.ndim
+    return tracer.emit("ac.page_view", [pages, table], attrs)
+
+
 def random(*counters: Any) -> Tensor:
     """A uniform float32 in [0, 1) per element, hashed from integer counters (op ``ac.random``).
 

@@ -8,9 +8,10 @@
 Rows: a causal sliding window of 512 (``window_size=(511, 0)``), forward and forward + backward;
 four packed causal sequences (``flash_attn_varlen_func``) against SDPA with the block-diagonal
 causal mask; a decoding step of 8 rows against a cache of up to 2,048 keys
-(``flash_attn_with_kvcache``) against SDPA with the rows' key-padding mask. 8 heads of 64
-(2 key/value heads). Calls alternate; each row gives the median times and the median of the
-per-pair ratios (below 1.0 attncomp is faster).
+(``flash_attn_with_kvcache``) against SDPA with the rows' key-padding mask, and the same step with
+the cache in shuffled pages of 256 (``block_table``) against SDPA on the rows gathered from the
+pages (PyTorch has no paged attention). 8 heads of 64 (2 key/value heads). Calls alternate; each
+row gives the median times and the median of the per-pair ratios (below 1.0 attncomp is faster).
 """
 
 from __future__ import annotations
@@ -112,6 +113,18 @@ def flash_attn_rows(quick: bool, repeats: int, device: str = "cpu", timed: bool 
             f"decoding step, {batch} rows, cache up to {length} keys",
             lambda: fa.flash_attn_with_kvcache(step_q, *cache, cache_seqlens=lengths),
             lambda: _sdpa(torch, step_q, *cache, shown),
+        )
+        # the same rows in pages of 256 (FlashAttention's [num_pages, page_size, KV, D]), shuffled
+        size = 256
+        order = torch.randperm(batch * length // size, generator=torch.Generator().manual_seed(4)).to(device)
+        table = order.reshape(batch, length // size).to(torch.int32)
+        pages = [torch.empty_like(c.reshape(-1, size, 2, 64)) for c in cache]
+        for page, c in zip(pages, cache):
+            page[table.long()] = c.reshape(batch, length // size, size, 2, 64)
+        row(
+            f"decoding step, pages of {size} (sdpa: the rows gathered)",
+            lambda: fa.flash_attn_with_kvcache(step_q, *pages, cache_seqlens=lengths, block_table=table),
+            lambda: _sdpa(torch, step_q, *(p[table.long()].flatten(1, 2) for p in pages), shown),
         )
     return lines
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import Dim, dim
+from attncomp.ir.ops.shape import page_slot
 from attncomp.ir.types import is_float
 
 NUMPY_SCALAR = {
@@ -280,8 +281,8 @@ class KernelSource:
         pages, table = self.array_ref(load_op.operands[0]), self.array_ref(view.operands[1])
         batch, *heads = (self.scalar().ref(v) for v in load_op.operands[1:-1])
         entry = f"{batch}, " if view.operands[1].type.rank == 2 else ""
-        size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
-        return f"{table}[{entry}({row}) // {size}]", "".join(f"{h}, " for h in heads) + f"({row}) % {size}, "
+        size = page_size(pages, view)
+        return f"{table}[{entry}({row}) // {size}]", page_index(view, heads, f"({row}) % {size}")
 
     def by_tile_class(self, tiled, emit: Callable[[object, str | None], None], one_copy: bool = False) -> None:
         """The loop body of ``tiled`` (a TiledAttention or TiledBackward): its classification, then
@@ -315,3 +316,16 @@ class KernelSource:
         if self.functions is None:
             return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref)
         return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions)
+
+
+def page_size(pages: str, view: Op) -> str:
+    """The rows a page of an ``ac.page_view``'s pool ``pages`` holds, as an expression."""
+    return f"{pages}.shape[{page_slot(view.attrs, view.operands[0].type.rank)}]"
+
+
+def page_index(view: Op, heads: list[str], slot: str) -> str:
+    """The index of a row's features in an ``ac.page_view``'s pool after its page: the heads and the
+    ``slot`` in the pool's order (the slot after the heads, or first), with a trailing ", "."""
+    at = list(heads)
+    at.insert(page_slot(view.attrs, view.operands[0].type.rank) - 1, slot)
+    return "".join(f"{a}, " for a in at)

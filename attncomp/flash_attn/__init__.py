@@ -17,8 +17,9 @@ Where it differs: the dropout mask is attncomp's hash of the positions, not Flas
 Philox; a query that sees no key gets zeros and a log-sum-exp of ``-inf``; ``return_attn_probs``
 gives the log-sum-exp and an empty tensor (FlashAttention's ``S_dmask`` when nothing is dropped), and
 is refused with dropout (the dropped-out probabilities are a ``[B, H, T, S]`` matrix attncomp never
-forms); a paged cache (``flash_attn_with_kvcache``'s, or ``flash_attn_varlen_func``'s with a
-``block_table``) is gathered into contiguous rows for the call (a copy of the pages read).
+forms).  A paged cache (``flash_attn_with_kvcache``'s, or ``flash_attn_varlen_func``'s with a
+``block_table``) is read in place through the table (``ac.page_view``), except where autograd
+records the call: then the pages read are gathered into rows, which torch differentiates.
 It needs the ``torch`` extra; ``import attncomp`` does not import this module (nor torch).
 """
 
@@ -32,13 +33,15 @@ from attncomp.flash_attn.calls import (
     alibi_rows,
     check_heads,
     check_table,
+    needs_grad,
     refuse_probabilities,
     run,
     table_rows,
+    used_table,
     with_probabilities,
 )
 from attncomp.flash_attn.kvcache import flash_attn_with_kvcache
-from attncomp.flash_attn.specs import flash_attention, flash_attention_varlen
+from attncomp.flash_attn.specs import flash_attention, flash_attention_varlen, flash_attention_varlen_paged
 
 __all__ = [
     "flash_attn_func",
@@ -118,22 +121,27 @@ def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> 
 
 
 def _paged_rows(
-    where: str, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: Any, cu_seqlens_k: Any, batch: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each sequence's pages in order as rows ``[batch * capacity, KV, D]`` (capacity: the table's pages
-    a sequence times the page size, :func:`calls.table_rows`), the end of each sequence's keys in
-    those rows, and each row's sequence (``batch + 1`` past its keys)."""
-    device = k_pages.device
+    where: str, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: Any, cu_seqlens_k: Any, q: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The keys and values of a paged call as rows ``b * capacity + p`` (capacity: the table's pages a
+    sequence times the page size): the pages and the table's rows one after another, read in place
+    (:func:`calls.used_table`), or, where autograd records the call, a copy of the pages read
+    (:func:`calls.table_rows`); the end of each sequence's keys in those rows, and each row's
+    sequence (``batch + 1`` past its keys)."""
+    device, batch = k_pages.device, cu_seqlens_k.shape[0] - 1
     check_table(where, block_table, batch, device)
     _check_offsets(cu_seqlens_k, "cu_seqlens_k", device)
     capacity = block_table.shape[1] * k_pages.shape[1]
     lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
-    keys, values = (table_rows(pages, block_table, lengths).flatten(0, 1) for pages in (k_pages, v_pages))
+    if needs_grad(q, k_pages, v_pages):
+        keys = [table_rows(pages, block_table, lengths).flatten(0, 1)[None] for pages in (k_pages, v_pages)]
+    else:
+        keys = [k_pages, v_pages, used_table(block_table, lengths, k_pages.shape[1]).flatten()]
     starts = torch.arange(batch, device=device) * capacity
     row_sequence = torch.arange(batch * capacity, device=device) // capacity
     inside = torch.arange(batch * capacity, device=device) % capacity < lengths[row_sequence]
     k_seq = torch.where(inside, row_sequence, batch + 1).to(torch.int32)
-    return keys, values, starts + lengths, k_seq
+    return keys, starts + lengths, k_seq
 
 
 def flash_attn_varlen_func(
@@ -162,7 +170,7 @@ def flash_attn_varlen_func(
     Positions past the last offset take part in nothing.  With ``block_table`` ``[batch, pages a
     sequence]`` (int32), ``k`` and ``v`` are pages ``[num_pages, page_size, KV, D]`` and sequence ``b``'s
     keys its first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions through its row of the table (a
-    prefill chunk against a paged cache; the pages read are gathered into rows for the call).
+    prefill chunk against a paged cache, read in place).
     ``max_seqlen_q`` and ``max_seqlen_k`` are accepted and not needed.  Gives ``out`` ``[total_q, H,
     Dv]``, and with ``return_attn_probs`` ``(out, lse [H, total_q] float32, an empty tensor)``."""
     where = "flash_attn_varlen_func"
@@ -179,18 +187,20 @@ def flash_attn_varlen_func(
         raise ValueError(f"{where}: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
     batch = cu_seqlens_q.shape[0] - 1
     q_seq = _sequences(cu_seqlens_q, q.shape[0], "cu_seqlens_q", q.device)
+    spec = flash_attention_varlen
     if paged:  # sequence b's keys at rows b * capacity + p, p < its length; the rows past them no query's
-        k, v, k_ends, k_seq = _paged_rows(where, k, v, block_table, cu_seqlens_k, batch)
+        keys, k_ends, k_seq = _paged_rows(where, k, v, block_table, cu_seqlens_k, q)
+        spec = flash_attention_varlen_paged if len(keys) == 3 else spec
     else:
         k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
         k_seq = torch.where(k_seq == batch, batch + 1, k_seq)  # keys past the last sequence: no query's
-        k_ends = cu_seqlens_k[1:]
+        keys, k_ends = [k[None], v[None]], cu_seqlens_k[1:]
     # a query's shift: its sequence's (S - T) + (where its keys start - where its queries start)
     ends = (k_ends - cu_seqlens_q[1:]).to(torch.int32)
     q_shift = ends[q_seq.clamp(max=batch - 1)]
     slopes = alibi_rows(where, alibi_slopes, q, batch)
     result = run(
-        where, flash_attention_varlen, [q[None], k[None], v[None], slopes, q_seq, k_seq, q_shift],
+        where, spec, [q[None], *keys, slopes, q_seq, k_seq, q_shift],
         dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi=alibi_slopes is not None, deterministic=deterministic, lse=return_attn_probs, backend=backend,
     )  # fmt: skip

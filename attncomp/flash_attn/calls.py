@@ -71,13 +71,22 @@ def check_table(where: str, block_table: Any, batch: int, device: Any) -> None:
         )
 
 
+def used_table(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``block_table`` with the entries past each sequence's ``lengths`` (whatever they hold, even out of
+    the pool's range) naming page 0: rows the spec masks, never read for a result."""
+    used = torch.arange(block_table.shape[1], device=block_table.device) * page_size < lengths.to(torch.int64)[:, None]
+    return torch.where(used, block_table, 0).to(torch.int32)
+
+
 def table_rows(pages: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Each sequence's pages in its table's order as rows ``[batch, pages a sequence * page_size, ...]``
-    (a copy of the pages read); a table's entries past the sequence's ``lengths`` read page 0, whatever
-    they hold, and those rows are masked by the spec."""
-    size = pages.shape[1]
-    used = torch.arange(block_table.shape[1], device=pages.device) * size < lengths.to(torch.int64)[:, None]
-    return pages[torch.where(used, block_table, 0).to(torch.int64)].flatten(1, 2)
+    (a copy of the pages read, which torch differentiates; :func:`used_table`'s entries)."""
+    return pages[used_table(block_table, lengths, pages.shape[1]).to(torch.int64)].flatten(1, 2)
+
+
+def needs_grad(*tensors: Any) -> bool:
+    """Whether autograd records a call on ``tensors`` (None ignored)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def alibi_rows(where: str, alibi_slopes: Any, q: Any, batch: int) -> torch.Tensor:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from attncomp.flash_attn.calls import alibi_rows, check_heads, check_table, run, table_rows
-from attncomp.flash_attn.specs import flash_attention_cache
+from attncomp.flash_attn.calls import alibi_rows, check_heads, check_table, needs_grad, run, table_rows, used_table
+from attncomp.flash_attn.specs import flash_attention_cache, flash_attention_paged
 
 WHERE = "flash_attn_with_kvcache"
 
@@ -115,15 +115,17 @@ def flash_attn_with_kvcache(
                 else:
                     cache[rows[:, None], positions] = fresh.to(cache.dtype)
         lengths = lengths + new
-    if paged:  # each row's pages in order: contiguous rows for the kernels (a copy of the pages read)
-        keys, values = (table_rows(c, block_table, lengths) for c in (k_cache, v_cache))
+    spec, slopes = flash_attention_cache, alibi_rows(WHERE, alibi_slopes, q, batch)
+    if paged and not needs_grad(q, k_cache, v_cache):  # the kernels read the pages in place, through the table
+        spec, caches = flash_attention_paged, [k_cache, v_cache, used_table(block_table, lengths, k_cache.shape[1])]
+    elif paged:  # each row's pages in order as rows (a copy of the pages read, differentiated by torch)
+        caches = [table_rows(c, block_table, lengths) for c in (k_cache, v_cache)]
     elif cache_batch_idx is not None:
-        keys, values = k_cache[rows], v_cache[rows]
+        caches = [k_cache[rows], v_cache[rows]]
     else:
-        keys, values = k_cache[:batch], v_cache[:batch]
-    slopes = alibi_rows(WHERE, alibi_slopes, q, batch)
+        caches = [k_cache[:batch], v_cache[:batch]]
     result = run(
-        WHERE, flash_attention_cache, [q, keys, values, slopes, lengths, starts],
+        WHERE, spec, [q, *caches, slopes, lengths, starts],
         dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
         alibi=alibi_slopes is not None, deterministic=False, lse=return_softmax_lse, backend=backend,
     )  # fmt: skip

@@ -14,7 +14,9 @@ Each computes what FlashAttention defines for query ``i`` and key ``j`` of one s
 packed ones (``q_seq[i]``, ``k_seq[j]``: each position's sequence, a query seeing its own sequence's
 keys only; ``q_shift[i]``: its sequence's ``S - T`` plus where its keys start less where its queries
 do); :func:`flash_attention_cache` a key/value cache of ``k_len[b]`` keys from ``k_start[b]`` (left
-padding). Mask-elimination classifies every tile from these conditions (the captured positions
+padding); :func:`flash_attention_paged` and :func:`flash_attention_varlen_paged` the same with the
+keys and values in FlashAttention's pages (``[num_pages, page_size, KV, D]``), read in place through
+a page table (``ac.page_view(..., slot=1)``). Mask-elimination classifies every tile from these conditions (the captured positions
 through per-block minimums and maximums): no mask is built.  The constants are the call's:
 ``scale`` (None: ``D ** -0.5``, read from the sizes), ``causal``, ``left`` and ``right`` (the window,
 -1 for none), ``softcap`` (0.0 for none), ``alibi``, ``dropout`` (the rate) and ``lse`` (the
@@ -53,9 +55,10 @@ def _attend(
     lse: bool,
     batch: Any = None,
 ) -> Any:
-    """The attention of ``[B, T, H, D]`` tensors; ``distance(b, i, j)`` is ``d`` (see the module),
-    ``shown(b, i, j)`` what else hides a key (None: nothing), ``batch(b, i)`` the row of ``slopes``."""
-    qh, kh, vh = _heads_first(q, k, v)
+    """The attention of queries ``[B, T, H, D]`` to keys and values ``[B, KV, S, D]`` (heads first);
+    ``distance(b, i, j)`` is ``d`` (see the module), ``shown(b, i, j)`` what else hides a key (None:
+    nothing), ``batch(b, i)`` the row of ``slopes``."""
+    (qh,), kh, vh = _heads_first(q), k, v
     n_rep = qh.shape[1] // kh.shape[1]
     s = (qh @ ac.repeat_kv(kh, n_rep).mT) * (qh.shape[-1] ** -0.5 if scale is None else scale)
     if softcap:
@@ -74,6 +77,27 @@ def _attend(
     out = ac.dropout(ac.softmax(s, axis=-1), dropout, seed) @ ac.repeat_kv(vh, n_rep)
     out = out.transpose(0, 2, 1, 3)
     return (out, ac.logsumexp(s, axis=-1)) if lse else out
+
+
+def _attend_cache(q: Any, k: Any, v: Any, slopes: Any, k_len: Any, k_start: Any, seed: Any, **constants: Any) -> Any:
+    """The attention of a cache's row ``b`` (keys and values ``[B, KV, S, D]``), keys
+    ``k_start[b] <= j < k_len[b]``."""
+    t = q.shape[1]
+    return _attend(
+        q, k, v, slopes, seed, lambda b, i, j: i + k_len[b] - t - j,
+        lambda b, i, j: (j < k_len[b]) & (j >= k_start[b]), **constants,
+    )  # fmt: skip
+
+
+def _attend_packed(
+    q: Any, k: Any, v: Any, slopes: Any, q_seq: Any, k_seq: Any, q_shift: Any, seed: Any, **constants: Any
+) -> Any:
+    """The attention of packed sequences (keys and values ``[1, KV, S, D]``): a query sees the keys of
+    its own sequence, ``d = i + q_shift[i] - j``."""
+    return _attend(
+        q, k, v, slopes, seed, lambda b, i, j: i + q_shift[i] - j, lambda b, i, j: q_seq[i] == k_seq[j],
+        batch=lambda b, i: q_seq[i], **constants,
+    )  # fmt: skip
 
 
 @ac.spec
@@ -96,7 +120,7 @@ def flash_attention(
     """``flash_attn_func``: whole sequences, ``S - T`` from the sizes; ``A`` 1 or ``B``."""
     shift = k.shape[1] - q.shape[1]
     return _attend(
-        q, k, v, slopes, seed, lambda b, i, j: i + shift - j, lambda b, i, j: None,
+        q, *_heads_first(k, v), slopes, seed, lambda b, i, j: i + shift - j, lambda b, i, j: None,
         scale=scale, causal=causal, left=left, right=right, softcap=softcap, alibi=alibi, dropout=dropout, lse=lse,
     )  # fmt: skip
 
@@ -122,10 +146,40 @@ def flash_attention_varlen(
     lse: bool = False,
 ):
     """``flash_attn_varlen_func``: packed sequences, each position's sequence in ``q_seq`` / ``k_seq``."""
-    return _attend(
-        q, k, v, slopes, seed, lambda b, i, j: i + q_shift[i] - j, lambda b, i, j: q_seq[i] == k_seq[j],
+    return _attend_packed(
+        q, *_heads_first(k, v), slopes, q_seq, k_seq, q_shift, seed,
         scale=scale, causal=causal, left=left, right=right, softcap=softcap, alibi=alibi, dropout=dropout, lse=lse,
-        batch=lambda b, i: q_seq[i],
+    )  # fmt: skip
+
+
+@ac.spec
+def flash_attention_varlen_paged(
+    q: ac.floating[1, "T", "H", "D"],
+    k_pages: ac.floating["N", "P", "KV", "D"],
+    v_pages: ac.floating["N", "P", "KV", "Dv"],
+    table: ac.i32["E"],
+    slopes: ac.f32["A", "H"],
+    q_seq: ac.i32["T"],
+    k_seq: ac.i32["S"],
+    q_shift: ac.i32["T"],
+    seed: ac.i64,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    left: int = -1,
+    right: int = -1,
+    softcap: float = 0.0,
+    alibi: bool = False,
+    dropout: float = 0.0,
+    lse: bool = False,
+):
+    """``flash_attn_varlen_func`` with a ``block_table``: the keys are the slots of the pages ``table``
+    names, every sequence's row of the block table one after another (``[num_pages, page_size, KV, D]``,
+    read in place), each row's sequence in ``k_seq``."""
+    k, v = (ac.page_view(pages, table, table.shape[0] * k_pages.shape[1], slot=1) for pages in (k_pages, v_pages))
+    return _attend_packed(
+        q, k, v, slopes, q_seq, k_seq, q_shift, seed,
+        scale=scale, causal=causal, left=left, right=right, softcap=softcap, alibi=alibi, dropout=dropout, lse=lse,
     )  # fmt: skip
 
 
@@ -149,13 +203,50 @@ def flash_attention_cache(
     lse: bool = False,
 ):
     """``flash_attn_with_kvcache``: a cache whose row ``b`` holds keys ``k_start[b] <= j < k_len[b]``."""
-    t = q.shape[1]
-    return _attend(
-        q, k, v, slopes, seed, lambda b, i, j: i + k_len[b] - t - j,
-        lambda b, i, j: (j < k_len[b]) & (j >= k_start[b]),
+    return _attend_cache(
+        q, *_heads_first(k, v), slopes, k_len, k_start, seed,
+        scale=scale, causal=causal, left=left, right=right, softcap=softcap, alibi=alibi, dropout=dropout, lse=lse,
+    )  # fmt: skip
+
+
+@ac.spec
+def flash_attention_paged(
+    q: ac.floating["B", "T", "H", "D"],
+    k_pages: ac.floating["N", "P", "KV", "D"],
+    v_pages: ac.floating["N", "P", "KV", "Dv"],
+    table: ac.i32["B", "E"],
+    slopes: ac.f32["A", "H"],
+    k_len: ac.i32["B"],
+    k_start: ac.i32["B"],
+    seed: ac.i64,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    left: int = -1,
+    right: int = -1,
+    softcap: float = 0.0,
+    alibi: bool = False,
+    dropout: float = 0.0,
+    lse: bool = False,
+):
+    """``flash_attn_with_kvcache`` with a ``block_table``: row ``b``'s keys are slots of the pages its
+    ``table`` row names (``[num_pages, page_size, KV, D]``, read in place through the table)."""
+    rows = table.shape[1] * k_pages.shape[1]
+    k, v = (ac.page_view(pages, table, rows, slot=1) for pages in (k_pages, v_pages))
+    return _attend_cache(
+        q, k, v, slopes, k_len, k_start, seed,
         scale=scale, causal=causal, left=left, right=right, softcap=softcap, alibi=alibi, dropout=dropout, lse=lse,
     )  # fmt: skip
 
 
 #: the specs by name, for the op keys (which take only constants)
-SPECS = {spec.name: spec for spec in (flash_attention, flash_attention_varlen, flash_attention_cache)}
+SPECS = {
+    spec.name: spec
+    for spec in (
+        flash_attention,
+        flash_attention_varlen,
+        flash_attention_varlen_paged,
+        flash_attention_cache,
+        flash_attention_paged,
+    )
+}

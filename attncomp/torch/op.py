@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attncomp.errors import ShapeError
+from attncomp.errors import PipelineError, ShapeError
 from attncomp.gradients import backward_of, saving_forward_of
 from attncomp.ir.binding import bind_arguments, check_dtype
 from attncomp.ir.types import is_float
@@ -85,7 +85,13 @@ class TorchFunction:
         self.generic_args = set(fn.family.spec.float_args) if fn.family is not None else set()
         #: the one cache: argument dtypes -> what calls with them share (``plan.Plan``)
         self.plans: dict[tuple, Plan] = {}
-        forward, backward = saving_forward_of(fn.compilation), backward_of(fn.compilation)
+        forward = saving_forward_of(fn.compilation)
+        #: why the spec has no gradient (an op without a gradient rule, such as ``ac.page_view``), else None
+        self.no_gradient: str | None = None
+        try:
+            backward = backward_of(fn.compilation)
+        except PipelineError as error:  # a forward-only op: calls that need a gradient raise this
+            backward, self.no_gradient = None, f"@{fn.func.name} has no gradient ({error})"
         #: the shapes of the forward op's outputs: every float type's member must have them
         self.layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
         self.arg_names = [a.name or f"arg{k}" for k, a in enumerate(fn.func.args)]
@@ -101,18 +107,21 @@ class TorchFunction:
             f"attncomp::{name}", self.forward_impl, mutates_args=(), schema=f"({params}) -> {_returns(distinct)}"
         )
         self.op.register_fake(self.forward_fake)
-        #: the backward op's arguments: the spec's, the residuals, one cotangent per result
-        self.backward_names = [a.name or f"arg{k}" for k, a in enumerate(backward.func.args)]
-        backward_params = ", ".join(f"Tensor {n}" for n in self.backward_names)
-        self.backward_op = torch.library.custom_op(
-            f"attncomp::{name}_backward",
-            self.backward_impl,
-            mutates_args=(),
-            schema=f"({backward_params}) -> {_returns(backward.func.results)}",
-        )
-        self.backward_op.register_fake(self.backward_fake)
         #: the registered backward ops by the floating arguments they leave out (``backward_op_without``)
-        self.backward_ops: dict[tuple[str, ...], Any] = {(): self.backward_op}
+        self.backward_ops: dict[tuple[str, ...], Any] = {}
+        self.backward_op = None
+        if backward is not None:
+            #: the backward op's arguments: the spec's, the residuals, one cotangent per result
+            self.backward_names = [a.name or f"arg{k}" for k, a in enumerate(backward.func.args)]
+            backward_params = ", ".join(f"Tensor {n}" for n in self.backward_names)
+            self.backward_op = torch.library.custom_op(
+                f"attncomp::{name}_backward",
+                self.backward_impl,
+                mutates_args=(),
+                schema=f"({backward_params}) -> {_returns(backward.func.results)}",
+            )
+            self.backward_op.register_fake(self.backward_fake)
+            self.backward_ops[()] = self.backward_op
         self.op.register_autograd(self.backward_rule, setup_context=self.setup_context)
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -133,6 +142,8 @@ class TorchFunction:
                 plan = self.plan_of(tensors, dtypes)
             if not torch.is_grad_enabled() or not any([t.requires_grad for t in tensors]):
                 return plan.call(tensors)
+            if self.no_gradient is not None:
+                raise RuntimeError(f"attncomp: {self.no_gradient}: call it on tensors that need no gradient")
             outputs = self.eager_autograd.apply(plan, *tensors)
             positions = self.slots.result_positions
             if len(positions) == 1:
@@ -215,6 +226,8 @@ class TorchFunction:
 
     def backward_rule(self, ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The forward op's gradients: the one backward (``autograd.gradients``)."""
+        if self.no_gradient is not None:
+            raise RuntimeError(f"attncomp: {self.no_gradient}")
         return autograd.gradients(ctx, grads)
 
     # fake (shape-only) functions: what torch.compile and opcheck trace --------------------------

@@ -106,10 +106,11 @@ class Plan:
         self.partial: dict[tuple[str, ...], tuple[Compilation, bool]] = {}
 
     def saving(self, tensors: Sequence[torch.Tensor]) -> Plan:
-        """Make the saving forward and the backward, once (the first call that needs them)."""
-        if self.backward is not None:
+        """Make the saving forward and the backward, once (the first call that needs them); a spec
+        without a gradient (``TorchFunction.no_gradient``) has the saving forward alone."""
+        if self.forward is not None:
             return self
-        forward, backward = saving_forward_of(self.plain), backward_of(self.plain)
+        forward = saving_forward_of(self.plain)
         layout = [str(v.type.shape) for v in dict.fromkeys(forward.func.results)]
         if layout != self.op.layout:
             c = self.plain
@@ -118,6 +119,10 @@ class Plan:
                 f"serve both: {'; '.join(forward.remarks) or 'its residuals differ'}"
             )
         self.forward_bf16 = self.bf16_in or crosses_bf16(forward)
+        if self.op.no_gradient is not None:
+            self.forward = forward
+            return self
+        backward = backward_of(self.plain)
         self.backward_bf16 = self.bf16_in or crosses_bf16(backward)
         #: the backward's results are the gradients as they are: every argument floating, each
         #: gradient of its argument's dtype

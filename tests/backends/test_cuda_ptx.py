@@ -589,6 +589,32 @@ def test_paged_attention_kernels(rows):
     _check(impl, 64, kernels)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flashattention_pages_are_read_in_place_through_the_table(head_dim):
+    """``flash_attn_with_kvcache``'s paged spec: pages ``[num_pages, page_size, KV, D]`` read where they
+    lie, bf16 patterns; a prefill chunk's tensor-core kernel copies each row's 16 bytes from its page
+    by ``cp.async`` (the pool's row ``(page * size + slot) * heads + head``), and a decoding step's
+    kernel reads the rows through the table: no local memory; no spills at D = 128 (at D = 64 ptxas
+    spills a few bytes of the prefill kernel at 255 registers, as of the ragged paged kernels)."""
+    pytest.importorskip("torch")  # attncomp.flash_attn's package imports it
+    from attncomp.backends import numba_cuda
+    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
+    from attncomp.flash_attn.specs import flash_attention_paged
+
+    module = ac.compile(flash_attention_paged, backend="interp", causal=True).for_dtype("bf16").module
+    impl = numba_cuda.build(module)
+    assert impl.attention[0].choice_for(head_dim, head_dim).async_copies and not impl.graph_kernels
+    (prefill,) = [k for k in impl.kernels(head_dim, head_dim) if k.name.startswith("attention_kernel_0")]
+    assert "k_heads + k_head" in prefill.source and "k_table[pq]" in prefill.source
+    decode = impl.decode_kernels(head_dim, rows=4)
+    if head_dim == 128:
+        _check(impl, head_dim, [prefill, *decode])
+    for kernel in (prefill, *decode):
+        for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS, kernel.launch_bounds).values():
+            assert local_memory_lines(ptx) == []
+            assert ("cp.async" in ptx) == (kernel is prefill)
+
+
 @pytest.mark.parametrize("element", ["float32", "uint16", "uint8"])
 def test_page_writing_kernels(element):
     """The kernels a device pool is written with: new rows into their slots, a page copied on write;

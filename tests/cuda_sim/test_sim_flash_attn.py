@@ -2,13 +2,14 @@
 as FlashAttention lays them out (``[B, T, H, D]``, read through transposes), bf16 on the tensor-core
 kernels (the asynchronous copies, reading the arguments in place, a head's rows a pitch apart); a causal
 window with soft-capping and ALiBi over whole sequences (forward and gradients, the backward reading
-them in place too, and the deterministic backward's bits), and packed sequences with a causal mask."""
+them in place too, and the deterministic backward's bits), packed sequences with a causal mask, and a
+cache kept in FlashAttention's pages (``[num_pages, page_size, KV, D]``) read in place through a table."""
 
 import ml_dtypes
 import numpy as np
 
 import attncomp as ac
-from attncomp.flash_attn.specs import flash_attention, flash_attention_varlen
+from attncomp.flash_attn.specs import flash_attention, flash_attention_paged, flash_attention_varlen
 from attncomp.testing import TOLERANCE, relative_error
 from tests.cuda_sim.helpers import host
 
@@ -80,3 +81,26 @@ def test_deterministic_gradients_read_in_place_are_the_same_bits_twice():
     assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
     backward = fn.for_dtype("bf16").backward.compilation.program.backward[0]
     assert backward.deterministic and len(backward.views) == 4 and backward.last_choice.async_copies
+
+
+def test_a_paged_cache_in_flashattentions_layout_read_through_its_table():
+    """Pages ``[num_pages, page_size, KV, D]`` (a row's heads together) in a shuffled table, rows of
+    different lengths, a causal window: a decoding step's few queries a row (the key-split decoder,
+    rows staged through the table) in bf16 and float32, and a prefill chunk in bf16 on the tensor
+    cores' asynchronous copies (each row's chunks from its page, a slot a row of heads apart);
+    nothing gathered before the kernel."""
+    rng = np.random.default_rng(3)
+    pages, size, kv, d = 9, 16, 2, 64
+    table = rng.permutation(pages)[:8].reshape(2, 4).astype(np.int32)
+    k_len, k_start = np.array([50, 43], np.int32), np.array([0, 3], np.int32)
+    for dtype, queries in ((BF16, 3), (np.float32, 3), (BF16, 40)):
+        q = rng.standard_normal((2, queries, 4, d)).astype(dtype)
+        k_pages, v_pages = (rng.standard_normal((pages, size, kv, d)).astype(dtype) for _ in range(2))
+        args = [q, k_pages, v_pages, table, np.zeros((1, 4), np.float32), k_len, k_start, np.int64(0)]
+        fn, reference = _pair(flash_attention_paged, causal=True, left=30)
+        out = np.asarray(host(fn(*args)), np.float64)
+        bound = TOLERANCE["bf16" if dtype is BF16 else "f32"]
+        assert relative_error(out, np.asarray(reference(*args), np.float64)) < bound
+        program = fn.for_dtype("bf16" if dtype is BF16 else "f32").compilation.program
+        assert not program.graph_kernels  # the pages are read where they lie: no copy, no transpose
+        assert program.attention[0].last_choice.async_copies == (queries == 40)

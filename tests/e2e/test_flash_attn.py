@@ -16,6 +16,7 @@ from tests.conftest import TORCH_COMPILE
 torch = pytest.importorskip("torch")
 
 import attncomp.flash_attn as fa  # noqa: E402
+from attncomp.flash_attn import kvcache  # noqa: E402
 
 B, H, KV, D = 2, 4, 2, 16
 
@@ -170,11 +171,14 @@ def test_packed_sequences_on_the_cpu_backend_with_gradients():
 
 
 @pytest.mark.parametrize("backend", ["interp", "cpu"])
-def test_packed_queries_against_a_paged_cache(backend):
+@pytest.mark.parametrize("grad", [True, False], ids=["gradients", "in-place"])
+def test_packed_queries_against_a_paged_cache(backend, grad, monkeypatch):
     """``flash_attn_varlen_func`` with ``block_table``: packed prefill chunks, each sequence's keys the
     first of its pages (in the table's order, scattered over the pool; entries past its keys unused,
     out of the pool's range), its queries aligned to its last key, as if called alone; gradients of
-    the queries and of the pages read."""
+    the queries and of the pages read; without gradients, the pages read in place (never gathered)."""
+    if not grad:
+        monkeypatch.setattr(fa, "table_rows", None)  # a call that gathered the pages would fail
     page, pages_a_row = 4, 5
     q, k, v, cu_q, cu_k = packed(seed=9)
     g = torch.Generator().manual_seed(10)
@@ -182,7 +186,7 @@ def test_packed_queries_against_a_paged_cache(backend):
     table = torch.randperm(24, generator=g)[: len(LK) * pages_a_row].reshape(len(LK), pages_a_row).to(torch.int32)
     lengths = torch.tensor(LK)
     table[(torch.arange(pages_a_row) * page)[None] >= lengths[:, None]] = 999  # past each row's keys: not read
-    q, k_pages, v_pages = (x.requires_grad_() for x in (q, k_pages, v_pages))
+    q, k_pages, v_pages = (x.requires_grad_(grad) for x in (q, k_pages, v_pages))
     out, lse, _ = fa.flash_attn_varlen_func(
         q, k_pages, v_pages, cu_q, cu_k, max(LQ), max(LK), causal=True, block_table=table, return_attn_probs=True,
         backend=backend,
@@ -197,6 +201,8 @@ def test_packed_queries_against_a_paged_cache(backend):
     want = torch.cat(parts)
     torch.testing.assert_close(out[: want.shape[0]].double(), want, rtol=1e-4, atol=1e-5)
     assert out[want.shape[0] :].abs().max() == 0
+    if not grad:
+        return
     got = torch.autograd.grad(out[: want.shape[0]].square().sum(), (q, k_pages, v_pages))
     expected = torch.autograd.grad(want.square().sum(), (q, k_pages, v_pages))
     for a, b in zip(got, expected):
@@ -220,7 +226,7 @@ def rotary_reference(x, cos, sin, positions, interleaved):
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["gptj", "neox"])
-def test_a_decoding_step_appends_to_the_cache_and_attends(layout, interleaved):
+def test_a_decoding_step_appends_to_the_cache_and_attends(layout, interleaved, monkeypatch):
     """Three new tokens a row: rotated at their positions and written into the cache in place (through
     the page table where paged; through ``cache_batch_idx`` and after ``cache_leftpad`` where not),
     then attended causally with the rotated queries, as the reference attends the concatenation."""
@@ -232,6 +238,7 @@ def test_a_decoding_step_appends_to_the_cache_and_attends(layout, interleaved):
     options = dict(cache_seqlens=lengths, causal=True, rotary_interleaved=interleaved, return_softmax_lse=True)
     starts = torch.zeros(B, dtype=torch.int32)
     if layout == "paged":
+        monkeypatch.setattr(kvcache, "table_rows", None)  # the pages are read in place: a gather would fail
         table = torch.tensor([[3, 7, 1, 0], [5, 2, 9, 11]], dtype=torch.int32)
         k_cache, v_cache = (torch.randn(12, 8, KV, D, generator=g) for _ in range(2))
         before = [c[table.long()].flatten(1, 2).clone() for c in (k_cache, v_cache)]

@@ -344,3 +344,13 @@ def test_calling_a_spec_directly_is_a_type_error():
         TypeError, match=r"^spec f is not called directly: use ac.compile\(f\) or ac.interpret\(f, ...\)$"
     ):
         f(np.ones(3, np.float32))
+
+
+def test_a_page_view_on_an_axis_that_holds_no_rows():
+    with pytest.raises(ac.SpecError) as info:
+
+        @ac.spec
+        def pages_on_heads(pages: ac.f32["N", "P", "H", "D"], table: ac.i32["B", "E"]):
+            return ac.page_view(pages, table, 8, slot=0)  # <- page_slot
+
+    assert_located(info, "page_slot", "ac.page_view: slot is 1 or -2 (the pages' axis holding a page's rows), got 0")

@@ -172,6 +172,30 @@ def test_integer_inputs_get_no_gradient():
     assert torch.any(k.grad[:, :, :5] != 0)
 
 
+@ac.spec
+def paged_keys(q: ac.f32["B", "H", "T", "D"], pages: ac.f32["N", "P", "H", "D"], table: ac.i32["B", "E"]):
+    k = ac.page_view(pages, table, table.shape[1] * pages.shape[1], slot=1)
+    return ac.softmax(q @ k.mT, axis=-1) @ k
+
+
+def test_a_spec_without_a_gradient_is_a_forward_only_op():
+    """A spec reading pages (``ac.page_view`` has no gradient rule) becomes an op that runs where no
+    gradient is wanted and, where one is, raises naming the spec and the op, eagerly and traced."""
+    attn = ac.compile(paged_keys, backend="interp").to_torch()
+    g = torch.Generator().manual_seed(3)
+    q, pages = torch.randn(1, 2, 3, 4, generator=g), torch.randn(4, 2, 2, 4, generator=g)
+    table = torch.tensor([[2, 0]], dtype=torch.int32)
+    keys = pages[table.long()].flatten(1, 2).transpose(1, 2)  # [1, H, 4, D]
+    want = torch.softmax(q @ keys.mT, -1) @ keys
+    torch.testing.assert_close(attn(q, pages, table), want)
+    assert attn.backward_op is None
+    with pytest.raises(RuntimeError, match=r"@paged_keys has no gradient \(autodiff: no gradient rule for ac.page_"):
+        attn(q.requires_grad_(), pages, table)
+    out = attn.op(q, pages, table)[0]  # the registered op (the result, then residuals): its backward raises
+    with pytest.raises(RuntimeError, match="@paged_keys has no gradient"):
+        out.sum().backward()
+
+
 def test_an_argument_that_needs_no_gradient_gets_none_computed(alibi):
     """Slopes that need no gradient (frozen, or a mask added to the scores): the backward that runs
     neither computes nor returns theirs; the others' are the full backward's."""

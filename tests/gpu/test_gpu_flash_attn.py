@@ -58,6 +58,7 @@ def test_packed_sequences_match_each_sequence_alone():
 
 
 def test_a_decoding_step_on_a_paged_cache():
+    """A new token appended through the table, then the pages read in place (``ac.page_view``)."""
     g = torch.Generator(device="cuda").manual_seed(2)
     pages = [torch.randn(16, 64, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
     table = torch.tensor([[3, 7, 1], [5, 2, 9]], dtype=torch.int32, device="cuda")
@@ -75,7 +76,7 @@ def test_a_decoding_step_on_a_paged_cache():
 
 def test_packed_queries_against_a_paged_cache():
     """``flash_attn_varlen_func`` with ``block_table``: two prefill chunks of 40 and 7 queries against
-    130 and 47 keys in pages of 64."""
+    130 and 47 keys in pages of 64, read in place (the tensor cores' asynchronous copies)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     pages = [torch.randn(12, 64, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
     table = torch.tensor([[4, 0, 11], [8, 6, 0]], dtype=torch.int32, device="cuda")

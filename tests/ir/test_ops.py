@@ -781,6 +781,34 @@ def test_page_view_reads_each_row_through_its_sequence_table(rng):
         ac.interpret(module, pages, table + 1, sizes={"R": 10})
 
 
+PAGE_SLOT_IR = """\
+ac.func @pages(%pages: tensor<P x S x KV x D x f64>, %table: tensor<N x i32>) -> tensor<1 x KV x R x D x f64> {
+  %0 = ac.page_view %pages, %table {rows = R, slot = 1} : tensor<1 x KV x R x D x f64>
+  ac.return %0
+}
+"""
+IR_TEXTS.append(PAGE_SLOT_IR)
+
+
+def test_page_view_of_pages_holding_a_rows_heads_together(rng):
+    """``slot = 1``: pages ``[num_pages, P, KV, D]`` (FlashAttention's layout), one table for one
+    sequence: the same ``[1, KV, rows, D]`` view; 8-bit pages and other axes refused."""
+    module = ac.parse_ir(PAGE_SLOT_IR)
+    assert str(module) == PAGE_SLOT_IR
+    pages = rng.standard_normal((5, 4, 2, 3))  # 5 pages of 4 rows, each row 2 heads of 3 channels
+    table = np.array([4, 1, 3], np.int32)
+    view = ac.interpret(module, pages, table, sizes={"R": 11})
+    assert view.shape == (1, 2, 11, 3)
+    for r in range(11):
+        assert_same(view[0, :, r], pages[table[r // 4], r % 4])
+    with pytest.raises(ac.VerifyError, match="slot is 1 or 2"):
+        ac.parse_ir(PAGE_SLOT_IR.replace("slot = 1", "slot = 3"))
+    with pytest.raises(ac.VerifyError, match="8-bit pages hold a page's rows after the heads"):
+        text = PAGE_SLOT_IR.replace("%table: tensor<N x i32>", "%table: tensor<N x i32>, %s: tensor<P x S x KV x f32>")
+        text = text.replace("D x f64>, %table", "D x f8e4m3>, %table")
+        ac.parse_ir(text.replace("%pages, %table {", "%pages, %table, %s {"))
+
+
 RANDOM_IR = """\
 ac.func @draws(%seed: tensor<i64>, %rows: tensor<T x 1 x i32>, %cols: tensor<1 x S x i64>) -> tensor<T x S x f32> {
   %0 = ac.random %seed, %rows, %cols : tensor<T x S x f32>

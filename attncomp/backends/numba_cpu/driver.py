@@ -7,7 +7,7 @@ for matmuls; each ``ac.tile_grid`` becomes a call of its Numba kernel.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter, dim_expr, dim_var, size_names
+from attncomp.backends.codegen import NUMPY_SCALAR, SourceWriter, dim_expr, dim_var, page_size, size_names
 from attncomp.backends.host_ops import (
     NUMPY_BINARY,
     NUMPY_COMPARE,
@@ -153,7 +153,7 @@ class DriverWriter:
                 self.w.line(f"{self.fresh(op.results[0])} = np.transpose({a[0]}, {tuple(op.attrs['perm'])})")
         elif name == "ac.page_view":  # kernels read the pages through the table; nothing is copied
             rows = dim_expr(dim(op.attrs["rows"]))
-            size = f"{a[0]}.shape[{op.operands[0].type.rank - 2}]"
+            size = page_size(a[0], op)
             self.w.line(f"rt.check_pages({a[1]}, {a[0]}.shape[0], {size}, {rows})")
             self.names[op.results[0]] = a[0]
             self.buffers[op.results[0]] = op.operands[0]

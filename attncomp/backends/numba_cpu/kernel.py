@@ -42,7 +42,7 @@ task and hold one tile per head of the group.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr
+from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr, page_index, page_size
 from attncomp.backends.key_splits import split_blocks, write_part_range, write_unit_parts
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cpu import signatures as sig
@@ -50,6 +50,7 @@ from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
+from attncomp.ir.ops.shape import page_slot
 from attncomp.ir.types import accumulation_dtype
 
 #: query rows up to which a task computes a tile row-major with loops (decoding a few tokens)
@@ -240,9 +241,10 @@ class KernelWriter(KernelSource):
         # dimension the rows' stride) and copied into the buffers for the few-row loops.
         loads = (("ks", compute.k_load), ("vs", compute.v_load))
         raw = {load: self.bits_in_place(load) for _, load in loads}
-        apart = {load: load.operands[0] in self.transposed for _, load in loads}
+        # pages holding a row's heads together (FlashAttention's layout): copied too, a row at a time
+        apart = {load: self.rows_apart(load) for _, load in loads}
         # rows a transpose apart that BLAS multiplies where they are: float32 or float64 (bf16 is widened)
-        in_place = {load: apart[load] and load.operands[0] not in self.bits for _, load in loads}
+        in_place = {load: self.blas_in_place(load) for _, load in loads}
         for name, load in loads:
             if raw[load]:
                 w.line(f"{name}_bits = {self.tile_rows(load)}")
@@ -317,7 +319,7 @@ class KernelWriter(KernelSource):
         scales = self.array_ref(sig.quantized_scales(source)) if source in self.codes else None
         batch, *heads = at or [self.scalar().ref(v) for v in load_op.operands[1:-1]]
         entry = f"{batch}, " if view.operands[1].type.rank == 2 else ""
-        size = f"{pages}.shape[{view.operands[0].type.rank - 2}]"
+        size = page_size(pages, view)
         w.line("c0 = np.int64(0)")
         w.line(f"while c0 < {count}:  # the rows on one page: a contiguous run")
         with w.indent():
@@ -325,14 +327,15 @@ class KernelWriter(KernelSource):
             w.line(f"page = {table}[{entry}at // {size}]")
             w.line(f"slot = at % {size}")
             w.line(f"run = min({count} - c0, {size} - slot)")
-            heads = "".join(f"{h}, " for h in heads)
             # the next page's rows (this tile's next run, or the next tile's first), fetched while this
             # run is multiplied: a page's rows are a few KB, where the CPU's prefetcher starts cold
             w.line("if at + run < n_keys:")
             with w.indent():
-                w.line(f"prefetch_rows({pages}[{table}[{entry}(at + run) // {size}], {heads}0:BK])")
-            run_scales = None if scales is None else f"{scales}[page, {heads}slot:slot + run]"
-            for line in call(f"{pages}[page, {heads}slot:slot + run]", run_scales):
+                next_page = f"{table}[{entry}(at + run) // {size}]"
+                w.line(f"prefetch_rows({pages}[{next_page}, {page_index(view, heads, '0:BK')}])")
+            run = page_index(view, heads, "slot:slot + run").removesuffix(", ")
+            run_scales = None if scales is None else f"{scales}[page, {run}]"
+            for line in call(f"{pages}[page, {run}]", run_scales):
                 w.line(line)
             w.line("c0 += run")
 
@@ -352,21 +355,41 @@ class KernelWriter(KernelSource):
         return f"np.float32({code_scale(NUMBA_CODES[codes])!r})"
 
     def paged(self, load_op) -> bool:
-        """Whether a key or value tile is read through a page table."""
-        return self.page_view(load_op) is not None
+        """Whether the few-row loops read a key or value tile in place through a page table, a page's
+        run of rows at a time (pages whose head's rows are together: ``[num_pages, *heads, P, d]``)."""
+        view = self.page_view(load_op)
+        return view is not None and not self.rows_apart_in_pages(load_op)
+
+    def rows_apart_in_pages(self, load_op) -> bool:
+        """Whether a key or value tile is read through pages that keep a row's heads together
+        (``slot = 1``, ``[num_pages, P, *heads, d]``): a head's rows a row of heads apart, copied into
+        the work buffers for every product."""
+        view = self.page_view(load_op)
+        return view is not None and page_slot(view.attrs, view.operands[0].type.rank) != view.operands[0].type.rank - 2
+
+    def blas_in_place(self, load_op) -> bool:
+        """Whether BLAS multiplies a key or value tile's rows where they are, a transpose apart (float32
+        or float64: bf16 is widened)."""
+        return load_op.operands[0] in self.transposed and load_op.operands[0] not in self.bits
+
+    def rows_apart(self, load_op) -> bool:
+        """Whether a key or value tile's rows are not together (read through a transpose, or pages
+        keeping a row's heads together): the few-row loops read them from the work buffers."""
+        return load_op.operands[0] in self.transposed or self.rows_apart_in_pages(load_op)
 
     def bits_in_place(self, load_op) -> bool:
         """Whether a key or value tile's rows are bf16 bits or 8-bit codes the few-row loops read in
         place (not through pages)."""
         source = load_op.operands[0]
         in_place = source in self.bits or source in self.codes
-        return not self.paged(load_op) and in_place and source not in self.transposed
+        return self.page_view(load_op) is None and in_place and source not in self.transposed
 
     def staged(self, load_op) -> bool:
         """Whether a key or value tile is copied into a work buffer for BLAS (read through pages,
         widened from bf16, or dequantised from 8-bit codes); the few-row loops read each kind in place."""
         source = load_op.operands[0]
-        return self.paged(load_op) or source in self.bits or source in self.codes or source in self.transposed
+        paged = self.page_view(load_op) is not None
+        return paged or source in self.bits or source in self.codes or source in self.transposed
 
     def load_rows(self, target: str, load_op, buffer: str) -> None:
         """``target`` = the tile's rows: in place, or copied into ``buffer``: page by page through the
@@ -379,9 +402,9 @@ class KernelWriter(KernelSource):
         if load_op.operands[0] in self.codes and view is not None:  # 8-bit pages: a page's run at a time
             scales = self.array_ref(sig.quantized_scales(load_op.operands[0]))
             page, _ = self.page_row(load_op, view, "j0 + c0")
-            heads = "".join(f"{self.scalar().ref(v)}, " for v in load_op.operands[2:-1])
-            size = f"{src}.shape[{view.operands[0].type.rank - 2}]"
-            run = f"{heads}slot:slot + run"
+            size = page_size(src, view)
+            run = page_index(view, [self.scalar().ref(v) for v in load_op.operands[2:-1]], "slot:slot + run")
+            run = run.removesuffix(", ")
             lines = [
                 "c0 = np.int64(0)",
                 "while c0 < nk:  # the rows on one page, each times its scale",
@@ -427,7 +450,7 @@ class KernelWriter(KernelSource):
         """No rows of a value tile read in place, of the type the few-row branch gives its rows
         (``scales``: of an 8-bit source's row scales)."""
         source = load_op.operands[0]
-        if source in self.transposed:  # its rows come from the work buffer
+        if self.rows_apart(load_op):  # its rows come from the work buffer
             return "v_staged[0:0]"
         src = self.array_ref(sig.quantized_scales(source) if scales else source)
         return f"{src}[{''.join('0, ' for _ in load_op.operands[1:-1])}0:0]"
@@ -601,7 +624,7 @@ class KernelWriter(KernelSource):
             w.line("acc[:, :nq] = ACC(0.0)")
             # the rows as bf16 bits once per task (not per key tile), where the keys are bf16 bits or codes
             keys = t.masked.k_load.operands[0]
-            as_bits = (keys in self.bits and keys not in self.transposed) or keys in self.codes
+            as_bits = (keys in self.bits and not self.rows_apart(t.masked.k_load)) or keys in self.codes
             bits = "query_bits(qt, qt_bits, G, nq)" if as_bits else "False"
             w.line(f"qt_is_bf16 = nq <= FEW_ROWS and {bits}")
             if self.split_blocks is None:

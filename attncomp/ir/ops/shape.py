@@ -250,10 +250,19 @@ class PageView(OpDef):
     scale), in the declared float type:
 
     %k = ac.page_view %k_pages, %page_table, %k_scales {rows = k_rows} : tensor<1 x KV x k_rows x D x f32>
+
+    With ``slot = 1`` a page holds its rows before the heads, ``[num_pages, P,
+    *heads, d]`` (FlashAttention's and vLLM's page layout: a row's heads
+    together); the view is the same ``[batch, *heads, rows, d]``:
+
+    %k = ac.page_view %k_pages, %block_table {rows = (E*P), slot = 1} : tensor<B x KV x (E*P) x D x bf16>
     """
 
     name = "ac.page_view"
-    attributes = {"rows": "the rows seen (a dimension)"}
+    attributes = {
+        "rows": "the rows seen (a dimension)",
+        "slot": "optional: the pages' axis of a page's rows, 1 or (the default) the one before the features",
+    }
     #: the result's element type: the pages' own, or, for 8-bit pages, the float type they are read in
     declared_result = True
 
@@ -267,7 +276,11 @@ class PageView(OpDef):
                 f"{self.name}: expects pages [num_pages, ..., page_size, d] and an integer table of rank 1 or 2"
             )
         batch = table.shape[0] if table.rank == 2 else dim(1)
-        view = pages.with_shape((batch, *pages.shape[1:-2], rows, pages.shape[-1]))
+        slot = page_slot(attrs, pages.rank)
+        if slot not in (1, pages.rank - 2):
+            raise TypeCheckError(f"{self.name}: slot is 1 or {pages.rank - 2} (the pages' axis of a page's rows)")
+        heads = [size for axis, size in enumerate(pages.shape[1:-1], start=1) if axis != slot]
+        view = pages.with_shape((batch, *heads, rows, pages.shape[-1]))
         if len(operands) == 2:
             if pages.dtype in CACHE_DTYPES:
                 raise TypeCheckError(f"{self.name}: 8-bit pages {pages} need their scales after the page table")
@@ -279,6 +292,8 @@ class PageView(OpDef):
             )
         if scales.rank != pages.rank - 1:
             raise TypeCheckError(f"{self.name}: the scales {scales} need one per row of the pages {pages}")
+        if slot != pages.rank - 2:
+            raise TypeCheckError(f"{self.name}: 8-bit pages hold a page's rows after the heads (no slot attribute)")
         for p, s in zip(pages.shape, scales.shape):
             checker.unify(p, s, self.name)
         result = single_declared(declared, self.name)
@@ -289,6 +304,7 @@ class PageView(OpDef):
     def evaluate(self, op, args, ctx):
         pages, table = args[:2]
         rows = dim(op.attrs["rows"]).evaluate(ctx.env)
+        pages = np.moveaxis(pages, page_slot(op.attrs, pages.ndim), -2)  # [num_pages, *heads, P, d]
         size, heads = pages.shape[-2], pages.shape[1:-2]
         table = np.asarray(table, dtype=np.int64).reshape(-1, np.shape(table)[-1])
         check_pages(table, pages.shape[0], size, rows)
@@ -305,6 +321,12 @@ class PageView(OpDef):
         else:
             views = [gather(t, pages) for t in table]
         return [np.stack(views)]
+
+
+def page_slot(attrs: dict, rank: int) -> int:
+    """The axis of an ``ac.page_view``'s pages (of ``rank`` axes) that holds a page's rows: its
+    ``slot`` attribute, else the one before the features."""
+    return int(attrs.get("slot", rank - 2))
 
 
 def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:

@@ -12,7 +12,7 @@ arguments stay where they are and so do the results.
 
 from __future__ import annotations
 
-from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, size_names
+from attncomp.backends.codegen import SourceWriter, dim_expr, dim_var, page_size, size_names
 from attncomp.backends.host_ops import check_index_call, scalar_expr, shape_expr
 from attncomp.backends.numba_cuda.attention import AttentionKernels
 from attncomp.backends.numba_cuda.backward import BackwardKernels
@@ -338,7 +338,7 @@ class DriverWriter:
         """Raise unless the page table of an ``ac.page_view`` names pages of the pool for every row."""
         pages, table = (self.ref(v) for v in op.operands[:2])  # (8-bit pages: their scales after)
         rows = dim_expr(dim(op.attrs["rows"]))
-        size = f"{pages}.shape[{op.operands[0].type.rank - 2}]"
+        size = page_size(pages, op)
         self.w.line(f"rt.check_pages({table}, {pages}.shape[0], {size}, {rows})")
         self.checked.add(op)
 
