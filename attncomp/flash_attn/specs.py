@@ -16,11 +16,11 @@ keys only; ``q_shift[i]``: its sequence's ``S - T`` plus where its keys start le
 do); :func:`flash_attention_cache` a key/value cache of ``k_len[b]`` keys from ``k_start[b]`` (left
 padding); :func:`flash_attention_paged` and :func:`flash_attention_varlen_paged` the same with the
 keys and values in FlashAttention's pages (``[num_pages, page_size, KV, D]``), read in place through
-a page table (``ac.page_view(..., slot=1)``). Mask-elimination classifies every tile from these conditions (the captured positions
-through per-block minimums and maximums): no mask is built.  The constants are the call's:
-``scale`` (None: ``D ** -0.5``, read from the sizes), ``causal``, ``left`` and ``right`` (the window,
--1 for none), ``softcap`` (0.0 for none), ``alibi``, ``dropout`` (the rate) and ``lse`` (the
-log-sum-exp as a second result).
+a page table (``ac.page_view(..., slot=1)``). Mask-elimination classifies every tile from these
+conditions (the captured positions through per-block minimums and maximums): no mask is built.
+The constants are the call's: ``scale`` (None: ``D ** -0.5``, read from the sizes), ``causal``,
+``left`` and ``right`` (the window, -1 for none), ``softcap`` (0.0 for none), ``alibi``,
+``dropout`` (the rate) and ``lse`` (the log-sum-exp as a second result).
 """
 
 # Dimension names such as ac.floating["B", "T"] are sizes, not forward references.

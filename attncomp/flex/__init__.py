@@ -32,6 +32,7 @@ modifications are recorded and the spec compiled at trace time, with no graph br
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -49,23 +50,44 @@ from attncomp.torch.traced_ops import TracedOps, trace_constant
 __all__ = ["BlockMask", "and_masks", "create_block_mask", "create_mask", "flex_attention", "noop_mask", "or_masks"]
 
 
-class BlockMask(NamedTuple):
+class BlockMask:
     """What :func:`flex_attention` needs of a block mask: its ``mask_mod`` and the sequence lengths
     it was made for (``(Q_LEN, KV_LEN)``); nothing is evaluated for a call.  FlexAttention's
     ``shape``, ``sparsity()``, ``to_dense()`` and ``to_string()`` evaluate ``mask_mod`` when asked
-    (:mod:`attncomp.flex.blocks`), at the batch, heads, ``BLOCK_SIZE`` and device it was made with."""
+    (:mod:`attncomp.flex.blocks`), at the batch, heads, ``BLOCK_SIZE`` and device it was made with.
 
-    mask_mod: Callable
-    seq_lengths: tuple[int, int]
-    B: int | None = None
-    H: int | None = None
-    BLOCK_SIZE: tuple[int, int] = (128, 128)
-    device: Any = None
+    Indexed as FlexAttention's (``mask[b]``, ``mask[b, h]``, ``mask[0:2, 1:3]``, ``mask[:, :, blocks]``:
+    an int keeps its axis, of length 1), it gives the block mask of the batch entries and heads
+    picked: its ``mask_mod`` reads the picked ones (``mask_mod(start + step * b, ...)``, or an index
+    tensor's entry), so it is one :func:`flex_attention` takes for a batch or heads of that size.
+    One with its query blocks picked (``q_blocks``) is for inspection only, as FlexAttention's."""
+
+    __slots__ = ("B", "BLOCK_SIZE", "H", "device", "mask_mod", "q_blocks", "seq_lengths")
+
+    def __init__(
+        self,
+        mask_mod: Callable,
+        seq_lengths: tuple[int, int],
+        B: int | None = None,
+        H: int | None = None,
+        BLOCK_SIZE: tuple[int, int] = (128, 128),
+        device: Any = None,
+        q_blocks: torch.Tensor | None = None,
+    ) -> None:
+        self.mask_mod = mask_mod
+        self.seq_lengths = seq_lengths
+        self.B, self.H, self.BLOCK_SIZE, self.device = B, H, BLOCK_SIZE, device
+        #: the query blocks kept by indexing (int64 block numbers), None for all
+        self.q_blocks = q_blocks
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """``(B, H, Q_LEN, KV_LEN)``, 1 for a batch or heads of None (the mask is the same for each)."""
         return (self.B or 1, self.H or 1, *self.seq_lengths)
+
+    def numel(self) -> int:
+        """The scores the mask covers, ``B * H * Q_LEN * KV_LEN`` (of :attr:`shape`)."""
+        return math.prod(self.shape)
 
     def to_dense(self) -> torch.Tensor:
         """int32 ``[B, H, query blocks, key blocks]``: 1 where a block has a shown entry (one
@@ -81,9 +103,45 @@ class BlockMask(NamedTuple):
         """The computed blocks drawn per (batch, head), as FlexAttention's ``to_string``."""
         return blocks.picture(self._blocks(), grid_size, limit)
 
+    def to(self, device: Any) -> BlockMask:
+        """The block mask evaluated on ``device`` when asked (nothing is held to move)."""
+        return BlockMask(self.mask_mod, self.seq_lengths, self.B, self.H, self.BLOCK_SIZE, device, self.q_blocks)
+
+    def __getitem__(self, index: Any) -> BlockMask:
+        """The block mask of the batch entries, heads (and query blocks) ``index`` picks."""
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > 3:
+            raise IndexError(f"BlockMask: index the batch, heads and query blocks (three at most); got {index!r}")
+        batch, heads, rows = (*index, slice(None), slice(None), slice(None))[:3]
+        b_pick, h_pick = blocks.pick(batch, self.B or 1, "batch"), blocks.pick(heads, self.H or 1, "heads")
+        mask_mod = self.mask_mod
+        if (b_pick, h_pick) != (range(self.B or 1), range(self.H or 1)):
+            mask_mod = blocks.remapped(mask_mod, b_pick, h_pick)
+        q_blocks = self.q_blocks
+        if not (isinstance(rows, slice) and rows == slice(None)):
+            kept = torch.arange(-(-self.seq_lengths[0] // self.BLOCK_SIZE[0])) if q_blocks is None else q_blocks
+            q_blocks = kept[blocks.positions(blocks.pick(rows, len(kept), "query blocks"))]
+        b_size, h_size = len(b_pick), len(h_pick)
+        return BlockMask(
+            mask_mod,
+            self.seq_lengths,
+            None if self.B is None and b_size == 1 else b_size,
+            None if self.H is None and h_size == 1 else h_size,
+            self.BLOCK_SIZE,
+            self.device,
+            q_blocks,
+        )
+
+    def __repr__(self) -> str:
+        name = getattr(self.mask_mod, "__name__", self.mask_mod)
+        return f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, mask_mod={name})"
+
+    def __str__(self) -> str:
+        return f"BlockMask(shape={self.shape}, sparsity={self.sparsity():.2f}%, \n{self.to_string().strip()}\n)"
+
     def _blocks(self) -> torch.Tensor:
         device = "cpu" if self.device is None else self.device
-        return blocks.visible_blocks(self.mask_mod, *self.shape, self.BLOCK_SIZE, device)
+        return blocks.visible_blocks(self.mask_mod, *self.shape, self.BLOCK_SIZE, device, self.q_blocks)
 
 
 def create_block_mask(
@@ -205,6 +263,11 @@ def flex_attention(
             "divide the query heads, for grouped-query attention"
         )
     if block_mask is not None:
+        if getattr(block_mask, "q_blocks", None) is not None:
+            raise ValueError(
+                "flex_attention: block_mask was indexed along its query blocks (block_mask[:, :, blocks]), which "
+                "is for inspection; index the batch and heads only, or pass the whole block mask"
+            )
         lengths = tuple(int(n) for n in getattr(block_mask, "seq_lengths", (length, keys)))
         if lengths != (length, keys):
             raise ValueError(

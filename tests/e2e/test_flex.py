@@ -241,6 +241,38 @@ def test_a_block_masks_blocks_sparsity_and_picture_are_pytorchs(case):
         acf.create_block_mask(causal, 1, 1, L, L, BLOCK_SIZE=0)
 
 
+def test_an_indexed_block_mask_is_pytorchs_and_attends_for_the_entries_it_picks():
+    """``mask[b]``, ``mask[b, h]``, slices, index tensors and query blocks: the same ``shape``, blocks
+    and sparsity as PyTorch's indexed block mask; indexed by batch and heads, it is the mask of the
+    entries it picks for a call on them (PyTorch's sliced mask has no ``mask_mod`` left)."""
+
+    def staggered(b, h, q_idx, kv_idx):  # a mask of the batch entry and head too
+        return documents(b, h, q_idx, kv_idx) & ((kv_idx + 3 * b + h) % 5 != 0)
+
+    ours = acf.create_block_mask(staggered, 4, 3, L, L - 3, BLOCK_SIZE=8)
+    theirs = flex.create_block_mask(staggered, 4, 3, L, L - 3, device="cpu", BLOCK_SIZE=8)
+    picks = [0, -1, (1, 2), (slice(1, 3),), (slice(None), slice(0, 3, 2)), (torch.tensor([3, 0]), -2)]
+    for index in [*picks, (2, 1, torch.tensor([1, 3])), (slice(1, 4), slice(None), slice(1, 4))]:
+        mine, pytorchs = ours[index], theirs[index]
+        assert mine.shape == pytorchs.shape and torch.equal(mine.to_dense(), pytorchs.to_dense())
+        assert mine.sparsity() == pytest.approx(pytorchs.sparsity())
+    assert ours.to_string(limit=2) == theirs.to_string(limit=2)  # the hint to index, after the limit
+    q, k, v = (torch.randn(4, 3, L, D, generator=torch.Generator().manual_seed(n)) for n in range(3))
+    whole = flex.flex_attention(q, k, v, block_mask=flex.create_block_mask(staggered, 4, 3, L, L, device="cpu"))
+    mask = acf.create_block_mask(staggered, 4, 3, L, L)
+    for index, rows, heads in [
+        ((slice(2, 4),), [2, 3], [0, 1, 2]),
+        ((torch.tensor([3, 0]), slice(0, 3, 2)), [3, 0], [0, 2]),
+    ]:
+        picked = [x[rows][:, heads] for x in (q, k, v)]
+        out = acf.flex_attention(*picked, block_mask=mask[index], backend="cpu")
+        torch.testing.assert_close(out, whole[rows][:, heads], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="indexed along its query blocks"):
+        acf.flex_attention(q, k, v, block_mask=mask[:, :, 1:3])
+    with pytest.raises(IndexError, match="index 4 is out of range for the batch"):
+        mask[4]
+
+
 def test_what_cannot_be_compiled_is_refused_by_name():
     q, k, v = tensors()
     with pytest.raises(NotImplementedError, match="branches on a tensor's value"):
