@@ -53,6 +53,8 @@ class MergeSpelling:
     narrow: str = "{}"
     #: the first part merged (parts ``first`` to ``count``; None: from 0)
     first: str | None = None
+    #: where the merged row's max score goes (the parts' largest maximum, in natural units), if returned
+    top: str | None = None
 
 
 def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
@@ -84,15 +86,25 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
     w.line(f"{how.out.format(e='e')} = {how.narrow.format('value / denominator')}")
     if loop:
         w.depth -= 1
-    if how.lse is None:
+    stores = []
+    if how.lse is not None:
+        stores.append(f"{how.lse} = ACC(-np.inf) if total == 0.0 else top_safe{how.to_natural} + math.log(total)")
+    if how.top is not None:
+        stores.append(f"{how.top} = ACC(-np.inf) if total == 0.0 else top{how.to_natural}")
+    _store_rows(w, stores, how.lse_when)
+
+
+def _store_rows(w: SourceWriter, stores: list[str], when: str | None) -> None:
+    """A row's log-sum-exp and max stores, under ``when`` (the thread that stores them) if given."""
+    if not stores:
         return
-    store = f"{how.lse} = ACC(-np.inf) if total == 0.0 else top_safe{how.to_natural} + math.log(total)"
-    if how.lse_when is None:
+    if when is not None:
+        w.line(f"if {when}:")
+        w.depth += 1
+    for store in stores:
         w.line(store)
-        return
-    w.line(f"if {how.lse_when}:")
-    with w.indent():
-        w.line(store)
+    if when is not None:
+        w.depth -= 1
 
 
 def write_finish(
@@ -103,21 +115,19 @@ def write_finish(
     lse: str | None,
     to_natural: str = "",
     lse_when: str | None = None,
+    top: str | None = None,
 ) -> None:
-    """One part's state finished (a merge of one): ``out = acc / l``, ``lse = m + log l``; a row
-    with no visible key (``l = 0``) gets zeros and ``-inf``.  ``store_outputs(denominator)`` writes
-    the output stores in the writer's layout."""
+    """One part's state finished (a merge of one): ``out = acc / l``, ``lse = m + log l`` and (where
+    ``top`` is given) the row's max score ``m``; a row with no visible key (``l = 0``) gets zeros and
+    ``-inf``.  ``store_outputs(denominator)`` writes the output stores in the writer's layout."""
     w.line(f"denominator = {l} if {l} != 0.0 else ACC(1.0)")
     store_outputs("denominator")
-    if lse is None:
-        return
-    store = f"{lse} = ACC(-np.inf) if {l} == 0.0 else {m}{to_natural} + math.log({l})"
-    if lse_when is None:
-        w.line(store)
-        return
-    w.line(f"if {lse_when}:")
-    with w.indent():
-        w.line(store)
+    stores = []
+    if lse is not None:
+        stores.append(f"{lse} = ACC(-np.inf) if {l} == 0.0 else {m}{to_natural} + math.log({l})")
+    if top is not None:
+        stores.append(f"{top} = ACC(-np.inf) if {l} == 0.0 else {m}{to_natural}")
+    _store_rows(w, stores, lse_when)
 
 
 def merge_partials(*partials: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -64,7 +64,12 @@ class TiledAttention:
 
     @property
     def with_lse(self) -> bool:
-        return len(self.grid.results) == 2
+        return len(self.grid.results) - self.with_max == 2
+
+    @property
+    def with_max(self) -> bool:
+        """Whether the grid also returns each row's max score, as its last result."""
+        return bool(self.grid.attrs.get("with_max", False))
 
     @property
     def weighted(self) -> bool:

@@ -178,7 +178,13 @@ COMPILED = TracedOps()
 
 
 def compile_key(
-    score: tuple | None, mask: tuple | None, types: tuple, dtype: str, lse: bool, scale: float | None, backend: str
+    score: tuple | None,
+    mask: tuple | None,
+    types: tuple,
+    dtype: str,
+    aux: tuple[bool, bool],
+    scale: float | None,
+    backend: str,
 ) -> str:
     """Compile the spec of these expressions, captured types and constants once; give its name in
     ``COMPILED``. Under ``torch.compile`` it runs at trace time, not in the graph
@@ -186,10 +192,10 @@ def compile_key(
 
     def make() -> Compiled:
         constants = {} if scale is None else {"scale": scale}  # None: the spec's E ** -0.5, a size it reads
-        fn = ac.compile(build(score, mask, types, lse), backend=backend, **constants)
+        fn = ac.compile(build(score, mask, types, *aux), backend=backend, **constants)
         return Compiled(fn, fn.to_torch())
 
-    return COMPILED.name(repr((score, mask, types, dtype, lse, scale, backend)), make)
+    return COMPILED.name(repr((score, mask, types, dtype, aux, scale, backend)), make)
 
 
 #: ``compile_key`` as torch.compile sees it: a constant of the trace
@@ -201,7 +207,7 @@ def compiled_for(
     block_mask: Any,
     query: torch.Tensor,
     scale: float | None,
-    lse: bool,
+    aux: tuple[bool, bool],
     backend: str,
 ) -> tuple[Compiled, list[torch.Tensor]]:
     """The compiled spec of these modifications and the tensors they read, for a call."""
@@ -221,7 +227,7 @@ def compiled_for(
             )
         types.append((name, tensor.dim()))
     dtype = str(query.dtype)
-    return COMPILED[constant_compile_key(score, mask, tuple(types), dtype, lse, scale, backend)], captured
+    return COMPILED[constant_compile_key(score, mask, tuple(types), dtype, aux, scale, backend)], captured
 
 
 def flex_attention(
@@ -245,8 +251,9 @@ def flex_attention(
     ``block_mask`` (:func:`create_block_mask`'s, or torch's) hides key ``kv_idx`` from query ``q_idx``
     where its ``mask_mod(b, h, q_idx, kv_idx)`` is False; ``scale`` defaults to ``E ** -0.5``.
     ``return_lse`` (or ``return_aux=AuxRequest(lse=True)``) also gives the float32 log-sum-exp of
-    each row's scores. ``kernel_options`` is accepted and unused. ``backend``: "cpu", "cuda" or
-    "interp" (default: the tensors' device's).
+    each row's scores; ``return_aux=AuxRequest(max_scores=True)`` each row's largest score (``-inf``
+    where it sees no key), a by-product of the fused attention, with no gradient.  ``kernel_options``
+    is accepted and unused. ``backend``: "cpu", "cuda" or "interp" (default: the tensors' device's).
     """
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
@@ -274,22 +281,21 @@ def flex_attention(
                 f"flex_attention: block_mask was made for {lengths[0]} queries and {lengths[1]} keys; the call has "
                 f"{length} and {keys}"
             )
-    lse = bool(return_lse)
-    if return_aux is not None:
-        if getattr(return_aux, "max_scores", False):
-            raise NotImplementedError("flex_attention: return_aux asks for max_scores, which attncomp does not return")
-        lse = lse or bool(getattr(return_aux, "lse", False))
+    lse = bool(return_lse) or bool(getattr(return_aux, "lse", False))
+    max_scores = bool(getattr(return_aux, "max_scores", False))
     scale = None if scale is None else float(trace_constant(scale))  # None: E ** -0.5, read from the sizes
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
-    compiled, captured = compiled_for(score_mod, block_mask, query, scale, lse, backend)
+    compiled, captured = compiled_for(score_mod, block_mask, query, scale, (lse, max_scores), backend)
     result = compiled.op(query, key, value, *captured)
-    if not lse:
+    if not (lse or max_scores):
         return result
-    out, log_sum_exp = result[0], result[1].float()
+    out, *rows = result
+    log_sum_exp = rows.pop(0).float() if lse else None
+    top = rows.pop(0).float() if max_scores else None
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
 
-        return out, AuxOutput(lse=log_sum_exp)
+        return out, AuxOutput(lse=log_sum_exp, max_scores=top)
     return out, log_sum_exp
 
 

@@ -6,7 +6,7 @@ The spec computes what FlexAttention defines::
     score = (q @ k.mT) * scale            # scale E ** -0.5 by default; k's heads repeated for each group
     score = score_mod(score, b, h, q_idx, kv_idx)
     score = where(mask_mod(b, h, q_idx, kv_idx), score, -inf)
-    out = softmax(score) @ v              # and logsumexp(score), where asked
+    out = softmax(score) @ v              # and logsumexp(score), max(score), where asked
 
 so softmax-fusion makes it one fused attention, flash-tiling tiles it and mask-elimination reads
 ``mask_mod``'s expression itself to skip, unmask or mask each tile: no block mask is ever computed.
@@ -67,10 +67,12 @@ def evaluate(node: tuple, inputs: dict[str, Any], tensors: tuple, memo: dict) ->
     return value
 
 
-def build(score: tuple | None, mask: tuple | None, captured: tuple[tuple[str, int], ...], lse: bool) -> ac.Spec:
+def build(
+    score: tuple | None, mask: tuple | None, captured: tuple[tuple[str, int], ...], lse: bool, max_scores: bool = False
+) -> ac.Spec:
     """The spec of a call: ``score`` and ``mask`` the modifications' expressions (None: none),
     ``captured`` each captured tensor's (torch type name, number of dimensions), ``lse`` whether it
-    returns the log-sum-exp of the scores too."""
+    returns the log-sum-exp of the scores too, ``max_scores`` each row's max score (after them)."""
     params = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ac.floating[dims])
         for name, dims in (("q", ("B", "H", "L", "E")), ("k", ("B", "KV", "S", "E")), ("v", ("B", "KV", "S", "Ev")))
@@ -91,7 +93,8 @@ def build(score: tuple | None, mask: tuple | None, captured: tuple[tuple[str, in
         if mask is not None and mask != const(True):
             s = ac.where(evaluate(mask, inputs, tensors, memo), s, -ac.inf)
         out = ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep)
-        return (out, ac.logsumexp(s, axis=-1)) if lse else out
+        aux = ([ac.logsumexp(s, axis=-1)] if lse else []) + ([ac.max(s, axis=-1)] if max_scores else [])
+        return (out, *aux) if aux else out
 
     flex_attention.__signature__ = inspect.Signature(params)
     return ac.spec(flex_attention)

@@ -204,7 +204,8 @@ class FunctionSweep(Sweep):
     def attention(self, op: Op, gs: list[Value | None]) -> list[Value | None]:
         out, lse = self.saved[op]
         d_out = gs[0] if gs[0] is not None else self.ad.zeros(out.type)
-        d_lse = gs[1] if len(gs) > 1 and gs[1] is not None else self.ad.zeros(lse.type)
+        # a row max (``with_max``, the last result) passes no gradient, as FlexAttention's max_scores
+        d_lse = gs[1] if op.attrs["with_lse"] and gs[1] is not None else self.ad.zeros(lse.type)
         score, mask, *weight = op.regions
         grad, sites = gradient_region(score, {v for v in _captured(score) if v in self.active})
         q, k, v = (self.value(x) for x in op.operands)

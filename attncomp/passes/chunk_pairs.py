@@ -50,7 +50,7 @@ from attncomp.ir.core import Func, Module, Op, Value
 from attncomp.ir.dims import Dim, dim
 from attncomp.ir.graph import remove_dead_ops
 from attncomp.ir.ops import Checker
-from attncomp.ir.ops.attention import attention_types
+from attncomp.ir.ops.attention import add_lse, attention_types, with_max
 from attncomp.ir.printer import Namer
 from attncomp.ir.types import CACHE_DTYPES, TensorType
 from attncomp.passes.base import Pass, register_pass
@@ -157,12 +157,12 @@ def _ragged(func: Func, attn: Op, rank: int, batch: Dim, q_rows: str) -> list[Va
 
 
 def _with_lse(attn: Op) -> Value:
-    if not attn.attrs["with_lse"]:
-        attn.attrs["with_lse"] = True
-        q, k, v = (x.type for x in attn.operands)
-        lse = attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
-        attn.results.append(Value(lse, "lse", attn))
-    return attn.results[1]
+    if with_max(attn):
+        raise PipelineError(
+            "chunk-pairs: a fused attention that returns each row's max score is not split into chunks (the "
+            "chunks' maxima are not merged)"
+        )
+    return add_lse(attn)
 
 
 @register_pass

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from attncomp.ir.core import Block, Module, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
+from attncomp.ir.ops.attention import with_max
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.ops.tile import PRECISIONS
 from attncomp.ir.types import TensorType, accumulation_dtype
@@ -134,10 +135,13 @@ def tile_attention(
     empty = b.emit("ac.cmp", lsum, b.const(0.0, acc), pred="eq")
     l_safe = b.emit("ac.where", empty, b.const(1.0, acc), lsum)
     tiles = [named(b.cast(b.emit("ac.div", acc_out, l_safe), out_type.dtype), "out_tile")]
-    if len(attn.results) == 2:
+    if attn.attrs["with_lse"]:
         lse = b.emit("ac.add", m, b.emit("ac.log", lsum))
         lse = b.op("ac.reshape", [lse], declared=[TensorType.of((block_q,), acc)]).result
         tiles.append(named(b.cast(lse, attn.results[1].type.dtype), "lse_tile"))
+    if with_max(attn):  # the running max is each row's largest visible score (-inf where none is)
+        top = b.op("ac.reshape", [m], declared=[TensorType.of((block_q,), acc)]).result
+        tiles.append(named(b.cast(top, attn.results[-1].type.dtype), "max_tile"))
     b.yield_(*tiles)
     at = block.ops.index(attn)
     grid_attrs: dict = {"block_q": block_q}
@@ -147,6 +151,8 @@ def tile_attention(
         grid_attrs["kv_repeat"] = attn.attrs["kv_repeat"]
     if key_split is not None:
         grid_attrs["key_split"] = key_split
+    if with_max(attn):
+        grid_attrs["with_max"] = True
     grid_op = Builder(block, at).op(
         "ac.tile_grid",
         [],

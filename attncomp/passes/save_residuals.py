@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attncomp.ir.core import Module, Value
-from attncomp.passes.autodiff import attention_ops, lse_type
+from attncomp.ir.ops.attention import add_lse
+from attncomp.passes.autodiff import attention_ops
 from attncomp.passes.base import Pass, register_pass
 
 
@@ -27,9 +28,7 @@ class SaveResiduals(Pass):
         func = module.main
         saved: list[Value] = []
         for attn in attention_ops(func):
-            if not attn.attrs["with_lse"]:
-                attn.attrs["with_lse"] = True
-                attn.results.append(Value(lse_type(attn), "lse", attn))
+            add_lse(attn)
             saved += attn.results[:2]
         func.return_op.operands = func.return_op.operands + saved
         func.attrs["residuals"] = len(saved)

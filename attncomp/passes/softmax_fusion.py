@@ -7,7 +7,8 @@ Recognised shapes of the same computation:
   moved into the score function);
 - keys and values through ``ac.repeat_kv`` (kept as the index mapping
   ``h // kv_repeat`` instead of a copy);
-- ``ac.logsumexp`` of the same masked scores, which becomes a second result.
+- ``ac.logsumexp`` of the same masked scores, which becomes a second result, and their
+  ``ac.max`` along the keys, which becomes the last (no gradient flows through it).
 
 The score function (everything elementwise between ``q @ kᵀ`` and the
 softmax) and the mask (the outermost ``where(cond, s, -inf)`` conditions,
@@ -345,39 +346,51 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
         t = Op.create("ac.transpose", [k], [k.type.with_shape([k.type.shape[p] for p in swap])], {"perm": swap})
         new_ops.append(t)
         k = t.result
-    lse_ops = [
-        op
-        for op in use_table.get(m.softmax.operands[0], [])
-        if op.name == "ac.logsumexp" and op.attrs["axis"] == op.operands[0].type.rank - 1
-    ]
+    scores, last = m.softmax.operands[0], m.softmax.operands[0].type.rank - 1
+    readers = use_table.get(scores, [])
+    lse_ops = [op for op in readers if op.name == "ac.logsumexp" and op.attrs["axis"] == last]
+    row_max = [op for op in readers if op.name == "ac.reduce" and op.attrs["kind"] == "max"]
+    max_ops = [op for op in row_max if list(op.attrs["axes"]) == [last]]
     attrs = {"kv_repeat": m.kv_repeat, "with_lse": bool(lse_ops)}
-    types = attention_types(m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion")
+    if max_ops:
+        attrs["with_max"] = True
+    types = attention_types(
+        m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion", bool(max_ops)
+    )
     result = _attention_result(m.pv, types[0], use_table)
     if types[0] != result.type:
         raise NotFusable(f"the fused result would be {types[0]}, not {m.pv.result.type}")
-    names = [result.name] + ([lse_ops[0].result.name] if lse_ops else [])
+    names = [result.name] + [ops[0].result.name for ops in (lse_ops, max_ops) if ops]
     attn = Op.create("ac.attention", [m.q, k, m.v], types, attrs, build_regions(m), result_names=names)
     new_ops.append(attn)
     mapping = {result: attn.results[0]}
     result.name = None
-    anchor = min([m.pv] + lse_ops, key=block.ops.index)
-    for lse_op in lse_ops:
-        lse, want = attn.results[1], lse_op.result.type
-        if lse.type.dtype != want.dtype:  # kept in float32 (``lse_dtype``), cast to the declared type
-            name = None if lse_op.attrs["keepdims"] else lse_op.result.name
-            cast = Op.create("ac.cast", [lse], [lse.type.with_dtype(want.dtype)], result_names=[name])
-            new_ops.append(cast)
-            lse = cast.result
-        if lse_op.attrs["keepdims"]:
-            reshape = Op.create("ac.reshape", [lse], [want], result_names=[lse_op.result.name])
-            new_ops.append(reshape)
-            lse = reshape.result
-        elif lse.type != want:
-            raise NotFusable("the log-sum-exp has an unexpected shape")
-        lse_op.result.name = None
-        mapping[lse_op.result] = lse
+    anchor = min([m.pv] + lse_ops + max_ops, key=block.ops.index)
+    for ops, fused in ((lse_ops, attn.results[1] if lse_ops else None), (max_ops, attn.results[-1])):
+        for op in ops:
+            mapping[op.result] = _declared(op, fused, new_ops)
     _insert_before(block, anchor, new_ops)
     replace_uses(block, mapping)
+
+
+def _declared(op: Op, fused: Value, new_ops: list[Op]) -> Value:
+    """A row result of the fused op (its log-sum-exp or max) as ``op`` (the reduction it replaces)
+    declared it: kept in float32 (``lse_dtype``) and cast to the declared type, reshaped where it
+    keeps its axis."""
+    want = op.result.type
+    if fused.type.dtype != want.dtype:
+        name = None if op.attrs["keepdims"] else op.result.name
+        cast = Op.create("ac.cast", [fused], [fused.type.with_dtype(want.dtype)], result_names=[name])
+        new_ops.append(cast)
+        fused = cast.result
+    if op.attrs["keepdims"]:
+        reshape = Op.create("ac.reshape", [fused], [want], result_names=[op.result.name])
+        new_ops.append(reshape)
+        fused = reshape.result
+    elif fused.type != want:
+        raise NotFusable(f"the {'log-sum-exp' if op.name == 'ac.logsumexp' else 'row max'} has an unexpected shape")
+    op.result.name = None
+    return fused
 
 
 def _attention_result(pv: Op, fused: TensorType, use_table: dict[Value, list[Op]]) -> Value:
@@ -413,6 +426,7 @@ class SoftmaxFusion(Pass):
     def run(self, module: Module, remarks: list[str]) -> None:
         for func in module.funcs:
             canonicalize_softmax(func.body)
+            remove_dead_ops(func.body)  # a spelled-out softmax's own max: not a row max the spec returns
             namer = Namer.for_func(func)
             for op in [op for op in func.body.ops if op.name == "ac.softmax"]:
                 use_table = users(func.body)

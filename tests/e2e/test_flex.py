@@ -101,6 +101,37 @@ def test_outputs_and_lse_match_pytorchs_flex_attention(case):
     torch.testing.assert_close(again, out, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_each_rows_max_score_with_the_log_sum_exp(backend):
+    """``return_aux=AuxRequest(lse=True, max_scores=True)``: each row's largest modified, masked score
+    (PyTorch computes it on GPUs only; here against the scores written densely), ``-inf`` for a row
+    that sees no key; the output's gradients as without it (the max passes none)."""
+    q, k, v = tensors(7, grad=True)
+
+    def hides_row_5(b, h, q_idx, kv_idx):
+        return documents(b, h, q_idx, kv_idx) & (q_idx != 5)
+
+    mask = acf.create_block_mask(hides_row_5, None, None, L, L)
+    out, aux = acf.flex_attention(
+        q, k, v, alibi, mask, enable_gqa=True, return_aux=flex.AuxRequest(lse=True, max_scores=True), backend=backend
+    )
+    sizes = (B, H, L, L)
+    b, h, i, j = (torch.arange(n).reshape([-1 if a == d else 1 for a in range(4)]) for d, n in enumerate(sizes))
+    s = alibi((q @ k.repeat_interleave(2, 1).mT) * D**-0.5, b, h, i, j)
+    s = torch.where(hides_row_5(b, h, i, j), s, -torch.inf)
+    torch.testing.assert_close(aux.max_scores, s.amax(-1).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(aux.lse, torch.logsumexp(s, -1).detach(), rtol=1e-5, atol=1e-5)
+    assert aux.max_scores.dtype == torch.float32 and torch.isneginf(aux.max_scores[:, :, 5]).all()
+    alone = acf.flex_attention(q, k, v, alibi, mask, enable_gqa=True, backend=backend)
+    got = torch.autograd.grad((out**2).sum() + aux.max_scores[:, :, :5].sum(), (q, k, v))
+    for a, want in zip(got, torch.autograd.grad((alone**2).sum(), (q, k, v))):
+        torch.testing.assert_close(a, want, rtol=1e-5, atol=1e-5)
+    request = flex.AuxRequest(max_scores=True)
+    only, aux = acf.flex_attention(q, k, v, alibi, mask, enable_gqa=True, return_aux=request, backend=backend)
+    assert aux.lse is None
+    torch.testing.assert_close(only, out)
+
+
 def test_gradients_of_q_k_v_and_a_learned_bias():
     """A relative-position bias the score_mod reads is a leaf that learns: its gradient too."""
     q, k, v = tensors(1, grad=True)
@@ -132,7 +163,7 @@ def test_one_compile_per_expression_one_fused_attention_and_tiles_classified():
     )
     assert len(acf.COMPILED) == before
     fn = acf.compiled_for(lambda s, b, h, i, j: s + other[h, i - j + L], acf.create_block_mask(causal, 1, 1, L, L), q,
-                          D**-0.5, False, "cpu")[0].fn  # fmt: skip
+                          D**-0.5, (False, False), "cpu")[0].fn  # fmt: skip
     assert fn.ir("softmax-fusion").count("ac.attention ") == 1 and not fn.remarks
     assert "ac.switch" in fn.ir("mask-elimination")
     torch.testing.assert_close(out, dense(q, k, v, lambda s, b, h, i, j: s + other[h, i - j + L], causal))

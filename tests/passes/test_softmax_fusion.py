@@ -1,5 +1,6 @@
 """softmax-fusion: what it recognises, what it refuses and why."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,6 +23,31 @@ def test_spelled_out_softmax_with_scaled_q_and_repeat_kv_fuses_with_lse():
     assert [v.name for v in op.operands] == ["q", "k", "v"]
     assert "ac.repeat_kv" not in fn.ir("final")
     assert fn.remarks == []
+
+
+@ac.spec
+def spelled_out_with_row_max(q: ac.bf16["H", "T", "D"], k: ac.bf16["H", "S", "D"], v: ac.bf16["H", "S", "D"]):
+    s = q @ k.mT * 0.25
+    i, j = ac.index(s)[1:]
+    s = ac.where(j <= i, s, -ac.inf)
+    top = ac.max(s, -1, keepdims=True)  # the softmax's own max, returned too
+    e = ac.exp(s - top)
+    return (e / ac.sum(e, -1, keepdims=True)) @ v, top, ac.logsumexp(s)
+
+
+def test_the_scores_row_max_becomes_the_last_result():
+    """``ac.max(s, -1)`` of the masked scores (here the spelled-out softmax's own, kept dims, bf16)
+    is the fused op's last result (``with_max``), after the log-sum-exp: the same values, each row's
+    largest score, as the unfused graph's."""
+    (op,), fn = fused_ops(spelled_out_with_row_max)
+    assert op.attrs["with_lse"] is True and op.attrs["with_max"] is True and len(op.results) == 3
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 8)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    unfused = ac.compile(spelled_out_with_row_max, backend="interp", pipeline="")(q, k, v)
+    for got, want in zip(fn(q, k, v), unfused):
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=1e-2, atol=1e-2)
+    top = np.asarray(fn(q, k, v)[1], np.float64)
+    assert top.shape == (2, 5, 1) and np.array_equal(top, np.asarray(unfused[1], np.float64))
 
 
 def test_probabilities_that_are_returned_are_not_fused():

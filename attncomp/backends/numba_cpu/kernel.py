@@ -46,6 +46,7 @@ from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr, page
 from attncomp.backends.key_splits import split_blocks, write_part_range, write_unit_parts
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
 from attncomp.backends.numba_cpu import signatures as sig
+from attncomp.backends.numba_cpu.tile_math import LAZY
 from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
@@ -99,15 +100,29 @@ class KernelWriter(KernelSource):
         #: keys are split only when the units are too few for the threads
         self.split_blocks = split_blocks(tiled.grid, tiled.block_k)
 
+    @property
+    def slack(self) -> float:
+        """How far a tile's max may pass a row's before the row is rescaled (``reference_max``): none
+        where the kernel returns each row's max score (its max must be exact)."""
+        return 0.0 if self.t.with_max else LAZY
+
     def params(self) -> list[str]:
-        outs = ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
+        outs = [f"out_{k}" for k in range(len(self.t.grid.results))]
         return outs + list(self.captured.values()) + [f"d_{d}" for d in self.dims] + ["n_threads"]
 
     def param_types(self) -> list[str]:
         """Numba types of :meth:`params` (see ``signatures``)."""
         acc = self.acc_dtype
-        outs = [sig.array_type(acc, r.type.rank) for r in self.t.grid.results[: 2 if self.t.with_lse else 1]]
+        outs = [sig.array_type(acc, r.type.rank) for r in self.t.grid.results]
         return outs + sig.captured_types(self.t.grid, self.captured, acc) + [sig.INT] * (len(self.dims) + 1)
+
+    def row_results(self, index: str) -> dict[str, str | None]:
+        """Where a row's log-sum-exp and max score go (``index``: the row's), None where not returned."""
+        last = len(self.t.grid.results) - 1
+        return {
+            "lse": f"out_1[{index}]" if self.t.with_lse else None,
+            "top": f"out_{last}[{index}]" if self.t.with_max else None,
+        }
 
     # pieces -------------------------------------------------------------------
     def batch_decode(self, rank: int) -> list[str]:
@@ -261,7 +276,7 @@ class KernelWriter(KernelSource):
             w.line(f"gemm(0, 0, nk, nq, n_d, {ks}, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
             self.scores_by_keys(compute, with_mask)
             # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
-            w.line("softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g)")
+            w.line(f"softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g, {self.slack})")
             self.weights(compute, by_rows=False)
             w.line(f"gemm(1, 0, nq, n_e, nk, st, {vs}, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
@@ -293,7 +308,7 @@ class KernelWriter(KernelSource):
                 w.line("scored = True")
             w.line("sr = sg[g]")
             self.scores_by_rows(compute, with_mask)
-            w.line("softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g)")
+            w.line(f"softmax_by_rows(sr, nq, nk, m, l, acc, mx, m_safe, g, {self.slack})")
             self.weights(compute, by_rows=True)
             w.line("active[g] = 1")
             if self.paged(compute.v_load):  # where the values' pages are read from, after the heads
@@ -741,7 +756,7 @@ class KernelWriter(KernelSource):
                     l="part_l[base + {s}, g, r]",
                     o="part_acc[base + {s}, g, r, {e}]",
                     out=f"out_0[{prefix}i0 + r, {{e}}]",
-                    lse=f"out_1[{prefix}i0 + r]" if t.with_lse else None,
+                    **self.row_results(f"{prefix}i0 + r"),
                     weight="EXP2(ACC({m} - top_safe))",  # maxima are kept in base 2
                     to_natural=" * LN2",
                     features="n_e",
@@ -762,8 +777,7 @@ class KernelWriter(KernelSource):
 
         w.line("for r in range(nq):")
         with w.indent():
-            lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
-            write_finish(w, "m[g, r]", "l[g, r]", outputs, lse, to_natural=" * LN2")
+            write_finish(w, "m[g, r]", "l[g, r]", outputs, **self.row_results(f"{prefix}i0 + r"), to_natural=" * LN2")
 
 
 def write_kernel(

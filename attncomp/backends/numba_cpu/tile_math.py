@@ -502,16 +502,17 @@ def rescale_factor(m_old, m_new):
 
 # inlined: a call passing five arrays per tile and head cost a decode step 14% on one core
 @njit(fastmath=FASTMATH, cache=True, nogil=True, inline="always")
-def reference_max(nq, m, total, acc, mx, m_safe, g):
+def reference_max(nq, m, total, acc, mx, m_safe, g, slack):
     """Each row's reference max ``m_safe`` for a tile whose row maxima are ``mx``.
 
-    A row keeps its max ``m[g, r]`` while the tile's exceeds it by at most ``LAZY`` (its
-    weights stay below ``2**LAZY``, far from overflow); only when it grows more (or is
+    A row keeps its max ``m[g, r]`` while the tile's exceeds it by at most ``slack`` (``LAZY``:
+    its weights stay below ``2**LAZY``, far from overflow); only when it grows more (or is
     NaN) are the max replaced and the row's weight sum ``total`` and accumulator
-    rescaled -- after the first key blocks, rarely.
+    rescaled -- after the first key blocks, rarely.  A slack of 0 keeps ``m`` the exact max
+    (a kernel that returns each row's max score).
     """
     zero = m.dtype.type(0.0)
-    lazy = m.dtype.type(LAZY)
+    lazy = m.dtype.type(slack)
     for r in range(nq):
         m_old = m[g, r]
         if mx[r] <= m_old + lazy:
@@ -527,12 +528,12 @@ def reference_max(nq, m, total, acc, mx, m_safe, g):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g):
+def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g, slack):
     """The online softmax step of a transposed score tile ``st[c, r]`` (scores in base 2,
     row maxima ``mx``): ``st`` becomes the weights P and each row's sum is added to
-    ``total[g]`` (the softmax's ``l``), vectorised over the rows."""
+    ``total[g]`` (the softmax's ``l``), vectorised over the rows; ``slack``: :func:`reference_max`'s."""
     prefer_wide_vectors()
-    reference_max(nq, m, total, acc, mx, m_safe, g)
+    reference_max(nq, m, total, acc, mx, m_safe, g, slack)
     for r in range(nq):
         row_sum[r] = st.dtype.type(0.0)
     for c in range(nk):
@@ -545,11 +546,11 @@ def softmax_by_keys(st, nq, nk, m, total, acc, mx, m_safe, row_sum, g):
 
 
 @njit(fastmath=FASTMATH, cache=True, nogil=True)
-def softmax_by_rows(sr, nq, nk, m, total, acc, mx, m_safe, g):
+def softmax_by_rows(sr, nq, nk, m, total, acc, mx, m_safe, g, slack):
     """As :func:`softmax_by_keys` for a row-major tile ``sr[r, c]`` (a few query rows),
     each row vectorised over its keys."""
     prefer_wide_vectors()
-    reference_max(nq, m, total, acc, mx, m_safe, g)
+    reference_max(nq, m, total, acc, mx, m_safe, g, slack)
     for r in range(nq):
         m_row = m_safe[r]
         row_total = sr.dtype.type(0.0)

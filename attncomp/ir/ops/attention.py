@@ -13,7 +13,9 @@
 
 Meaning: with ``s = q @ kᵀ`` (head ``h`` of ``k`` and ``v`` is head
 ``h // kv_repeat``), ``s' = where(mask, score(s), -inf)``; the result is
-``softmax(s') @ v`` and, when ``with_lse``, ``logsumexp(s')``.  An optional third
+``softmax(s') @ v`` and, when ``with_lse``, ``logsumexp(s')``, then, when ``with_max``
+(an optional attribute), ``max(s')`` along the keys (each row's largest masked score, ``-inf``
+where none is visible; no gradient flows through it).  An optional third
 region, the **weight**, takes the positions and yields a factor for each probability
 before ``@ v``, not counted in the softmax's sum (attention dropout: ``ac.dropout``):
 the result is then ``(softmax(s') * weight) @ v``.  A query row with
@@ -26,8 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from attncomp.errors import TypeCheckError
+from attncomp.ir.core import Op, Value
 from attncomp.ir.dims import Dim, dim
-from attncomp.ir.ops.base import OpDef, register, require_attr
+from attncomp.ir.ops.base import Checker, OpDef, register, require_attr
 from attncomp.ir.ops.compute import safe_max
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import BOOL_DTYPE, TensorType, score_dtype
@@ -43,7 +46,14 @@ def repeated(t: TensorType, kv_repeat: Dim) -> TensorType:
 
 
 def attention_types(
-    q: TensorType, k: TensorType, v: TensorType, kv_repeat: Dim, with_lse: bool, checker, what: str
+    q: TensorType,
+    k: TensorType,
+    v: TensorType,
+    kv_repeat: Dim,
+    with_lse: bool,
+    checker,
+    what: str,
+    with_max: bool = False,
 ) -> list[TensorType]:
     if q.rank < 2 or k.rank < 2 or v.rank < 2:
         raise TypeCheckError(f"{what}: q, k and v need rank >= 2")
@@ -55,9 +65,15 @@ def attention_types(
     batch = checker.broadcast([q.shape[:-2], k.shape[:-2], v.shape[:-2]], f"{what} batch axes")
     # the values' type (docs/ir.md, ac.matmul): what widened the scores does not widen the result
     out = [TensorType(batch + (q.shape[-2], v.shape[-1]), v.dtype)]
-    if with_lse:
-        out.append(TensorType(batch + (q.shape[-2],), lse_dtype(promote([q, k, v]))))
+    for wanted in (with_lse, with_max):
+        if wanted:
+            out.append(TensorType(batch + (q.shape[-2],), lse_dtype(promote([q, k, v]))))
     return out
+
+
+def with_max(op) -> bool:
+    """Whether an ``ac.attention`` also returns each row's max score (its optional ``with_max``)."""
+    return bool(op.attrs.get("with_max", False))
 
 
 def lse_dtype(dtype: str) -> str:
@@ -98,6 +114,7 @@ class Attention(OpDef):
     attributes = {
         "kv_repeat": "query heads per key/value head (a dimension)",
         "with_lse": "bool: also return the log-sum-exp of the masked scores",
+        "with_max": "optional bool: also return each row's max masked score (after the log-sum-exp)",
     }
 
     def infer(self, operands, attrs, declared, checker):
@@ -105,7 +122,9 @@ class Attention(OpDef):
             raise TypeCheckError(f"ac.attention: expects q, k, v, got {len(operands)} operands")
         kv_repeat = dim(require_attr(attrs, "kv_repeat", (int, Dim), self.name))
         with_lse = require_attr(attrs, "with_lse", bool, self.name)
-        return attention_types(*operands, kv_repeat, with_lse, checker, self.name)
+        if not isinstance(attrs.get("with_max", False), bool):
+            raise TypeCheckError(f"{self.name}: attribute 'with_max' is a bool")
+        return attention_types(*operands, kv_repeat, with_lse, checker, self.name, attrs.get("with_max", False))
 
     def verify_regions(self, op) -> None:
         rank = op.results[0].type.rank
@@ -144,4 +163,17 @@ class Attention(OpDef):
             results = [out]
             if op.attrs["with_lse"]:
                 results.append(np.squeeze(m + np.log(total), axis=-1))
+            if with_max(op):
+                results.append(np.max(masked, axis=-1, initial=-np.inf))
         return results
+
+
+def add_lse(attn: Op) -> Value:
+    """Make ``attn`` (an ``ac.attention``) return its log-sum-exp, after its output and before a row
+    max (``with_max``); give that result."""
+    if not attn.attrs["with_lse"]:
+        attn.attrs["with_lse"] = True
+        q, k, v = (x.type for x in attn.operands)
+        lse = attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
+        attn.results.insert(1, Value(lse, "lse", attn))
+    return attn.results[1]

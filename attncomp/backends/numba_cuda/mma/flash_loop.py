@@ -95,7 +95,8 @@ class FlashKeyLoop:
         main loop), every other chunk in the general body."""
         p, w, t = self.mp, self.w, self.t
         if self.full_runs and self.scale is not None:
-            w.line(f"scale_log2 = ACC({self.ref(self.scale)}) * LOG2E  # the scores' scale, folded")
+            w.line(f"scale = ACC({self.ref(self.scale)})  # the scores' scale: the rows' maxima scaled by it")
+            w.line("scale_log2 = scale * LOG2E  # and folded into the exponents")
         w.line("# the first chunk to compute, its keys in flight")
         w.line("kb = np.int32(kb_lo)")
         w.line("kb_top = np.int32(kb_hi)")
@@ -164,7 +165,7 @@ class FlashKeyLoop:
             w.line("if more:")
             with w.indent():
                 self.copies("k", p.head_dim, f"jc + {p.chunk}", full=True)
-            self.chunk_end(hoisted, "scale_log2" if self.scale is not None else None)
+            self.chunk_end(hoisted, "scale" if self.scale is not None else None)
             w.line("if not more:")
             with w.indent():
                 w.line("break")

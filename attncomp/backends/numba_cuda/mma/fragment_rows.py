@@ -115,8 +115,8 @@ class FragmentRows:
     def softmax_update(self, scale: str | None = None) -> None:
         """Online softmax of the tile's scores, per row: the quad's max, one rescale, P = exp(S - m).
         ``scale``: the scores are ``scale`` (never negative) times the products held, so the row's
-        max is of the products, then scaled, and ``scale`` joins the exponent's multiply-add
-        (``scale_log2``: ``scale * log2 e``)."""
+        max is of the products, then scaled (``m`` stays the max of the scores, in natural units),
+        and ``scale`` joins the exponent's multiply-add (``scale_log2``: ``scale * log2 e``)."""
         p, w, c = self.mp, self.w, self.atom.c
         n_tiles = p.chunk // c.cols
         for t, _, halves, row in self.lane_rows():
@@ -142,7 +142,7 @@ class FragmentRows:
             for n in range(n_tiles):
                 for e in halves:
                     x = f"{sn}_{n}_{e}"
-                    w.line(f"{x} = exp2_approx({x} * {'scale_log2' if scale else 'LOG2E'} - m_log2_{row})")
+                    w.line(f"{x} = exp2_approx({x} * {f'{scale}_log2' if scale else 'LOG2E'} - m_log2_{row})")
                     w.line(f"l_{row} += {x}")
 
     def position_row(self, row: str) -> str:
@@ -157,7 +157,7 @@ class FragmentRows:
     def finish(self) -> None:
         """Each row's output and log-sum-exp (:meth:`row_outputs`), or this split's partial state
         (:meth:`partial_outputs`)."""
-        t_, w = self.t, self.w
+        w = self.w
         for *_, row in self.lane_rows():
             w.line(f"l_{row} = quad_sum(l_{row})")
         partial, finishes = self.stores_partial()
@@ -179,8 +179,8 @@ class FragmentRows:
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves, t: int = t) -> None:
                     self.row_outputs(denominator, self.row_index(row), halves, t)
 
-                lse = f"out_1[{self.row_index(row)}]" if t_.with_lse else None
-                write_finish(w, f"m_{row}", f"l_{row}", outputs, lse, lse_when="tq == 0")
+                rows = self.row_results(self.row_index(row))
+                write_finish(w, f"m_{row}", f"l_{row}", outputs, **rows, lse_when="tq == 0")
 
     def partial_outputs(self, halves: tuple[int, ...], tile: int = 0) -> None:
         """A row's accumulators (registers ``halves`` of each fragment of ``tile``) into ``part_o[sp, flat]``."""

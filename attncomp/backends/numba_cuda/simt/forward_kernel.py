@@ -99,7 +99,15 @@ class AttentionKernelWriter(CudaKernelSource):
         super().__init__(captured, dims)
 
     def outs(self) -> list[str]:
-        return ["out_0", "out_1"] if self.t.with_lse else ["out_0"]
+        return [f"out_{k}" for k in range(len(self.t.grid.results))]
+
+    def row_results(self, index: str) -> dict[str, str | None]:
+        """Where a row's log-sum-exp and max score go (``index``: the row's), None where not returned."""
+        last = len(self.t.grid.results) - 1
+        return {
+            "lse": f"out_1[{index}]" if self.t.with_lse else None,
+            "top": f"out_{last}[{index}]" if self.t.with_max else None,
+        }
 
     def narrow(self, expr: str) -> str:
         """An output element as it is stored: itself, or its bf16 pattern (``out_bits``)."""
@@ -331,8 +339,8 @@ class AttentionKernelWriter(CudaKernelSource):
                 value = self.narrow(f"acc_{{k}} / {denominator}")
                 self.store_slice(f"out_0[{prefix}i0 + r, {{f}}] = {value}")
 
-            lse = f"out_1[{prefix}i0 + r]" if t.with_lse else None
-            write_finish(w, "m", "l", outputs, lse, lse_when="g == 0")  # one lane per row stores it
+            # one lane per row stores its log-sum-exp and max
+            write_finish(w, "m", "l", outputs, **self.row_results(f"{prefix}i0 + r"), lse_when="g == 0")
 
     def merge_index(self, row: str) -> str:
         """The output's index of merged row ``row`` (a variable), before the feature."""
@@ -344,7 +352,7 @@ class AttentionKernelWriter(CudaKernelSource):
         finish (fenced again after its atomic, before it reads the other blocks' states) merges every
         split's rows (one thread per row and feature, ``rows`` rows a block) and zeroes the count for
         the next launch.  No second kernel is launched."""
-        t, w = self.t, self.w
+        w = self.w
         if not self.key_splits:
             return
         own = self.split_blocks is not None  # a unit's own parts only: counted and merged
@@ -375,7 +383,7 @@ class AttentionKernelWriter(CudaKernelSource):
                         l="part_l[{s}, flat]",
                         o="part_o[{s}, flat, {e}]",
                         out=f"out_0[{self.merge_index('row')}, {{e}}]",
-                        lse=f"out_1[{self.merge_index('row')}]" if t.with_lse else None,
+                        **self.row_results(self.merge_index("row")),
                         weight="ACC(math.exp({m} - top_safe))",
                         lse_when="e == 0",  # one thread per row stores it
                         narrow=self.narrow("{}"),

@@ -1,0 +1,60 @@
+"""Each row's max score, ``ac.max(s, axis=-1)`` of the masked scores beside their softmax: a result of
+the fused attention (``with_max``) on the cpu backend against the float64 interpreter, in every
+kernel shape (BLAS tiles, the few-row loops of a decoding step, keys split across threads, grouped
+heads, bf16), exact although the online softmax rescales lazily elsewhere; decoders carry it; the
+paged decoder, which merges chunks, refuses it by name."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import attncomp as ac
+
+BF16 = ml_dtypes.bfloat16
+
+
+@ac.spec
+def windowed_with_max(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "KV", "S", "D"], v: ac.floating["B", "KV", "S", "D"]
+):
+    n_rep = q.shape[1] // k.shape[1]
+    s = (q @ ac.repeat_kv(k, n_rep).mT) * (q.shape[-1] ** -0.5)
+    b, h, i, j = ac.index(s)
+    d = i + s.shape[-1] - s.shape[-2] - j
+    s = ac.where((d >= 0) & (d < 200) & (i != 1), s, -ac.inf)
+    return ac.softmax(s, axis=-1) @ ac.repeat_kv(v, n_rep), ac.max(s, axis=-1), ac.logsumexp(s, axis=-1)
+
+
+@pytest.mark.parametrize(
+    "dtype,queries,keys", [(np.float32, 70, 300), (np.float32, 1, 700), (BF16, 3, 300), (np.float64, 9, 130)]
+)
+def test_each_rows_max_score_is_exact_on_the_cpu(dtype, queries, keys):
+    rng = np.random.default_rng(queries)
+    q = rng.standard_normal((2, 4, queries, 16)).astype(dtype)
+    k, v = (rng.standard_normal((2, 2, keys, 16)).astype(dtype) for _ in range(2))
+    fn = ac.compile(windowed_with_max, backend="cpu")
+    out, top, lse = (np.asarray(x, np.float64) for x in fn(q, k, v))
+    want_out, want_top, want_lse = (
+        np.asarray(x, np.float64) for x in ac.compile(windowed_with_max, backend="interp", pipeline="")(q, k, v)
+    )
+    assert "with_max = true" in fn.ir("softmax-fusion")
+    hidden = np.isneginf(want_top)
+    assert np.array_equal(np.isneginf(top), hidden) and hidden.any() == (queries > 1)  # row 1 sees no key
+    # the max is one of the scores, as the kernel computed it: float32 products, bf16 rounded inputs
+    assert np.abs(top[~hidden] - want_top[~hidden]).max() < (1e-12 if dtype is np.float64 else 2e-6)
+    assert np.abs(out - want_out).max() < (1e-2 if dtype is BF16 else 1e-5)
+    assert np.abs(lse[~hidden] - want_lse[~hidden]).max() < 1e-4
+
+
+def test_a_decoder_returns_each_steps_max_and_the_paged_decoder_refuses_it():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 4, 5, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 5, 16)).astype(np.float32) for _ in range(2))
+    fn = ac.compile(windowed_with_max, backend="cpu")
+    want = np.asarray(ac.compile(windowed_with_max, backend="interp")(q, k, v)[1])
+    decoder = fn.decoder(max_len=32)
+    steps = [np.asarray(decoder(q[:, :, :3], k[:, :, :3], v[:, :, :3])[1])]
+    steps.append(np.asarray(decoder(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:])[1]))
+    np.testing.assert_allclose(np.concatenate(steps, axis=-1), want, rtol=1e-6)
+    with pytest.raises(ac.PipelineError, match="returns each row's max score is not split into chunks"):
+        fn.paged_decoder(page_size=16, num_pages=8)
