@@ -43,3 +43,26 @@ def test_document_mask_and_alibi_match_pytorchs_flex_attention(dtype):
     torch.testing.assert_close(out, want_out, **TOLERANCE[dtype])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOLERANCE[dtype])
+
+
+def test_max_scores_match_pytorchs_flex_attention():
+    """``return_aux=AuxRequest(lse=True, max_scores=True)`` in bf16 on the tensor cores (whole chunks in
+    the main loop; a row that sees no key: ``-inf``) against PyTorch's FlexAttention on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    length = 512
+    q = torch.randn(1, 8, length, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 8, length, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+
+    def causal_but_row_7(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx != 7)
+
+    request = flex.AuxRequest(lse=True, max_scores=True)
+    mask = acf.create_block_mask(causal_but_row_7, None, None, length, length)
+    out, aux = acf.flex_attention(q, k, v, block_mask=mask, return_aux=request)
+    theirs = flex.create_block_mask(causal_but_row_7, None, None, length, length, device="cuda")
+    want_out, want = torch.compile(flex.flex_attention)(q, k, v, block_mask=theirs, return_aux=request)
+    torch.testing.assert_close(out, want_out, **TOLERANCE[torch.bfloat16])
+    assert torch.isneginf(aux.max_scores[:, :, 7]).all()
+    shown = ~torch.isneginf(want.max_scores)
+    torch.testing.assert_close(aux.max_scores[shown], want.max_scores[shown], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(aux.lse[shown], want.lse[shown], rtol=1e-2, atol=1e-2)
