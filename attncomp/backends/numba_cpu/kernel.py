@@ -51,7 +51,7 @@ from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
 from attncomp.ir.core import Value
 from attncomp.ir.dims import dim
-from attncomp.ir.ops.shape import page_slot
+from attncomp.ir.ops.shape import rows_before_heads
 from attncomp.ir.types import accumulation_dtype
 
 #: query rows up to which a task computes a tile row-major with loops (decoding a few tokens)
@@ -380,7 +380,7 @@ class KernelWriter(KernelSource):
         (``slot = 1``, ``[num_pages, P, *heads, d]``): a head's rows a row of heads apart, copied into
         the work buffers for every product."""
         view = self.page_view(load_op)
-        return view is not None and page_slot(view.attrs, view.operands[0].type.rank) != view.operands[0].type.rank - 2
+        return view is not None and rows_before_heads(view)
 
     def blas_in_place(self, load_op) -> bool:
         """Whether BLAS multiplies a key or value tile's rows where they are, a transpose apart (float32

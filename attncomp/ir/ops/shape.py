@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from math import prod
+from typing import Any
 
 import numpy as np
 
@@ -327,6 +328,13 @@ def page_slot(attrs: dict, rank: int) -> int:
     """The axis of an ``ac.page_view``'s pages (of ``rank`` axes) that holds a page's rows: its
     ``slot`` attribute, else the one before the features."""
     return int(attrs.get("slot", rank - 2))
+
+
+def rows_before_heads(view: Any) -> bool:
+    """Whether an ``ac.page_view``'s pages hold a page's rows before the heads (``slot = 1``,
+    ``[num_pages, P, *heads, d]``: each row's heads together, a head's rows a row of heads apart)."""
+    rank = view.operands[0].type.rank
+    return page_slot(view.attrs, rank) != rank - 2
 
 
 def check_pages(table: np.ndarray, num_pages: int, size: int, rows: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from attncomp.backends.numba_cuda.mma.forward_plan import CHUNK_BYTES, COPY_ELEMENTS, swizzled
 from attncomp.ir.core import Op
-from attncomp.ir.ops.shape import page_slot
+from attncomp.ir.ops.shape import page_slot, rows_before_heads
 
 
 class PageCopies:
@@ -32,7 +32,7 @@ class PageCopies:
         slot = page_slot(view.attrs, rank)
         w.line(f"{name}_rows = {pages}  # the pool: rows by page, head and slot")
         if name == "v" and self.same_pages(load, view):  # the keys' table and page geometry: kept once
-            for part in ("table", "size", "page", "head") + (("heads",) if slot != rank - 2 else ()):
+            for part in ("table", "size", "page", "head") + (("heads",) if rows_before_heads(view) else ()):
                 w.line(f"v_{part} = k_{part}")
             return
         w.line(f"{name}_table = {table}[{batch}]" if view.operands[1].type.rank == 2 else f"{name}_table = {table}")
@@ -42,7 +42,7 @@ class PageCopies:
         head = "np.int64(0)"
         for k, h in zip(head_axes, heads):
             head = f"({head}) * {pages}.shape[{k}] + {h}"
-        if slot != rank - 2:  # a page's rows: slot by slot, each the heads' rows
+        if rows_before_heads(view):  # a page's rows: slot by slot, each the heads' rows
             w.line(f"{name}_head = np.uint32({head})")
             w.line(f"{name}_heads = np.uint32({' * '.join(f'{pages}.shape[{k}]' for k in head_axes) or '1'})")
             return
@@ -68,7 +68,7 @@ class PageCopies:
         w = self.w
         step = rows[1][0] if len(rows) > 1 else 0
         view = self.page_view(self.tile_load(name))
-        heads_apart = page_slot(view.attrs, view.operands[0].type.rank) != view.operands[0].type.rank - 2
+        heads_apart = rows_before_heads(view)
         w.line(f"for cn in range({len(rows)}):")
         with w.indent():
             w.line(f"jr = {name}_row + cn * {step}")
