@@ -71,6 +71,15 @@ class TiledAttention:
         """Whether the grid also returns each row's max score, as its last result."""
         return bool(self.grid.attrs.get("with_max", False))
 
+    def row_stores(self, index: str) -> dict[str, str | None]:
+        """Where a kernel (outputs ``out_0``, ``out_1``, ...) stores a row's log-sum-exp and max score
+        (``index``: the row's), None for those the grid does not return: ``lse_merge``'s ``lse`` and ``top``."""
+        last = len(self.grid.results) - 1
+        return {
+            "lse": f"out_1[{index}]" if self.with_lse else None,
+            "top": f"out_{last}[{index}]" if self.with_max else None,
+        }
+
     @property
     def weighted(self) -> bool:
         """Whether the probabilities carry a weight region (attention dropout)."""

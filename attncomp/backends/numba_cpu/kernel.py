@@ -116,14 +116,6 @@ class KernelWriter(KernelSource):
         outs = [sig.array_type(acc, r.type.rank) for r in self.t.grid.results]
         return outs + sig.captured_types(self.t.grid, self.captured, acc) + [sig.INT] * (len(self.dims) + 1)
 
-    def row_results(self, index: str) -> dict[str, str | None]:
-        """Where a row's log-sum-exp and max score go (``index``: the row's), None where not returned."""
-        last = len(self.t.grid.results) - 1
-        return {
-            "lse": f"out_1[{index}]" if self.t.with_lse else None,
-            "top": f"out_{last}[{index}]" if self.t.with_max else None,
-        }
-
     # pieces -------------------------------------------------------------------
     def batch_decode(self, rank: int) -> list[str]:
         """Task index -> batch indices (row-major, heads counted in groups) and the query block."""
@@ -756,7 +748,7 @@ class KernelWriter(KernelSource):
                     l="part_l[base + {s}, g, r]",
                     o="part_acc[base + {s}, g, r, {e}]",
                     out=f"out_0[{prefix}i0 + r, {{e}}]",
-                    **self.row_results(f"{prefix}i0 + r"),
+                    **self.t.row_stores(f"{prefix}i0 + r"),
                     weight="EXP2(ACC({m} - top_safe))",  # maxima are kept in base 2
                     to_natural=" * LN2",
                     features="n_e",
@@ -777,7 +769,7 @@ class KernelWriter(KernelSource):
 
         w.line("for r in range(nq):")
         with w.indent():
-            write_finish(w, "m[g, r]", "l[g, r]", outputs, **self.row_results(f"{prefix}i0 + r"), to_natural=" * LN2")
+            write_finish(w, "m[g, r]", "l[g, r]", outputs, **self.t.row_stores(f"{prefix}i0 + r"), to_natural=" * LN2")
 
 
 def write_kernel(

@@ -179,7 +179,7 @@ class FragmentRows:
                 def outputs(denominator: str, row: str = row, halves: tuple[int, ...] = halves, t: int = t) -> None:
                     self.row_outputs(denominator, self.row_index(row), halves, t)
 
-                rows = self.row_results(self.row_index(row))
+                rows = self.t.row_stores(self.row_index(row))
                 write_finish(w, f"m_{row}", f"l_{row}", outputs, **rows, lse_when="tq == 0")
 
     def partial_outputs(self, halves: tuple[int, ...], tile: int = 0) -> None:

@@ -101,14 +101,6 @@ class AttentionKernelWriter(CudaKernelSource):
     def outs(self) -> list[str]:
         return [f"out_{k}" for k in range(len(self.t.grid.results))]
 
-    def row_results(self, index: str) -> dict[str, str | None]:
-        """Where a row's log-sum-exp and max score go (``index``: the row's), None where not returned."""
-        last = len(self.t.grid.results) - 1
-        return {
-            "lse": f"out_1[{index}]" if self.t.with_lse else None,
-            "top": f"out_{last}[{index}]" if self.t.with_max else None,
-        }
-
     def narrow(self, expr: str) -> str:
         """An output element as it is stored: itself, or its bf16 pattern (``out_bits``)."""
         return f"round_bf16({expr})" if self.out_bits else expr
@@ -340,7 +332,7 @@ class AttentionKernelWriter(CudaKernelSource):
                 self.store_slice(f"out_0[{prefix}i0 + r, {{f}}] = {value}")
 
             # one lane per row stores its log-sum-exp and max
-            write_finish(w, "m", "l", outputs, **self.row_results(f"{prefix}i0 + r"), lse_when="g == 0")
+            write_finish(w, "m", "l", outputs, **self.t.row_stores(f"{prefix}i0 + r"), lse_when="g == 0")
 
     def merge_index(self, row: str) -> str:
         """The output's index of merged row ``row`` (a variable), before the feature."""
@@ -383,7 +375,7 @@ class AttentionKernelWriter(CudaKernelSource):
                         l="part_l[{s}, flat]",
                         o="part_o[{s}, flat, {e}]",
                         out=f"out_0[{self.merge_index('row')}, {{e}}]",
-                        **self.row_results(self.merge_index("row")),
+                        **self.t.row_stores(self.merge_index("row")),
                         weight="ACC(math.exp({m} - top_safe))",
                         lse_when="e == 0",  # one thread per row stores it
                         narrow=self.narrow("{}"),
