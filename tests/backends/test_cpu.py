@@ -90,7 +90,7 @@ def test_the_softmax_step_prefers_wide_vectors_and_sources_name_the_shared_code(
     acc, rows = np.zeros((1, 8, 4), np.float32), np.zeros((3, 8), np.float32)
     cached = tile_math.softmax_by_keys  # Numba's cache keeps no LLVM IR: compile it again to read it
     fresh = njit(**{k: v for k, v in cached.targetoptions.items() if k not in ("cache", "nopython")})(cached.py_func)
-    fresh(st, 8, 8, m, total, acc, rows[0], rows[1], rows[2], 0)
+    fresh(st, 8, 8, m, total, acc, rows[0], rows[1], rows[2], 0, tile_math.LAZY)
     (llvm,) = fresh.inspect_llvm().values()
     assert '"prefer-vector-width"="512"' in llvm
     assert "exp2_f32" in llvm and not re.search(r"call .*exp2_f32", llvm)  # called in Python, inlined by LLVM
@@ -264,7 +264,7 @@ def test_element_loops_vectorise():
         np.zeros(64, np.float32),
         np.zeros(64, np.float32),
     )
-    softmax(st, 31, 29, m, total, np.zeros((1, 64, 8), np.float32), mx, m_safe, row_sum, 0)
+    softmax(st, 31, 29, m, total, np.zeros((1, 64, 8), np.float32), mx, m_safe, row_sum, 0, tile_math.LAZY)
     assert vectorised(softmax), "the softmax's exp loop was not vectorised"
 
     assert "error_model='numpy'" in str(Jit())

@@ -26,7 +26,7 @@ def windowed_with_max(
 
 
 @pytest.mark.parametrize(
-    "dtype,queries,keys", [(np.float32, 70, 300), (np.float32, 1, 700), (BF16, 3, 300), (np.float64, 9, 130)]
+    "dtype,queries,keys", [(np.float32, 70, 300), (np.float32, 1, 700), (BF16, 3, 300)], ids=["blas", "splits", "rows"]
 )
 def test_each_rows_max_score_is_exact_on_the_cpu(dtype, queries, keys):
     rng = np.random.default_rng(queries)
@@ -41,7 +41,7 @@ def test_each_rows_max_score_is_exact_on_the_cpu(dtype, queries, keys):
     hidden = np.isneginf(want_top)
     assert np.array_equal(np.isneginf(top), hidden) and hidden.any() == (queries > 1)  # row 1 sees no key
     # the max is one of the scores, as the kernel computed it: float32 products, bf16 rounded inputs
-    assert np.abs(top[~hidden] - want_top[~hidden]).max() < (1e-12 if dtype is np.float64 else 2e-6)
+    assert np.abs(top[~hidden] - want_top[~hidden]).max() < 2e-6
     assert np.abs(out - want_out).max() < (1e-2 if dtype is BF16 else 1e-5)
     assert np.abs(lse[~hidden] - want_lse[~hidden]).max() < 1e-4
 
