@@ -103,6 +103,15 @@ class BlockMask:
         """The computed blocks drawn per (batch, head), as FlexAttention's ``to_string``."""
         return blocks.picture(self._blocks(), grid_size, limit)
 
+    def _adjust(self, new_q_len: int, new_kv_len: int) -> BlockMask:
+        """The mask cropped to ``new_q_len`` queries and ``new_kv_len`` keys (its upper left corner, the
+        positions kept where they are), as FlexAttention's ``_adjust``."""
+        q_blocks = self.q_blocks
+        if q_blocks is not None:  # the query blocks picked that the shorter length still has
+            q_blocks = q_blocks[q_blocks < -(-int(new_q_len) // self.BLOCK_SIZE[0])]
+        lengths = (int(new_q_len), int(new_kv_len))
+        return BlockMask(self.mask_mod, lengths, self.B, self.H, self.BLOCK_SIZE, self.device, q_blocks)
+
     def to(self, device: Any) -> BlockMask:
         """The block mask evaluated on ``device`` when asked (nothing is held to move)."""
         return BlockMask(self.mask_mod, self.seq_lengths, self.B, self.H, self.BLOCK_SIZE, device, self.q_blocks)
@@ -279,7 +288,7 @@ def flex_attention(
         if lengths != (length, keys):
             raise ValueError(
                 f"flex_attention: block_mask was made for {lengths[0]} queries and {lengths[1]} keys; the call has "
-                f"{length} and {keys}"
+                f"{length} and {keys} (block_mask._adjust({length}, {keys}) crops it to them)"
             )
     lse = bool(return_lse) or bool(getattr(return_aux, "lse", False))
     max_scores = bool(getattr(return_aux, "max_scores", False))

@@ -300,6 +300,14 @@ def test_an_indexed_block_mask_is_pytorchs_and_attends_for_the_entries_it_picks(
         torch.testing.assert_close(out, whole[rows][:, heads], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="indexed along its query blocks"):
         acf.flex_attention(q, k, v, block_mask=mask[:, :, 1:3])
+    with pytest.raises(ValueError, match=r"the call has 30 and 35 \(block_mask._adjust\(30, 35\) crops"):
+        acf.flex_attention(q[:, :, :30], k[:, :, :35], v[:, :, :35], block_mask=mask)
+    mine, pytorchs = ours._adjust(30, 35), theirs._adjust(30, 35)  # as PyTorch's: its upper left corner
+    assert mine.shape == pytorchs.shape and torch.equal(mine.to_dense(), pytorchs.to_dense())
+    cropped = mask._adjust(30, 35)
+    out = acf.flex_attention(q[:, :, :30], k[:, :, :35], v[:, :, :35], block_mask=cropped, backend="cpu")
+    want = dense(q[:, :, :30], k[:, :, :35], v[:, :, :35], None, staggered).nan_to_num(0.0)  # rows seeing no key
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(IndexError, match="index 4 is out of range for the batch"):
         mask[4]
 
