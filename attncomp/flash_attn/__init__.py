@@ -33,11 +33,9 @@ from attncomp.flash_attn.calls import (
     alibi_rows,
     check_heads,
     check_table,
-    needs_grad,
+    paged_keys,
     refuse_probabilities,
     run,
-    table_rows,
-    used_table,
     with_probabilities,
 )
 from attncomp.flash_attn.kvcache import flash_attn_with_kvcache
@@ -122,26 +120,23 @@ def _sequences(cu_seqlens: Any, total: int, name: str, device: torch.device) -> 
 
 def _paged_rows(
     where: str, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: Any, cu_seqlens_k: Any, q: torch.Tensor
-) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+) -> tuple[list[torch.Tensor], bool, torch.Tensor, torch.Tensor]:
     """The keys and values of a paged call as rows ``b * capacity + p`` (capacity: the table's pages a
-    sequence times the page size): the pages and the table's rows one after another, read in place
-    (:func:`calls.used_table`), or, where autograd records the call, a copy of the pages read
-    (:func:`calls.table_rows`); the end of each sequence's keys in those rows, and each row's
-    sequence (``batch + 1`` past its keys)."""
+    sequence times the page size; :func:`calls.paged_keys`: the pages and the table's rows one after
+    another, read in place, or a copy of the pages read) and whether in place; the end of each
+    sequence's keys in those rows, and each row's sequence (``batch + 1`` past its keys)."""
     device, batch = k_pages.device, cu_seqlens_k.shape[0] - 1
     check_table(where, block_table, batch, device)
     _check_offsets(cu_seqlens_k, "cu_seqlens_k", device)
     capacity = block_table.shape[1] * k_pages.shape[1]
     lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
-    if needs_grad(q, k_pages, v_pages):
-        keys = [table_rows(pages, block_table, lengths).flatten(0, 1)[None] for pages in (k_pages, v_pages)]
-    else:
-        keys = [k_pages, v_pages, used_table(block_table, lengths, k_pages.shape[1]).flatten()]
+    keys, in_place = paged_keys(k_pages, v_pages, block_table, lengths, q)
+    keys = [*keys[:2], keys[2].flatten()] if in_place else [rows.flatten(0, 1)[None] for rows in keys]
     starts = torch.arange(batch, device=device) * capacity
     row_sequence = torch.arange(batch * capacity, device=device) // capacity
     inside = torch.arange(batch * capacity, device=device) % capacity < lengths[row_sequence]
     k_seq = torch.where(inside, row_sequence, batch + 1).to(torch.int32)
-    return keys, starts + lengths, k_seq
+    return keys, in_place, starts + lengths, k_seq
 
 
 def flash_attn_varlen_func(
@@ -189,8 +184,8 @@ def flash_attn_varlen_func(
     q_seq = _sequences(cu_seqlens_q, q.shape[0], "cu_seqlens_q", q.device)
     spec = flash_attention_varlen
     if paged:  # sequence b's keys at rows b * capacity + p, p < its length; the rows past them no query's
-        keys, k_ends, k_seq = _paged_rows(where, k, v, block_table, cu_seqlens_k, q)
-        spec = flash_attention_varlen_paged if len(keys) == 3 else spec
+        keys, in_place, k_ends, k_seq = _paged_rows(where, k, v, block_table, cu_seqlens_k, q)
+        spec = flash_attention_varlen_paged if in_place else spec
     else:
         k_seq = _sequences(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
         k_seq = torch.where(k_seq == batch, batch + 1, k_seq)  # keys past the last sequence: no query's

@@ -84,9 +84,16 @@ def table_rows(pages: torch.Tensor, block_table: torch.Tensor, lengths: torch.Te
     return pages[used_table(block_table, lengths, pages.shape[1]).to(torch.int64)].flatten(1, 2)
 
 
-def needs_grad(*tensors: Any) -> bool:
-    """Whether autograd records a call on ``tensors`` (None ignored)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def paged_keys(
+    k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor, q: torch.Tensor
+) -> tuple[list[torch.Tensor], bool]:
+    """A paged call's keys and values and whether they are read in place: the pages and the table
+    (:func:`used_table`) for the kernels to read through it, or, where autograd records the call (a
+    gradient of ``q`` or the pages), each sequence's pages as rows ``[batch, capacity, KV, D]``
+    (:func:`table_rows`), which torch differentiates (``ac.page_view`` has no gradient)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
+        return [table_rows(pages, block_table, lengths) for pages in (k_pages, v_pages)], False
+    return [k_pages, v_pages, used_table(block_table, lengths, k_pages.shape[1])], True
 
 
 def alibi_rows(where: str, alibi_slopes: Any, q: Any, batch: int) -> torch.Tensor:

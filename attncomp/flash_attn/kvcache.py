@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from attncomp.flash_attn.calls import alibi_rows, check_heads, check_table, needs_grad, run, table_rows, used_table
+from attncomp.flash_attn.calls import alibi_rows, check_heads, check_table, paged_keys, run
 from attncomp.flash_attn.specs import flash_attention_cache, flash_attention_paged
 
 WHERE = "flash_attn_with_kvcache"
@@ -116,10 +116,9 @@ def flash_attn_with_kvcache(
                     cache[rows[:, None], positions] = fresh.to(cache.dtype)
         lengths = lengths + new
     spec, slopes = flash_attention_cache, alibi_rows(WHERE, alibi_slopes, q, batch)
-    if paged and not needs_grad(q, k_cache, v_cache):  # the kernels read the pages in place, through the table
-        spec, caches = flash_attention_paged, [k_cache, v_cache, used_table(block_table, lengths, k_cache.shape[1])]
-    elif paged:  # each row's pages in order as rows (a copy of the pages read, differentiated by torch)
-        caches = [table_rows(c, block_table, lengths) for c in (k_cache, v_cache)]
+    if paged:  # read in place through the table, or (autograd recording) a copy of the pages read
+        caches, in_place = paged_keys(k_cache, v_cache, block_table, lengths, q)
+        spec = flash_attention_paged if in_place else spec
     elif cache_batch_idx is not None:
         caches = [k_cache[rows], v_cache[rows]]
     else:

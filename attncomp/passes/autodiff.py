@@ -27,10 +27,8 @@ from dataclasses import dataclass
 
 from attncomp.errors import PipelineError
 from attncomp.ir.core import Block, Func, Module, Op, Value
-from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
-from attncomp.ir.ops.attention import attention_types
-from attncomp.ir.ops.base import Checker
+from attncomp.ir.ops.attention import lse_type
 from attncomp.ir.types import TensorType, is_float
 from attncomp.passes.adjoints import NO_GRADIENT, RULES, Adjoint
 from attncomp.passes.base import Pass, register_pass
@@ -40,11 +38,6 @@ from attncomp.passes.builder import clone_block
 def attention_ops(func: Func) -> list[Op]:
     """The fused attentions whose output and LSE the forward saves, in program order."""
     return [op for op in func.body.ops if op.name == "ac.attention"]
-
-
-def lse_type(attn: Op) -> TensorType:
-    q, k, v = (x.type for x in attn.operands)
-    return attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
 
 
 def _is_float(value: Value) -> bool:

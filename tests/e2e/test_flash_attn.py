@@ -16,7 +16,7 @@ from tests.conftest import TORCH_COMPILE
 torch = pytest.importorskip("torch")
 
 import attncomp.flash_attn as fa  # noqa: E402
-from attncomp.flash_attn import kvcache  # noqa: E402
+from attncomp.flash_attn import calls  # noqa: E402
 
 B, H, KV, D = 2, 4, 2, 16
 
@@ -178,7 +178,7 @@ def test_packed_queries_against_a_paged_cache(backend, grad, monkeypatch):
     out of the pool's range), its queries aligned to its last key, as if called alone; gradients of
     the queries and of the pages read; without gradients, the pages read in place (never gathered)."""
     if not grad:
-        monkeypatch.setattr(fa, "table_rows", None)  # a call that gathered the pages would fail
+        monkeypatch.setattr(calls, "table_rows", None)  # a call that gathered the pages would fail
     page, pages_a_row = 4, 5
     q, k, v, cu_q, cu_k = packed(seed=9)
     g = torch.Generator().manual_seed(10)
@@ -238,7 +238,7 @@ def test_a_decoding_step_appends_to_the_cache_and_attends(layout, interleaved, m
     options = dict(cache_seqlens=lengths, causal=True, rotary_interleaved=interleaved, return_softmax_lse=True)
     starts = torch.zeros(B, dtype=torch.int32)
     if layout == "paged":
-        monkeypatch.setattr(kvcache, "table_rows", None)  # the pages are read in place: a gather would fail
+        monkeypatch.setattr(calls, "table_rows", None)  # the pages are read in place: a gather would fail
         table = torch.tensor([[3, 7, 1, 0], [5, 2, 9, 11]], dtype=torch.int32)
         k_cache, v_cache = (torch.randn(12, 8, KV, D, generator=g) for _ in range(2))
         before = [c[table.long()].flatten(1, 2).clone() for c in (k_cache, v_cache)]

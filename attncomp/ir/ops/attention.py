@@ -168,12 +168,16 @@ class Attention(OpDef):
         return results
 
 
+def lse_type(attn: Op) -> TensorType:
+    """The log-sum-exp result type of an ``ac.attention`` (whether it returns one or not)."""
+    q, k, v = (x.type for x in attn.operands)
+    return attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
+
+
 def add_lse(attn: Op) -> Value:
     """Make ``attn`` (an ``ac.attention``) return its log-sum-exp, after its output and before a row
     max (``with_max``); give that result."""
     if not attn.attrs["with_lse"]:
         attn.attrs["with_lse"] = True
-        q, k, v = (x.type for x in attn.operands)
-        lse = attention_types(q, k, v, dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name)[1]
-        attn.results.insert(1, Value(lse, "lse", attn))
+        attn.results.insert(1, Value(lse_type(attn), "lse", attn))
     return attn.results[1]
