@@ -130,21 +130,25 @@ def write_finish(
     _store_rows(w, stores, lse_when)
 
 
-def merge_partials(*partials: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def merge_partials(*partials: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     """Combine finished (output, LSE) pairs over disjoint key sets into one, by their log-sum-exp.
 
     Each output is a softmax-weighted mean over its keys, and its LSE the log of the weights'
     sum, so the merged output weighs each by ``exp(lse - max lse)``.  In float64; rows no key
-    reaches (every LSE -inf) stay zero with LSE -inf.
+    reaches (every LSE -inf) stay zero with LSE -inf.  Partials of three (output, LSE, each
+    row's max score) merge their maxima too: the largest.
     """
     dtype = partials[0][0].dtype
-    lses = np.stack([np.asarray(lse, dtype=np.float64) for _, lse in partials])
+    lses = np.stack([np.asarray(part[1], dtype=np.float64) for part in partials])
     top = lses.max(axis=0)
     safe = np.where(np.isneginf(top), 0.0, top)
     weights = np.exp(lses - safe)
     total = weights.sum(axis=0)
-    out = sum(w[..., None] * np.asarray(o, dtype=np.float64) for w, (o, _) in zip(weights, partials))
+    out = sum(w[..., None] * np.asarray(part[0], dtype=np.float64) for w, part in zip(weights, partials))
     reached = total > 0
     out = out / np.where(reached, total, 1.0)[..., None]
     lse = np.where(reached, safe + np.log(np.where(reached, total, 1.0)), -np.inf)
-    return out.astype(dtype), lse.astype(dtype)
+    merged = (out.astype(dtype), lse.astype(np.asarray(partials[0][1]).dtype))
+    if len(partials[0]) == 3:  # each row's max score: the parts' largest
+        return (*merged, np.maximum.reduce([np.asarray(part[2]) for part in partials]))
+    return merged

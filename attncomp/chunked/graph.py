@@ -176,7 +176,8 @@ class GraphBuilder:
             results.append(Chunked(name, chunks))
         return results
 
-    def attention(self, q: Chunked, k: Chunked, v: Chunked) -> tuple[Chunked, Chunked]:
+    def attention(self, q: Chunked, k: Chunked, v: Chunked) -> list[Chunked]:
+        """The attention's output and LSE (and each row's max score, ``plan.with_max``), chunked."""
         plan, layout = self.plan, self.layout
         part = plan.attention
         names = part.fn.func.attrs["chunk_offsets"]
@@ -186,8 +187,9 @@ class GraphBuilder:
         k_chunks = layout[plan.seq_k] if plan.seq_k else k.chunks[-2]
         classes = self.classify(q, k, v, captured)
         totals = tuple(sorted((s, n) for s, n in self.env.items()))
-        dtype = NUMPY_DTYPES[part.fn.func.results[0].type.dtype]
+        dtypes = tuple(np.dtype(NUMPY_DTYPES[r.type.dtype]).str for r in part.fn.func.results)
         out_name, lse_name = f"attncomp-out-{self.token}", f"attncomp-lse-{self.token}"
+        max_name = f"attncomp-max-{self.token}"
         runs = {}  # tile class -> the part's reference and the captured inputs it reads
         for tile_class, run in ((1, part), (2, plan.unmasked or part)):
             runs[tile_class] = (self.ref_key(run), [self.whole_arg(a.name) for a in run.fn.func.args[3:]])
@@ -224,12 +226,16 @@ class GraphBuilder:
                 if merged is None:
                     shape = (*(c[n] for c, n in zip(batch_chunks, pb)), q_chunks[qi], v.chunks[-1][0])
                     merged = (f"attncomp-none-{self.token}", *pb, qi)
-                    self.layer[merged] = (tasks.no_keys, shape, np.dtype(dtype).str)
+                    self.layer[merged] = (tasks.no_keys, shape, dtypes)
                 self.layer[(out_name, *pb, qi, 0)] = (tasks.pick, merged, 0)
                 self.layer[(lse_name, *pb, qi)] = (tasks.pick, merged, 1)
-        out = Chunked(out_name, (*batch_chunks, q_chunks, v.chunks[-1]))
-        lse = Chunked(lse_name, (*batch_chunks, q_chunks))
-        return out, lse
+                if plan.with_max:
+                    self.layer[(max_name, *pb, qi)] = (tasks.pick, merged, 2)
+        results = [Chunked(out_name, (*batch_chunks, q_chunks, v.chunks[-1]))]
+        results.append(Chunked(lse_name, (*batch_chunks, q_chunks)))
+        if plan.with_max:
+            results.append(Chunked(max_name, (*batch_chunks, q_chunks)))
+        return results
 
     def merge_tree(self, keys: list[tuple], where: tuple[int, ...]) -> tuple | None:
         """Pairwise log-sum-exp merges, level by level: depth ceil(log2(len(keys)))."""
@@ -285,11 +291,12 @@ class GraphBuilder:
         for n, (part, produced) in enumerate(plan.inputs):
             for role, made in zip(produced, self.blockwise(part, {}, f"inputs{n}")):
                 qkv.setdefault(role, made)
-        out, lse = self.attention(qkv["q"], qkv["k"], qkv["v"])
+        results = self.attention(qkv["q"], qkv["k"], qkv["v"])
         if plan.passthrough is not None:
-            return [out if role == "out" else lse for role in plan.passthrough]
+            roles = dict(zip(("out", "lse", "max"), results))
+            return [roles[role] for role in plan.passthrough]
         args = plan.outputs.fn.func.args
-        return self.blockwise(plan.outputs, {args[0].name: out, args[1].name: lse}, "outputs")
+        return self.blockwise(plan.outputs, {a.name: r for a, r in zip(args, results)}, "outputs")
 
     def arrays(self, results: list[Chunked]) -> list[Any]:
         from dask.highlevelgraph import HighLevelGraph

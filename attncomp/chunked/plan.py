@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from attncomp.chunked.tasks import PartRef, register
 from attncomp.compilation import Compilation
+from attncomp.ir.core import Op, Value
 from attncomp.ir.parser import parse_ir
 from attncomp.passes.base import Pass
 from attncomp.passes.chunk_pairs import fused_attention, split_axes
@@ -47,6 +48,12 @@ def part_pipeline(
         options.update(block_q=blocks[0], block_k=blocks[1])
         passes = edit_pipeline(passes, replace=make_pass("flash-tiling", **options))
     return passes
+
+
+def _uncast(value: Value) -> Value:
+    """What ``value`` is a cast of (itself when it is no cast)."""
+    owner = value.owner
+    return owner.operands[0] if isinstance(owner, Op) and owner.name == "ac.cast" else value
 
 
 @dataclass
@@ -85,8 +92,13 @@ class ChunkPlan:
     #: part name -> the part computing some of q, k, v, and which of them it returns
     inputs: list[tuple[Part, list[str]]] = field(default_factory=list)
     outputs: Part | None = None
-    #: when the spec returns the attention's results as they are: "out" / "lse" per result
+    #: when the spec returns the attention's results as they are: "out" / "lse" / "max" per result
     passthrough: list[str] | None = None
+    #: the attention's result each of the spec's results is, as it is or cast to the spec's type
+    #: ("out" / "lse" / "max"); None when the spec computes something else from them
+    returns: list[str] | None = None
+    #: whether the attention also gives each row's max score (a chunk pair's third result)
+    with_max: bool = False
     #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
     classifiers: dict[tuple[int, int], Compilation] = field(default_factory=dict)
     _ragged: dict[str, Part] = field(default_factory=dict)
@@ -136,11 +148,15 @@ class ChunkPlan:
                     plan.inputs.append((plan._part(text, "keys"), ["k", "v"]))
         outputs = plan._part(text, "outputs")
         func = outputs.fn.func
-        roles = {func.args[0]: "out", func.args[1]: "lse"}
+        plan.with_max = len(plan.attention.fn.func.results) == 3
+        roles = dict(zip(func.args, ("out", "lse", "max")[: 2 + plan.with_max]))
         if all(r in roles for r in func.return_op.operands):
             plan.passthrough = [roles[r] for r in func.return_op.operands]
         else:
             plan.outputs = outputs
+        cast = [_uncast(r) for r in func.return_op.operands]
+        if all(r in roles for r in cast):
+            plan.returns = [roles[r] for r in cast]
         return plan
 
     def parts(self) -> dict[str, Compilation]:

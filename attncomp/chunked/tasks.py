@@ -63,10 +63,12 @@ def pick(results: tuple[np.ndarray, ...], index: int) -> np.ndarray:
     return results[index]
 
 
-def no_keys(out_shape: tuple[int, ...], dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """The partial result of queries that no key chunk reaches: zeros and an LSE of -inf."""
-    return np.zeros(out_shape, dtype=dtype), np.full(out_shape[:-1], -np.inf, dtype=dtype)
+def no_keys(out_shape: tuple[int, ...], dtypes: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """The partial result of queries that no key chunk reaches, in the part's result types
+    ``dtypes``: zeros and an LSE of -inf (and, a third, a max score of -inf)."""
+    rows = [np.full(out_shape[:-1], -np.inf, dtype=dtype) for dtype in dtypes[1:]]
+    return (np.zeros(out_shape, dtype=dtypes[0]), *rows)
 
 
-#: a merge task: finished (output, LSE) pairs combined by their log-sum-exp
+#: a merge task: finished (output, LSE[, max]) partials combined by their log-sum-exp
 merge = merge_partials

@@ -2,8 +2,9 @@
 
 Each rank calls the result with its own shards (its chunks of q, k, v and of any
 per-position captured tensor, as ``layout.shard`` cuts them) and the whole of every other
-captured tensor; it returns that rank's shard of the output (and LSE, when the spec returns
-it), differentiable through torch autograd.  A call:
+captured tensor; it returns that rank's shard of the output (and LSE, and each row's max
+score, when the spec returns them), differentiable through torch autograd (the max score
+passes no gradient).  A call:
 
 1. agrees with the other ranks on the spec, the layout and every shape (each rank's errors
    reach every rank: :meth:`attncomp.distributed.collectives.Comm.agree`);
@@ -84,9 +85,7 @@ class ContextParallel:
         wants_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
         if wants_grad:
             return _autograd(torch).apply(self, step, *args)
-        results = self._results(step, args)
-        picked = [results[r] for r in parts.returns]
-        return picked[0] if len(picked) == 1 else tuple(picked)
+        return _picked(self.torch, parts, self._results(step, args))
 
     # the call's pieces ------------------------------------------------------------------
     def _check(self, args: tuple[Any, ...]) -> tuple[SpecParts | None, str | None]:
@@ -155,17 +154,24 @@ class ContextParallel:
 
     def _results(self, step: Step, args: tuple[Any, ...]) -> dict[str, Any]:
         """This rank's output and LSE, in the spec's result types."""
-        out, lse, computed = forward(self.torch, self.comm, step, *_qkv(step.parts, args))
+        results, computed = forward(self.torch, self.comm, step, *_qkv(step.parts, args))
         self.last = {"steps": step.steps, "pairs": computed}
-        out_type, lse_type = _result_dtypes(self.torch, step.parts)
-        return {"out": out.to(out_type), "lse": lse.to(lse_type)}
+        types = _torch_types(self.torch, step.parts.masked.forward.func.results)
+        return {role: x.to(t) for role, x, t in zip(("out", "lse", "max"), results, types)}
 
 
-def _result_dtypes(torch: Any, parts: SpecParts) -> list[Any]:
+def _torch_types(torch: Any, values: list[Any]) -> list[Any]:
+    """The torch dtypes of IR values' element types."""
     from attncomp.ir.types import NUMPY_DTYPES
 
-    names = [np.dtype(NUMPY_DTYPES[r.type.dtype]).name for r in parts.masked.forward.func.results]
-    return [getattr(torch, name) for name in names]
+    return [getattr(torch, np.dtype(NUMPY_DTYPES[v.type.dtype]).name) for v in values]
+
+
+def _picked(torch: Any, parts: SpecParts, results: dict[str, Any]) -> Any:
+    """The spec's results: the attention's ones it returns, in its result types."""
+    types = _torch_types(torch, parts.member.func.results)
+    picked = [results[role].to(t) for role, t in zip(parts.returns, types)]
+    return picked[0] if len(picked) == 1 else tuple(picked)
 
 
 _AUTOGRAD: list[Any] = []
@@ -184,8 +190,11 @@ def _autograd(torch: Any) -> Any:
             ctx.cp, ctx.step = cp, step
             ctx.save_for_backward(*_qkv(parts, args), results["out"], results["lse"])
             ctx.arg_dtypes = [a.dtype for a in args]
-            picked = [results[r] for r in parts.returns]
-            return picked[0] if len(picked) == 1 else tuple(picked)
+            picked = _picked(torch, parts, results)
+            for role, result in zip(parts.returns, picked if isinstance(picked, tuple) else (picked,)):
+                if role == "max":  # each row's max score passes no gradient
+                    ctx.mark_non_differentiable(result)
+            return picked
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:

@@ -17,12 +17,16 @@ def run_part(torch: Any, compiled: Compilation, tensors: Sequence[Any], sizes: d
     return run_tensors(torch, compiled, tensors, sizes)
 
 
-def merge(torch: Any, acc: tuple[Any, Any] | None, part: tuple[Any, Any]) -> tuple[Any, Any]:
+def merge(torch: Any, acc: tuple[Any, ...] | None, part: tuple[Any, ...]) -> tuple[Any, ...]:
     """Two (output, LSE) partials over disjoint keys as one, in float32; rows no key reaches
-    (both LSEs -inf) stay zero with LSE -inf."""
+    (both LSEs -inf) stay zero with LSE -inf.  Partials of three (with each row's max score)
+    keep the larger max."""
     out, lse = part[0].float(), part[1].float()
+    tops = (part[2].float(),) if len(part) == 3 else ()
     if acc is None:
-        return out, lse
+        return (out, lse, *tops)
+    if tops:
+        tops = (torch.maximum(acc[2], tops[0]),)
     top = torch.maximum(acc[1], lse)
     safe = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
     w_acc, w_new = torch.exp(acc[1] - safe), torch.exp(lse - safe)
@@ -30,4 +34,4 @@ def merge(torch: Any, acc: tuple[Any, Any] | None, part: tuple[Any, Any]) -> tup
     reached = total > 0
     merged = (w_acc[..., None] * acc[0] + w_new[..., None] * out) / torch.where(reached, total, 1.0)[..., None]
     merged_lse = torch.where(reached, safe + torch.log(torch.where(reached, total, 1.0)), float("-inf"))
-    return merged, merged_lse
+    return (merged, merged_lse, *tops)

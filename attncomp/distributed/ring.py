@@ -66,11 +66,12 @@ def _piece(x: Any, place: int, chunk: int) -> Any:
     return x.narrow(-2, place * chunk, chunk)
 
 
-def forward(torch: Any, comm: Comm, step: Step, q: Any, k: Any, v: Any) -> tuple[Any, Any, int]:
-    """This rank's output and LSE (float32) for its shard, and the pairs it computed."""
+def forward(torch: Any, comm: Comm, step: Step, q: Any, k: Any, v: Any) -> tuple[list[Any], int]:
+    """This rank's output and LSE (float32) for its shard (and each row's max score, where the
+    spec takes it), and the pairs it computed."""
     rank, world, chunk = comm.rank, comm.world, step.layout.chunk
     mine = step.layout.chunks(rank)
-    partial: dict[int, tuple[Any, Any] | None] = dict.fromkeys(mine)
+    partial: dict[int, tuple[Any, ...] | None] = dict.fromkeys(mine)
     kv, computed = [k, v], 0
     for s in range(step.steps + 1):
         source = (rank - s) % world
@@ -79,24 +80,22 @@ def forward(torch: Any, comm: Comm, step: Step, q: Any, k: Any, v: Any) -> tuple
         for qc, m, kc, n, part in step.pairs(rank, source):
             reads = [step.captured[name] for name in part.reads]
             pieces = [_piece(q, m, chunk), _piece(kv[0], n, chunk), _piece(kv[1], n, chunk), *reads]
-            out, lse = run_part(torch, part.forward, pieces, step.pair_sizes(qc, kc))
-            partial[qc] = merge(torch, partial[qc], (out, lse))
+            found = run_part(torch, part.forward, pieces, step.pair_sizes(qc, kc))
+            partial[qc] = merge(torch, partial[qc], tuple(found))
             computed += 1
         if s < step.steps:
             comm.wait(works, f"the keys and values of rank {(source - 1) % world}")
             kv = following
-    outs, lses = [], []
+    rows: list[list[Any]] = [[] for _ in step.parts.masked.forward.func.results]
     for qc in mine:
         found = partial[qc]
-        if found is None:  # no key reaches these rows: zeros, LSE -inf
+        if found is None:  # no key reaches these rows: zeros, LSE (and max) -inf
             shape = (*q.shape[:-2], chunk, v.shape[-1])
-            found = (
-                torch.zeros(shape, dtype=torch.float32, device=q.device),
-                torch.full(shape[:-1], float("-inf"), device=q.device),
-            )
-        outs.append(found[0])
-        lses.append(found[1])
-    return torch.cat(outs, -2), torch.cat(lses, -1), computed
+            unreached = torch.full(shape[:-1], float("-inf"), device=q.device)
+            found = (torch.zeros(shape, dtype=torch.float32, device=q.device), *([unreached] * (len(rows) - 1)))
+        for kept, result in zip(rows, found):
+            kept.append(result)
+    return [torch.cat(kept, -2 if n == 0 else -1) for n, kept in enumerate(rows)], computed
 
 
 def backward(
@@ -128,6 +127,8 @@ def backward(
             reads = [step.captured[name] for name in part.reads]
             pieces = [_piece(q, m, chunk), _piece(kv[0], n, chunk), _piece(kv[1], n, chunk), *reads]
             arguments = [*pieces, rows[0], lse_rows[0], rows[1], lse_rows[1]]
+            if step.parts.plan.with_max:  # the max score's cotangent: it passes no gradient
+                arguments.append(torch.zeros_like(lse_rows[1]))
             grads = dict(zip(part.grads, run_part(torch, part.backward, arguments, step.pair_sizes(qc, kc))))
             _piece(d_q, m, chunk).add_(grads["q_chunk"])
             _piece(d_k, n, chunk).add_(grads["k_chunk"])

@@ -60,7 +60,8 @@ class SpecParts:
     q: str
     k: str
     v: str
-    #: the attention's results the spec returns, in order: "out" and/or "lse"
+    #: the attention's results the spec returns, in order: "out", "lse" and "max" (each row's max
+    #: score), each in the spec's result type
     returns: list[str]
     masked: PairPart
     unmasked: PairPart
@@ -85,10 +86,10 @@ class SpecParts:
                 f"@{name}: context parallelism takes q, k and v as arguments, but the spec computes "
                 f"{', '.join(computed)}; compute projections in torch around the call"
             )
-        if plan.passthrough is None:
+        if plan.returns is None:
             raise NotContextParallel(
-                f"@{name}: context parallelism takes a spec that returns the attention's output (and LSE) "
-                "as they are; apply what follows (merging heads, projections) in torch"
+                f"@{name}: context parallelism takes a spec that returns the attention's output (and LSE, each "
+                "row's max score) as they are; apply what follows (merging heads, projections) in torch"
             )
         if plan.seq_q is None or plan.seq_k is None:
             raise NotContextParallel(f"@{name}: the query and key sequence lengths must be sizes, not constants")
@@ -114,7 +115,7 @@ class SpecParts:
             q,
             k,
             v,
-            list(plan.passthrough),
+            list(plan.returns),
             masked,
             unmasked,
             list(plan.attention.fn.func.attrs["chunk_offsets"]),

@@ -14,7 +14,9 @@ fused ``ac.attention`` into the part named by ``part``:
     caller (``q_start``, ``k_start``, ``B_start``...), so masks, ALiBi and
     gathers from captured tensors stay right.  The spec's own sizes (``T``,
     ``S``, ``B``...) keep meaning the whole sequence and batch.  It returns
-    the partial output and its log-sum-exp.  With ``masked = false`` the
+    the partial output and its log-sum-exp, then, where the attention also
+    gives each row's max score (``with_max``), the chunk's max: partials
+    merge by their log-sum-exp and the larger max.  With ``masked = false`` the
     mask is dropped: for chunk pairs proven fully visible.
 ``inputs`` / ``queries`` / ``keys``
     What computes q, k and v (projections, rotary embeddings, norms) from the
@@ -23,7 +25,9 @@ fused ``ac.attention`` into the part named by ``part``:
     (``ac.iota``) along a sequence axis are offset by ``<axis>_start``.
 ``outputs``
     What the spec does with the attention's output and log-sum-exp (merging
-    heads, an output projection), over one chunk of query positions.
+    heads, an output projection), over one chunk of query positions: its
+    first arguments ``attention_out``, ``attention_lse`` (and
+    ``attention_max`` with a row max).
 
 Every op outside the attention must be position-wise along the chunked axes;
 an op that mixes positions (a reduction over the sequence) is refused,
@@ -156,15 +160,6 @@ def _ragged(func: Func, attn: Op, rank: int, batch: Dim, q_rows: str) -> list[Va
     return [positions, starts, lengths]
 
 
-def _with_lse(attn: Op) -> Value:
-    if with_max(attn):
-        raise PipelineError(
-            "chunk-pairs: a fused attention that returns each row's max score is not split into chunks (the "
-            "chunks' maxima are not merged)"
-        )
-    return add_lse(attn)
-
-
 @register_pass
 @dataclass
 class ChunkPairs(Pass):
@@ -256,11 +251,12 @@ class ChunkPairs(Pass):
             if self.cache:
                 func.attrs["cache_type"] = self.cache
         attn.operands = list(chunks)
-        lse = _with_lse(attn)
-        out_t, lse_t = attention_types(
-            *(c.type for c in chunks), dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name
+        add_lse(attn)
+        types = attention_types(
+            *(c.type for c in chunks), dim(attn.attrs["kv_repeat"]), True, Checker(), attn.name, with_max(attn)
         )
-        attn.results[0].type, lse.type = out_t, lse_t
+        for result, t in zip(attn.results, types):
+            result.type = t
         for position, name in enumerate(offsets):
             if name and self.offsets and not (self.ragged and position >= rank - 2):
                 offset_region_index(attn, position, Dim.sym(name))
@@ -271,7 +267,7 @@ class ChunkPairs(Pass):
             mask.ops = []
             builder = Builder(mask)
             builder.yield_(builder.const(True, "i1"))
-        func.return_op.operands = [attn.results[0], lse]
+        func.return_op.operands = list(attn.results)
         remove_dead_ops(func.body)
         _prune_args(func, first)
 
@@ -301,13 +297,12 @@ class ChunkPairs(Pass):
         rank = q.type.rank
         seq_q = q.type.shape[-2]
         batch = [q.type.shape[a] for a in range(rank - 2) if split[a]]
-        lse = _with_lse(attn)
-        out = attn.results[0]
-        new_out = func.body.add_arg(out.type, "attention_out")
-        new_lse = func.body.add_arg(lse.type, "attention_lse")
-        replace_uses(func.body, {out: new_out, lse: new_lse})
+        add_lse(attn)
+        names = ("attention_out", "attention_lse", "attention_max")
+        new = [func.body.add_arg(result.type, name) for result, name in zip(attn.results, names)]
+        replace_uses(func.body, dict(zip(attn.results, new)))
         remove_dead_ops(func.body)
         _mixing_op(func, list(func.return_op.operands), [seq_q, *batch], "using its result")
         _reads_chunked_size(func, [seq_q, *batch], "using its result")
         _offset_positions(func, [seq_q])
-        _prune_args(func, [new_out, new_lse])
+        _prune_args(func, new)

@@ -72,7 +72,7 @@ class Pending:
     #: the new keys and values as the spec computes them (appended, then read back from the pool)
     k: np.ndarray | None = None
     v: np.ndarray | None = None
-    partials: list[tuple[np.ndarray, np.ndarray]] | None = None
+    partials: list[tuple[np.ndarray, ...]] | None = None
     #: what the pool's arrays get: the new keys' and values' rows, or an 8-bit pool's codes and scales
     stored: list[np.ndarray] | None = None
 
@@ -224,12 +224,14 @@ class PagedDecoder:
             codes, scales = quantize(x, self.cache)
             p.stored += [to_rows(codes), np.moveaxis(scales[0], -1, 0)]
 
-    def _sizes(self, p: Pending, rows: int, k_rows: int | None = None) -> dict[str, int]:
+    def _sizes(self, p: Pending, k_rows: int | None = None) -> dict[str, int]:
+        """The sizes of a call for ``p`` (and the sequences stacked with it, which then read no
+        sequence size): the spec's query and key lengths are the whole sequence's so far, as the
+        spec run on every token sees them (a mask aligned to the last query reads both)."""
         sizes = dict(p.env, **{name: 0 for name in self._offsets})
-        if self.plan.seq_q:
-            sizes[self.plan.seq_q] = rows
-        if self.plan.seq_k:
-            sizes[self.plan.seq_k] = p.start + p.count
+        for size in (self.plan.seq_q, self.plan.seq_k):
+            if size:
+                sizes[size] = p.start + p.count
         if k_rows is not None:
             sizes["k_rows"] = k_rows
         return sizes
@@ -248,7 +250,7 @@ class PagedDecoder:
             pages = self.pool.sequence(p.seq).pages[s // size : -(-(s + lengths[b]) // size)]
             table[b, : len(pages)] = pages
         pools = self.pool.arrays  # keys, values; or keys' codes and scales, values' codes and scales
-        sizes = self._sizes(first, q.shape[-2], rows)
+        sizes = self._sizes(first, rows)
         # positions, key starts and counts: a device pool's in one copy; the table as it is, checked on the host
         indices = self.pool.storage.staged([*ragged, lengths])
         outputs = self.paged.fn.run_shaped([q, *pools, table, *indices, *captured], sizes)
@@ -270,7 +272,7 @@ class PagedDecoder:
         captured, ragged, lengths = self._ragged(members, positions, [0] * len(members), [p.count for p in members])
         keys, values = np.concatenate([p.k for p in members]), np.concatenate([p.v for p in members])
         attention = self.plan.ragged_attention()
-        return attention.fn.run_shaped([q, keys, values, *ragged, lengths, *captured], self._sizes(first, q.shape[-2]))
+        return attention.fn.run_shaped([q, keys, values, *ragged, lengths, *captured], self._sizes(first))
 
     def _cascade(self, pending: list[Pending]) -> dict[int, int]:
         """Attend shared prefixes once per group of sharers; the position each sharer's own keys start at."""
@@ -294,10 +296,10 @@ class PagedDecoder:
             # every sharer's new queries in one batch entry, each row at its own position
             q = np.concatenate([p.q for p in members], axis=-2)
             positions = np.concatenate([p.positions for p in members])[None]
-            out, lse = self._attend([first], q, positions, [0], [shared * size])
+            out, *rows = self._attend([first], q, positions, [0], [shared * size])
             at = 0
             for p in members:
-                p.partials.append((out[..., at : at + p.count, :], lse[..., at : at + p.count]))
+                p.partials.append((out[..., at : at + p.count, :], *(x[..., at : at + p.count] for x in rows)))
                 at += p.count
                 starts[p.seq] = shared * size
             self.cascades += 1
@@ -342,18 +344,19 @@ class PagedDecoder:
                     parts = [self._attend(batch, q, positions, firsts, stops)]
                 if batch[0].partials:  # their cascade's partial results, one batch entry each
                     parts.append(tuple(np.concatenate(x) for x in zip(*(p.partials[0] for p in batch))))
-                out, lse = merge_partials(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
+                merged = merge_partials(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
                 for b, p in enumerate(batch):
-                    p.partials = [(out[b : b + 1], lse[b : b + 1])]
+                    p.partials = [tuple(x[b : b + 1] for x in merged)]
 
     def _outputs(self, p: Pending) -> Any:
-        (out, lse) = p.partials[0]  # merged by _own
+        attended = p.partials[0]  # merged by _own: output, LSE (and each row's max score)
         if self.plan.passthrough is not None:
-            results = [out if role == "out" else lse for role in self.plan.passthrough]
+            roles = dict(zip(("out", "lse", "max"), attended))
+            results = [roles[role] for role in self.plan.passthrough]
         else:
             part = self.plan.outputs
             sizes = {size: p.start for size in part.offsets().values()}
-            args = [out, lse, *(p.args[a.name] for a in part.fn.func.args[2:])]
+            args = [*attended, *(p.args[a.name] for a in part.fn.func.args[len(attended) :])]
             results = part.fn.run(args, sizes)
         return results[0] if len(results) == 1 else tuple(results)
 

@@ -17,7 +17,8 @@ def generic_causal(
 ):
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)
-    return ac.softmax(ac.where(j <= i, s, -ac.inf), axis=-1) @ v
+    s = ac.where(j <= i, s, -ac.inf)
+    return ac.softmax(s, axis=-1) @ v, ac.max(s, axis=-1)  # each row's max score: merged across ranks
 
 
 @ac.spec

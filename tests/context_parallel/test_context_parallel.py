@@ -73,8 +73,15 @@ def test_outputs_and_gradients_match_one_process(runs, world, name):
     reference = ac.compile(spec_of(case), backend="interp", **case.get("constants", {}))
     reference = reference if not bf16 else reference.for_dtype("f32")
     out, pullback = reference.vjp(*args)
-    grads = pullback(cotangent)
     tolerance = 3e-2 if bf16 else 2e-5
+    if "max" in ranks[0]:  # each row's max score, merged across the ring's chunk pairs: no gradient
+        out, top = out
+        grads = pullback(cotangent, None)
+        got_top = layout.unshard([r["max"] for r in ranks], -1)
+        bound = 4e-3 if bf16 else 1e-5  # bf16: the spec's result type rounds it
+        assert np.max(np.abs(got_top - top)) <= bound * max(1.0, np.max(np.abs(top)))
+    else:
+        grads = pullback(cotangent)
     got = layout.unshard([r["out"] for r in ranks])
     assert np.max(np.abs(got - out)) <= tolerance * max(1.0, np.max(np.abs(out)))
     for k, (g, sharded) in enumerate(zip(grads, case["sharded"])):
