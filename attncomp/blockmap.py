@@ -46,8 +46,9 @@ class BlockRecorder:
     def record(self, tile_class: int) -> None:
         self.grids[self.grid][self.tile] = tile_class
 
-    def block_map(self, grid: Any, batch_shape: tuple[int, ...], q_blocks: int) -> np.ndarray:
-        shape = self.shapes.get(grid, tuple(batch_shape) + (q_blocks, 0))
+    def block_map(self, grid: Any, batch_shape: tuple[int, ...], q_blocks: int, k_blocks: int = 0) -> np.ndarray:
+        """``[*batch, q_blocks, k_blocks]``; ``k_blocks`` where no key loop ran (every tile skipped)."""
+        shape = self.shapes.get(grid, tuple(batch_shape) + (q_blocks, k_blocks))
         out = np.zeros(shape, dtype=np.int8)
         for index, tile_class in self.grids.get(grid, {}).items():
             out[index] = tile_class
@@ -85,4 +86,7 @@ def block_map(func: Func, constraints, args: tuple[Any, ...], sizes: dict[str, i
     out_shape = grid.results[0].type.concrete_shape(env)
     rows = out_shape[-2]
     block_q = grid.attrs["block_q"]
-    return recorder.block_map(grid, out_shape[:-2], -(-rows // block_q))
+    # the key blocks of the grid, whether or not a key loop ran (tightened bounds may skip them all)
+    loops = [o for o in grid.regions[0].walk() if o.name == "ac.tile_for" and "extent" in o.attrs]
+    k_blocks = int(loops[0].attrs["extent"].evaluate(env)) if loops else 0
+    return recorder.block_map(grid, out_shape[:-2], -(-rows // block_q), k_blocks)

@@ -2,6 +2,7 @@
 
     python -m attncomp.fuzz --cases 10000 --seed 0            # interpreter, every stage
     python -m attncomp.fuzz --cases 300 --seed 1 --cpu-every 25
+    python -m attncomp.fuzz --cases 300 --seed 2 --paths-every 1   # chunked, decoded, paged too
     NUMBA_ENABLE_CUDASIM=1 python -m attncomp.fuzz --cases 100 --cuda-every 5   # CUDA simulator
 
 Hypothesis draws random specs from a grammar of score modifications (scales,
@@ -19,7 +20,9 @@ unfused graph's against finite differences, then every stage of the backward
 and each backend's pullback against those), and, every ``--cpu-every``
 cases, the CPU backend (a new spec is a new Numba compile, seconds each, so
 the backend sees a sample), and every ``--cuda-every`` cases the CUDA backend
-(on a GPU, or in Numba's simulator at these tiny sizes).  A mismatch is shrunk by Hypothesis and printed
+(on a GPU, or in Numba's simulator at these tiny sizes); every ``--paths-every`` cases, the
+paths that split a spec's sequence (a chunked run, the decoder and the paged decoder,
+:mod:`attncomp.fuzz_paths`).  A mismatch is shrunk by Hypothesis and printed
 as a spec file that reproduces it.
 """
 
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 import attncomp as ac
+from attncomp.fuzz_paths import run_paths
 from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.testing import TOLERANCE, directional_derivatives, interpret_float64, worst_error
 
@@ -53,7 +57,15 @@ SCORE_MODS = {
     "two_slopes": "s = s + two[h] * (j - i)",
     "by_document": "s = s + table[doc[b, i] + {n}]",
 }
-AFFINE_ATOMS = ["j <= i + {c}", "i - j < {w}", "j >= {c}", "j < i + {w}", "(i // 4) == (j // 4)", "j > i - {w}"]
+AFFINE_ATOMS = [
+    "j <= i + {c}",
+    "i - j < {w}",
+    "j >= {c}",
+    "j < i + {w}",
+    "(i // 4) == (j // 4)",
+    "j > i - {w}",
+    "j <= i + s.shape[-1] - s.shape[-2] + {c}",  # aligned to the last query, as FlashAttention's causal
+]
 DATA_ATOMS = {"lengths": "j < lengths[b]", "doc": "doc[b, i] == doc[b, j]"}
 
 
@@ -67,6 +79,8 @@ class Case:
     pipeline: str
     constants: dict[str, float] = field(default_factory=dict)
     lse: bool = False
+    #: the spec also returns each row's max score (``ac.max(s, axis=-1)``), after the output
+    top: bool = False
     #: the float type of q, k, v and the float tables (the CPU slice also runs each case in bf16)
     dtype: str = "f32"
 
@@ -90,11 +104,9 @@ class Case:
         body = ["s = (q @ k.mT) * q.shape[-1] ** -0.5", "b, h, i, j = ac.index(s)", *self.score]
         if self.mask:
             body.append(f"s = ac.where({self.mask}, s, -ac.inf)")
-        body.append(
-            "return (ac.softmax(s, axis=-1) @ v, ac.logsumexp(s, axis=-1))"
-            if self.lse
-            else "return ac.softmax(s, axis=-1) @ v"
-        )
+        results = ["ac.softmax(s, axis=-1) @ v"]
+        results += ["ac.max(s, axis=-1)"] * self.top + ["ac.logsumexp(s, axis=-1)"] * self.lse
+        body.append(f"return {', '.join(results)}")
         signature = ",\n    ".join(params)
         return (
             "# ruff: noqa: F821\nimport attncomp as ac\n\n\n@ac.spec\n"
@@ -145,7 +157,7 @@ def run_case(
         reference = _as_list(ac.interpret(spec, *inputs))
     except IndexError as error:
         return _check_index_error(spec, case.pipeline, inputs, backends, str(error))
-    grads = _reference_gradients(spec, inputs, seed) if gradients else None
+    grads = _reference_gradients(spec, inputs, seed, case.top) if gradients else None
     if isinstance(grads, str):
         return grads
     for backend in backends:
@@ -209,11 +221,13 @@ def _check_index_error(
     return None
 
 
-def _reference_gradients(spec: ac.Spec, inputs: list[np.ndarray], seed: int):
+def _reference_gradients(spec: ac.Spec, inputs: list[np.ndarray], seed: int, top: bool = False):
     """(cotangents, gradients) of the unfused graph, checked against finite differences; or what differed."""
     rng = np.random.default_rng(seed + 1)
     out, pullback = ac.compile(spec, backend="interp", pipeline="").vjp(*inputs)
     cotangents = [rng.standard_normal(np.shape(o)) for o in _as_list(out)]
+    if top:  # each row's max score (the second result) passes no gradient: its cotangent is zero
+        cotangents[1] = np.zeros_like(cotangents[1])
     grads = pullback(*cotangents)
     directions = [rng.standard_normal(np.shape(a)) if g is not None else None for a, g in zip(inputs, grads)]
     numeric = directional_derivatives(spec.ir.main, inputs, cotangents, directions)
@@ -307,17 +321,29 @@ def strategies():
         return case
 
     return st.builds(
-        lambda sc, m, sz, p, lse: fix(Case(sc, m, dict(sz), p, lse=lse)),
+        lambda sc, m, sz, p, lse, top: fix(Case(sc, m, dict(sz), p, lse=lse, top=top)),
         score,
         st.one_of(st.none(), mask),
         sizes,
         pipeline,
         st.booleans(),
+        st.booleans(),
     )
 
 
-def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False, cuda_every: int = 0) -> int:
-    """Run ``cases`` random cases; returns the number that ran.  Raises on a mismatch."""
+def fuzz(
+    cases: int,
+    seed: int,
+    cpu_every: int = 0,
+    verbose: bool = False,
+    cuda_every: int = 0,
+    paths_every: int = 0,
+    paths_backend: str = "interp",
+) -> int:
+    """Run ``cases`` random cases; returns the number that ran.  Raises on a mismatch.
+
+    Every ``paths_every`` cases the case also runs chunked, decoded and paged
+    (:mod:`attncomp.fuzz_paths`) on ``paths_backend``."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -338,6 +364,9 @@ def fuzz(cases: int, seed: int, cpu_every: int = 0, verbose: bool = False, cuda_
             if cuda_every and count[0] % cuda_every == 0:
                 backends += ("cuda",)
             problem = run_case(case, directory, backends, seed=count[0])
+            if problem is None and paths_every and count[0] % paths_every == 0:
+                bound = 1e-5 if paths_backend == "interp" else 1e-4
+                problem = run_paths(case, lambda c: load_case(c, directory), count[0], paths_backend, bound)
             if problem is None and "cpu" in backends:  # the same case in bf16 (no finite differences there)
                 case = replace(case, dtype="bf16")
                 problem = run_case(case, directory, ("cpu",), seed=count[0], gradients=False)
@@ -366,9 +395,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also run the CUDA backend every N cases (a GPU, or NUMBA_ENABLE_CUDASIM=1 for the simulator)",
     )
+    parser.add_argument(
+        "--paths-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run every N-th case chunked (Dask), decoded and paged",
+    )
+    parser.add_argument(
+        "--paths-backend",
+        default="interp",
+        choices=["interp", "cpu", "cuda"],
+        help="the backend those paths run on (default: the interpreter; a compiled one compiles each case's parts)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    ran = fuzz(args.cases, args.seed, args.cpu_every, args.verbose, args.cuda_every)
+    ran = fuzz(
+        args.cases, args.seed, args.cpu_every, args.verbose, args.cuda_every, args.paths_every, args.paths_backend
+    )
     print(f"{ran} cases, 0 mismatches (seed {args.seed})")
     return 0
 

@@ -93,7 +93,8 @@ def directional_derivatives(
 
     def objective(values: list[np.ndarray]) -> float:
         outputs = interpret_float64(func, values)
-        return float(sum(np.sum(np.where(np.isfinite(o), c * o, 0.0)) for c, o in zip(cotangents, outputs)))
+        finite = [(c, np.isfinite(o), o) for c, o in zip(cotangents, outputs)]
+        return float(sum(np.sum(c * np.where(seen, o, 0.0)) for c, seen, o in finite))
 
     found: list[float | None] = []
     for k, direction in enumerate(directions):

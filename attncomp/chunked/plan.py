@@ -20,7 +20,7 @@ from attncomp.ir.parser import parse_ir
 from attncomp.passes.base import Pass
 from attncomp.passes.chunk_pairs import fused_attention, split_axes
 from attncomp.passes.patterns import constant_value
-from attncomp.passes.pipeline import edit_pipeline, make_pass, pipeline_text
+from attncomp.passes.pipeline import edit_pipeline, make_pass, pass_names, pipeline_text
 
 
 def part_pipeline(
@@ -104,6 +104,15 @@ class ChunkPlan:
     _ragged: dict[str, Part] = field(default_factory=dict)
 
     @property
+    def passes(self) -> list[Pass]:
+        """The function's passes, with softmax-fusion first where its pipeline has none (as a
+        decoder's): the parts are cut at the fused attention."""
+        passes = self.fn.passes
+        if "softmax-fusion" in pass_names(passes):
+            return passes
+        return edit_pipeline(passes, insert=make_pass("softmax-fusion"), after="softmax-fusion")
+
+    @property
     def chunkable(self) -> set[str]:
         return {s for s in (*self.batch, self.seq_q, self.seq_k) if s is not None}
 
@@ -114,13 +123,13 @@ class ChunkPlan:
 
     @classmethod
     def build(cls, fn: Compilation) -> ChunkPlan:
-        fusing = edit_pipeline(fn.passes, until="softmax-fusion")
+        plan = cls(fn)
+        fusing = edit_pipeline(plan.passes, until="softmax-fusion")
         fused = fn.derive(fusing, backend="interp").func
         attn = fused_attention(fused)
         q, k, v = attn.operands
         split = split_axes(attn)
         rank = q.type.rank
-        plan = cls(fn)
         plan.batch = [q.type.shape[a].symbol if split[a] else None for a in range(rank - 2)]
         plan.keys_follow = [split[a] and k.type.shape[a] == q.type.shape[a] for a in range(rank - 2)]
         seq_q, seq_k = q.type.shape[-2], k.type.shape[-2]
@@ -184,9 +193,9 @@ class ChunkPlan:
         fn = self.fn
         # a step's sequences bring a few new tokens each: query blocks of 16 rows; key blocks as the
         # function's own tiling takes them (the CPU's 128: half the per-tile work of 64)
-        block_k = next((p.block_k for p in fn.passes if p.name == "flash-tiling"), 64)
+        block_k = next((p.block_k for p in self.passes if p.name == "flash-tiling"), 64)
         blocks = (16, block_k) if ragged else None
-        passes = part_pipeline(fn.passes, part, masked, blocks, ragged=ragged, paged=paged, cache=cache)
+        passes = part_pipeline(self.passes, part, masked, blocks, ragged=ragged, paged=paged, cache=cache)
         suffix = ("" if masked else "_unmasked") + ("_ragged" if ragged else "") + ("_paged" if paged else "")
         suffix += f"_{cache}" if cache else ""
         ref = PartRef(text, fn.backend, pipeline_text(passes), f"{fn.name}_{part}{suffix}")
@@ -196,5 +205,5 @@ class ChunkPlan:
 
     def classifier(self, blocks: tuple[int, int]) -> Compilation:
         """The attention part tiled with one tile per chunk pair, in the interpreter: it classifies pairs."""
-        passes = part_pipeline(self.fn.passes, "attention", True, blocks, offsets=False)
+        passes = part_pipeline(self.passes, "attention", True, blocks, offsets=False)
         return self.fn.derive(passes, backend="interp", name=f"{self.fn.name}_chunk_pairs")

@@ -217,3 +217,31 @@ def test_local_cluster_of_two_processes_builds_each_part_once_per_worker():
     assert len(built) == 2
     for counts in built.values():  # 20 pair tasks, but each worker built each part at most once
         assert counts and all(n == 1 for n in counts.values())
+
+
+@ac.spec
+def keys_from_the_second(q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"]):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.softmax(ac.where(j >= 1, s, -ac.inf), axis=-1) @ v
+
+
+def test_a_chunk_whose_keys_the_tightened_bounds_skip_is_zeros():
+    """Mask-elimination's loop bounds leave a one-key chunk no key block at all: the pair's class
+    is read from the grid's key blocks (none visited), and its rows get zeros."""
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=4,block_k=4},mask-elimination,canonicalize,cse,dce"
+    fn = ac.compile(keys_from_the_second, backend="interp", pipeline=pipeline)
+    q, k, v = qkv(np.random.default_rng(5), B=1, H=1, T=3, S=5)
+    for keys in (1, 5):
+        (got,) = compute(fn(da.from_array(q, chunks=(1, 1, 2, 8)), *(da.from_array(x[:, :, :keys]) for x in (k, v))))
+        want = fn(q, k[:, :, :keys], v[:, :, :keys])
+        assert np.array_equal(got == 0, want == 0) and close(got, want) < RTOL
+
+
+def test_a_pipeline_without_softmax_fusion_runs_chunked():
+    """The parts are cut at the fused attention: a pipeline that has no softmax-fusion gets it
+    first, as a decoder's does."""
+    fn = ac.compile(keys_from_the_second, backend="interp", pipeline="")
+    q, k, v = qkv(np.random.default_rng(6), B=1, H=1, T=6, S=7)
+    (got,) = compute(fn(*(da.from_array(x, chunks=(1, 1, 3, 8)) for x in (q, k, v))))
+    assert close(got, fn(q, k, v)) < RTOL
