@@ -40,7 +40,7 @@ import torch
 from torch.nn.attention.flex_attention import and_masks, create_mask, noop_mask, or_masks
 
 import attncomp as ac
-from attncomp.flex import blocks
+from attncomp.flex import blocks, listed
 from attncomp.flex.recording import record
 from attncomp.flex.specs import TYPES, build
 from attncomp.torch.traced_ops import TracedOps, trace_constant
@@ -115,6 +115,36 @@ class BlockMask:
     def to(self, device: Any) -> BlockMask:
         """The block mask evaluated on ``device`` when asked (nothing is held to move)."""
         return BlockMask(self.mask_mod, self.seq_lengths, self.B, self.H, self.BLOCK_SIZE, device, self.q_blocks)
+
+    @classmethod
+    def from_kv_blocks(
+        cls,
+        kv_num_blocks: torch.Tensor,
+        kv_indices: torch.Tensor,
+        full_kv_num_blocks: torch.Tensor | None = None,
+        full_kv_indices: torch.Tensor | None = None,
+        BLOCK_SIZE: int | tuple[int, int] = 128,
+        mask_mod: Callable | None = None,
+        seq_lengths: tuple[int, int] | None = None,
+        compute_q_blocks: bool = True,
+        **options: Any,
+    ) -> BlockMask:
+        """FlexAttention's block mask from lists of blocks (``compute_q_blocks`` and the backward's
+        orderings accepted and unused): the blocks listed per (batch, head, query block), ``mask_mod``
+        deciding the entries of the partial ones (``None``: shown whole), the full ones shown whole,
+        the others hidden (:mod:`attncomp.flex.listed`).  ``seq_lengths`` defaults to the lists' blocks
+        times ``BLOCK_SIZE``."""
+        if (full_kv_num_blocks is None) != (full_kv_indices is None):
+            raise ValueError("from_kv_blocks: give full_kv_num_blocks and full_kv_indices together, or neither")
+        size = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+        if seq_lengths is None:
+            seq_lengths = (kv_indices.shape[-2] * size[0], kv_indices.shape[-1] * size[1])
+        lengths = (int(seq_lengths[0]), int(seq_lengths[1]))
+        kv_blocks = -(-lengths[1] // size[1])
+        codes = listed.block_codes(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, kv_blocks)
+        function = listed.listed_mask_mod(codes, size, None if mask_mod is None or mask_mod is noop_mask else mask_mod)
+        batch, heads = (None if n == 1 else int(n) for n in codes.shape[:2])
+        return cls(function, lengths, batch, heads, size, kv_indices.device)
 
     def __getitem__(self, index: Any) -> BlockMask:
         """The block mask of the batch entries, heads (and query blocks) ``index`` picks."""
@@ -309,7 +339,10 @@ def flex_attention(
 
 
 def _mask_mod(block_mask: Any) -> Callable | None:
-    """The block mask's function; None for none, or for torch's mask that hides nothing."""
+    """The block mask's function; None for none, or for a mask that hides nothing.  torch's mask
+    whose function is ``noop_mask`` is its lists of blocks (``from_kv_blocks`` without a
+    ``mask_mod``): their mask, unless every block is full; another function stands for its mask
+    (``create_block_mask`` lists what it shows)."""
     if block_mask is None:
         return None
     mask_mod = getattr(block_mask, "mask_mod", None)
@@ -318,7 +351,17 @@ def _mask_mod(block_mask: Any) -> Callable | None:
             "flex_attention: block_mask must come from create_block_mask (attncomp.flex's or torch's), with its "
             f"mask_mod; got {type(block_mask).__name__}"
         )
-    return None if mask_mod is noop_mask else mask_mod
+    if mask_mod is not noop_mask:
+        return mask_mod
+    if isinstance(block_mask, BlockMask) or getattr(block_mask, "kv_num_blocks", None) is None:
+        return None
+    _, kv_len = (int(n) for n in block_mask.seq_lengths)
+    kv_blocks = -(-kv_len // int(block_mask.BLOCK_SIZE[1]))
+    lists = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks)
+    codes = listed.block_codes(*lists, block_mask.full_kv_indices, kv_blocks)
+    if not torch.compiler.is_compiling() and bool((codes != listed.HIDDEN).all()):
+        return None  # every block listed, shown whole: no mask (torch's create_block_mask(noop_mask, ...))
+    return listed.listed_mask_mod(codes, tuple(int(n) for n in block_mask.BLOCK_SIZE), None)
 
 
 def _identity() -> Any:

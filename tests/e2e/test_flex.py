@@ -326,3 +326,61 @@ def test_what_cannot_be_compiled_is_refused_by_name():
         acf.flex_attention(q, k, v, block_mask=acf.create_block_mask(causal, 1, 1, 8, 8), enable_gqa=True)
     with pytest.raises(ValueError, match="enable_gqa=True"):
         acf.flex_attention(q, k, v)
+
+
+def random_lists(seed: int, heads: int, rows: int, blocks: int):
+    """Each block's kind for a batch of 1 (shared) and ``heads`` heads (0 hidden, 1 partial, 2 full),
+    drawn at random, and FlexAttention's lists of them."""
+    generator = torch.Generator().manual_seed(seed)
+    kind = torch.randint(0, 3, (1, heads, rows, blocks), generator=generator)
+    return kind, lists_of(kind)
+
+
+def lists_of(kind):
+    """FlexAttention's lists of each block's kind (sorted; the unused slots arbitrary)."""
+    blocks = kind.shape[-1]
+    lists = []
+    for code in (1, 2):
+        chosen = kind == code
+        num = chosen.sum(-1).to(torch.int32)
+        order = torch.argsort((~chosen).to(torch.int8), dim=-1, stable=True)  # chosen blocks first, in order
+        lists += [num, torch.where(torch.arange(blocks) < num[..., None], order, blocks - 1).to(torch.int32)]
+    return lists
+
+
+@pytest.mark.parametrize("mask_mod", [None, causal], ids=["lists", "lists-and-causal"])
+def test_a_block_mask_from_lists_of_blocks_is_its_lists(mask_mod):
+    """torch's ``BlockMask.from_kv_blocks`` without a ``mask_mod`` is its lists (a partial block shown
+    whole), as PyTorch's compiled kernels take it (its eager reference reads the function alone);
+    attncomp's ``from_kv_blocks`` makes the same mask, and with a ``mask_mod`` the lists and the
+    function together (full blocks whole, partial ones where the function shows an entry).  Rows
+    that see no key are zeros with LSE -inf."""
+    q, k, v = tensors(9)
+    kind, lists = random_lists(3, H, L // 8, L // 8)
+    kind[0, 0, 0], kind[0, 1, 1] = 0, 0  # head 0's first query block and head 1's second see no key
+    lists = lists_of(kind)
+    theirs = flex.BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=8, mask_mod=mask_mod, seq_lengths=(L, L))
+    ours = acf.BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=8, mask_mod=mask_mod)
+    per_entry = kind.repeat_interleave(8, -1).repeat_interleave(8, -2)
+
+    def shown(b, h, i, j):
+        function = True if mask_mod is None else mask_mod(b, h, i, j)
+        return (per_entry[0, h, i, j] == 2) | ((per_entry[0, h, i, j] == 1) & function)
+
+    want = dense(q, k, v, None, shown)
+    if mask_mod is None:
+        assert torch.equal(ours.to_dense(), theirs.to_dense())
+        assert ours.sparsity() == pytest.approx(theirs.sparsity())
+    # torch's mask with a mask_mod stands for that function alone (create_block_mask lists what it shows)
+    for block_mask in (theirs, ours) if mask_mod is None else (ours,):
+        out, lse = acf.flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
+        seen = torch.isfinite(lse)
+        torch.testing.assert_close(out[seen], want[seen], rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[~seen], torch.zeros_like(out[~seen])) and (~seen).any() and seen.any()
+
+
+def test_torchs_mask_that_shows_every_block_whole_is_no_mask():
+    everything = flex.create_block_mask(flex.noop_mask, None, None, L, L, device="cpu")
+    from attncomp.flex import _mask_mod
+
+    assert _mask_mod(everything) is None
