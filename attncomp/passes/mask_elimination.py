@@ -52,6 +52,8 @@ class Summaries:
         if key not in self.made:
             base = (src, src) if len(axes) == 1 else self.get(src, axes[:-1], blocks[:-1])
             axis, block = axes[-1], blocks[-1]
+            if block == 1:  # entries one by one: the tensor itself
+                return base
             builder = Builder(self.func.body, self.func.body.ops.index(self.grid))
             made = []
             for kind, part in zip(("min", "max"), base):
@@ -119,6 +121,27 @@ class TileContext:
                         return base, builder.dim(sized.attrs["value"])
             return None, None
 
+        def divided_of(index: Value) -> tuple[Value | None, int]:
+            """``(position, n)`` when ``index`` is a row or key position floor-divided by a constant ``n``
+            (the number of a block of ``n`` positions, as a table of blocks is read)."""
+            op = producer(index)
+            if op is not None and op.name == "ac.floordiv" and op in region.ops:
+                divisor = constant_value(op.operands[1])
+                if op.operands[0] in (self.row_arg, self.col_arg) and isinstance(divisor, int) and divisor > 0:
+                    return op.operands[0], divisor
+            return None, 1
+
+        def spanned(index: Value, block: int, divisor: int, size: Value) -> list[Value]:
+            """The entries ``position // divisor`` a tile's positions reach: two at most, ``divisor``
+            being at least the tile's ``block`` (the second kept within the ``size`` entries)."""
+            emit, const = builder.emit, builder.const
+            loop_axis = (index is self.row_arg) == self.transposed
+            first = emit("ac.mul", counter, const(block, "i64")) if loop_axis else grid_start
+            last = emit("ac.add", first, const(block - 1, "i64"))
+            entries = [emit("ac.floordiv", row, const(divisor, "i64")) for row in (first, last)]
+            entries[1] = emit("ac.minimum", entries[1], emit("ac.sub", size, const(1, "i64")))
+            return entries
+
         def block_numbers(index: Value, offset: Value | None, block: int) -> list[Value]:
             """The summary blocks a tile's positions (plus ``offset``) fall in: one, or two with an offset."""
             emit, const = builder.emit, builder.const
@@ -140,17 +163,25 @@ class TileContext:
                 return None
             resolved = []
             for index in indices:
-                offset = None
+                offset, divisor = None, 1
                 if index not in (self.row_arg, self.col_arg):
-                    index, offset = offset_of(index)
+                    position, divisor = divided_of(index)
+                    index, offset = (position, None) if position is not None else offset_of(index)
                 if index is None or index is unknown:
                     return None
-                resolved.append((index, offset, self.block_q if index is self.row_arg else self.block_k))
-            if len({index for index, _, _ in resolved}) != len(resolved):
+                block = self.block_q if index is self.row_arg else self.block_k
+                if divisor < block and block % divisor:
+                    return None  # blocks of positions that tiles cut unevenly
+                # the summary's blocks: a tile's own positions, or its entries of a table of blocks
+                resolved.append((index, offset, block, divisor, 1 if divisor >= block else block // divisor))
+            if len({index for index, *_ in resolved}) != len(resolved):
                 return None  # one position on two axes (a diagonal): no block summary bounds it
-            lo, hi = self.summaries.get(src, axes, [block for _, _, block in resolved])
+            lo, hi = self.summaries.get(src, axes, [summary for *_, summary in resolved])
             numbers = []
-            for axis, (index, offset, block) in zip(axes, resolved):
+            for axis, (index, offset, block, divisor, _) in zip(axes, resolved):
+                if divisor >= block and divisor > 1:
+                    numbers.append(spanned(index, block, divisor, builder.dim(lo.type.shape[axis])))
+                    continue
                 found = block_numbers(index, offset, block)
                 if offset is not None:  # the second block may lie past the summary's end
                     last = builder.emit("ac.sub", builder.dim(lo.type.shape[axis]), builder.const(1, "i64"))

@@ -125,3 +125,21 @@ def dense_bias(
     s = (q @ k.mT) * q.shape[-1] ** -0.5
     b, h, i, j = ac.index(s)
     return ac.softmax(ac.where(bias[b, h, i, j] > -ac.inf, s + bias[b, h, i, j], -ac.inf)) @ v
+
+
+@ac.spec
+def block_table(
+    q: ac.f32["B", "H", "T", "D"],
+    k: ac.f32["B", "H", "S", "D"],
+    v: ac.f32["B", "H", "S", "D"],
+    table: ac.i32["H", "QB", "KB"],
+    *,
+    rows: int = 16,
+    cols: int = 16,
+):
+    """A mask of blocks of ``rows`` queries by ``cols`` keys (as FlexAttention's lists): 0 hidden,
+    2 shown whole, 1 shown up to the diagonal."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    code = table[h, i // rows, j // cols]
+    return ac.softmax(ac.where((code == 2) | ((code == 1) & (j <= i)), s, -ac.inf)) @ v

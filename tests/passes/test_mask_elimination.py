@@ -143,3 +143,36 @@ def test_tiles_classified_from_a_mask_given_as_data_agree_with_the_mask():
             assert tile_class != FULL or pairs.all()
         np.testing.assert_allclose(fn(q, k, v, mask), ac.interpret(specs.dense, q, k, v, mask), atol=1e-12)
     assert seen == {SKIPPED, MASKED, FULL}
+
+
+def test_a_table_of_blocks_classifies_the_tiles_it_covers():
+    """A mask read from a table of blocks (``table[h, i // rows, j // cols]``, FlexAttention's block
+    lists): a tile reaches the entries of its positions' blocks (one or two where blocks are as
+    large as tiles or larger, a summary of whole entries where tiles hold several), so tiles are
+    skipped or run whole from the table, at sizes that are not multiples of either; the results are
+    the unfused graph's, forward and gradients."""
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination,canonicalize,cse,dce"
+    rng = np.random.default_rng(11)
+    seen = set()
+    for rows, cols in ((8, 8), (4, 8), (12, 16), (16, 2), (3, 8)):
+        fn = ac.compile(specs.block_table, backend="interp", pipeline=pipeline, rows=rows, cols=cols)
+        t, s = (int(n) for n in rng.integers(9, 40, 2))
+        table = rng.integers(0, 3, (2, -(-t // rows), -(-s // cols))).astype(np.int32)
+        q, k, v = (rng.standard_normal((1, 2, n, 4)).astype(np.float32) for n in (t, s, s))
+        code = table[:, np.arange(t)[:, None] // rows, np.arange(s)[None, :] // cols]
+        shown = (code == 2) | ((code == 1) & (np.arange(s)[None, :] <= np.arange(t)[:, None]))
+        tiles = fn.block_map(q, k, v, table)[0]
+        for h, qb, kb in np.ndindex(*tiles.shape):
+            pairs = shown[h, qb * 8 : qb * 8 + 8, kb * 8 : kb * 8 + 8]
+            seen.add((rows >= 8 or 8 % rows == 0, int(tiles[h, qb, kb])))  # blocks tiles cut evenly
+            assert tiles[h, qb, kb] != SKIPPED or not pairs.any()
+            assert tiles[h, qb, kb] != FULL or pairs.all()
+        unfused = ac.compile(specs.block_table, backend="interp", pipeline="", rows=rows, cols=cols)
+        want, pullback = unfused.vjp(q, k, v, table)
+        got, got_pullback = fn.vjp(q, k, v, table)
+        np.testing.assert_allclose(got, want, atol=1e-12)
+        cotangent = rng.standard_normal(want.shape)
+        for a, b in zip(got_pullback(cotangent)[:3], pullback(cotangent)[:3]):
+            np.testing.assert_allclose(a, b, atol=1e-10)
+    assert {(True, SKIPPED), (True, FULL), (True, MASKED)} <= seen
+    assert seen & {(False, SKIPPED), (False, FULL)} == set()  # blocks of 3: tiles cut them unevenly
