@@ -14,7 +14,10 @@ through a per-block min/max summary of the tensor (``ac.block_reduce``, built
 once per call in O(T)); a tensor read at both positions (a mask given as
 data, ``m[b, i, j]``) through one over blocks of both axes (the query axis's
 summary reduced again along the keys, O(T S) once per call): a boolean's
-minimum over a tile says every pair is visible, its maximum that some is.
+minimum over a tile says every pair is visible, its maximum that some is.  A table of
+blocks read at ``i // rows`` (FlexAttention's block lists) is read at the entries a tile's
+positions reach (two at most where blocks are as large as tiles), or summarised over the
+whole entries a tile holds.
 For conditions affine in the key position ``j`` (causal, windows, prefix,
 lengths) the loop bounds are also tightened, so skipped tiles past them cost
 nothing.  No dense mask is ever built.
