@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from attncomp.flex.recording import Probe
+
 HIDDEN, PARTIAL, FULL = 0, 1, 2
 
 
@@ -64,7 +66,11 @@ def listed_mask_mod(codes: torch.Tensor, block_size: tuple[int, int], mask_mod: 
 
     def listed(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         picked = [x for x, one in zip((b, h), shared) if not one]
-        code = table[(*picked, q_idx // rows, kv_idx // cols)]
+        key = (*picked, q_idx // rows, kv_idx // cols)
+        if isinstance(q_idx, Probe):  # recorded as the table's entry, no torch op on it (it may be traced)
+            code = q_idx.recording.apply("index", table, *key)
+        else:
+            code = table[key]
         if mask_mod is None:
             return code > HIDDEN
         return (code == FULL) | ((code == PARTIAL) & mask_mod(b, h, q_idx, kv_idx))

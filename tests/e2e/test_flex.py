@@ -384,3 +384,14 @@ def test_torchs_mask_that_shows_every_block_whole_is_no_mask():
     from attncomp.flex import _mask_mod
 
     assert _mask_mod(everything) is None
+
+
+@TORCH_COMPILE
+def test_a_block_mask_of_lists_under_torch_compile_fullgraph():
+    """PyTorch's block mask of lists passed to a compiled function: its table of codes is made in the
+    graph and recorded without a torch op on it (no graph break), with the eager call's result."""
+    q, k, v = tensors(10)
+    kind = random_lists(4, H, L // 8, L // 8)[0]
+    mask = flex.BlockMask.from_kv_blocks(*lists_of(kind), BLOCK_SIZE=8, seq_lengths=(L, L))
+    call = torch.compile(lambda q, k, v, m: acf.flex_attention(q, k, v, block_mask=m, enable_gqa=True), fullgraph=True)
+    torch.testing.assert_close(call(q, k, v, mask), acf.flex_attention(q, k, v, block_mask=mask, enable_gqa=True))
