@@ -10,7 +10,7 @@ per-head biases from a captured tensor, soft-capping, a relative-position
 table, an additive bias tensor, and gathers that may leave their table: an unclamped
 relative position, two slopes read by every head, a table read at document ids) and
 masks (affine conditions on i and j
-combined with & | ~, key lengths and document ids from captured tensors),
+combined with & | ~, key lengths, document ids and tables of blocks from captured tensors),
 random sizes (not multiples of the blocks, single rows, rows that see no
 key) and random pipelines.  Where the reference interpreter raises ``IndexError``
 (a gather out of range), every stage and backend must raise it too, naming the
@@ -67,6 +67,9 @@ AFFINE_ATOMS = [
     "j <= i + s.shape[-1] - s.shape[-2] + {c}",  # aligned to the last query, as FlashAttention's causal
 ]
 DATA_ATOMS = {"lengths": "j < lengths[b]", "doc": "doc[b, i] == doc[b, j]"}
+#: a table of blocks of {r} queries by {c} keys (FlexAttention's block lists), its shape read from the first
+BLOCKS_ATOM = "blocks[h, i // {r}, j // {c}] > 0"
+_BLOCKS = re.compile(r"blocks\[h, i // (\d+), j // (\d+)\]")
 
 
 @dataclass
@@ -87,7 +90,7 @@ class Case:
     @property
     def captured(self) -> list[str]:
         text = "\n".join(self.score) + (self.mask or "")
-        return [name for name in ("slopes", "two", "table", "bias", "lengths", "doc") if name + "[" in text]
+        return [name for name in ("slopes", "two", "table", "bias", "lengths", "doc", "blocks") if name + "[" in text]
 
     def source(self) -> str:
         args = {
@@ -97,6 +100,7 @@ class Case:
             "bias": 'bias: ac.f32["B", "H", "T", "S"]',
             "lengths": 'lengths: ac.i32["B"]',
             "doc": 'doc: ac.i32["B", "T"]',
+            "blocks": 'blocks: ac.i32["H", "QB", "KB"]',
         }
         params = ['q: ac.f32["B", "H", "T", "D"]', 'k: ac.f32["B", "H", "S", "D"]', 'v: ac.f32["B", "H", "S", "D"]']
         params += [args[name] for name in self.captured]
@@ -124,7 +128,9 @@ class Case:
             "bias": lambda: rng.standard_normal((B, H, T, S)).astype(np.float32),
             "lengths": lambda: rng.integers(0, S + 1, B).astype(np.int32),
             "doc": lambda: np.sort(rng.integers(0, 3, (B, T)), axis=1).astype(np.int32),
+            "blocks": lambda: rng.integers(0, 2, (H, -(-T // rows), -(-S // cols))).astype(np.int32),
         }
+        rows, cols = (int(n) for n in _BLOCKS.search(self.source()).groups()) if "blocks" in self.captured else (1, 1)
         arrays += [makers[name]() for name in self.captured]
         return [a.astype(NUMPY_DTYPES[self.dtype]) if a.dtype == np.float32 else a for a in arrays]
 
@@ -278,6 +284,7 @@ def strategies():
     atom = st.one_of(
         st.builds(lambda t, c, w: t.format(c=c, w=w + 1), st.sampled_from(AFFINE_ATOMS), small, small),
         st.sampled_from(["lengths", "doc"]).map(lambda k: DATA_ATOMS[k]),
+        st.builds(lambda r, c: BLOCKS_ATOM.format(r=r, c=c), *[st.sampled_from([1, 2, 3, 4, 8, 16])] * 2),
     )
     mask = st.recursive(
         atom,

@@ -27,7 +27,7 @@ import attncomp as ac
 from attncomp.testing import worst_error
 
 #: captured inputs a decoder's step reads whole (none along the sequence)
-WHOLE = {"slopes", "two", "table", "lengths"}
+WHOLE = {"slopes", "two", "table", "lengths", "blocks"}
 
 
 def _steps(rng: np.random.Generator, length: int) -> list[tuple[int, int]]:
