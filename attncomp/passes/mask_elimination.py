@@ -124,26 +124,32 @@ class TileContext:
                         return base, builder.dim(sized.attrs["value"])
             return None, None
 
-        def divided_of(index: Value) -> tuple[Value | None, int]:
-            """``(position, n)`` when ``index`` is a row or key position floor-divided by a constant ``n``
-            (the number of a block of ``n`` positions, as a table of blocks is read)."""
+        def divided_of(index: Value) -> tuple[Value | None, Value | None, int]:
+            """``(position, offset, n)`` when ``index`` is a row or key position (plus a size, a chunk's
+            start) floor-divided by a constant ``n``: the number of a block of ``n`` positions, as a
+            table of blocks is read."""
             op = producer(index)
             if op is not None and op.name == "ac.floordiv" and op in region.ops:
-                divisor = constant_value(op.operands[1])
-                if op.operands[0] in (self.row_arg, self.col_arg) and isinstance(divisor, int) and divisor > 0:
-                    return op.operands[0], divisor
-            return None, 1
+                divisor, inner = constant_value(op.operands[1]), op.operands[0]
+                if isinstance(divisor, int) and divisor > 0:
+                    if inner in (self.row_arg, self.col_arg):
+                        return inner, None, divisor
+                    position, offset = offset_of(inner)
+                    if position is not None:
+                        return position, offset, divisor
+            return None, None, 1
 
-        def spanned(index: Value, block: int, divisor: int, size: Value) -> list[Value]:
-            """The entries ``position // divisor`` a tile's positions reach: two at most, ``divisor``
-            being at least the tile's ``block`` (the second kept within the ``size`` entries)."""
+        def entries(index: Value, offset: Value | None, block: int, divisor: int, summary: int, size: Value):
+            """The summary blocks of ``summary`` entries ``(position + offset) // divisor`` that a tile's
+            positions reach: one, or two (the second kept within the ``size`` summary blocks)."""
             emit, const = builder.emit, builder.const
             loop_axis = (index is self.row_arg) == self.transposed
             first = emit("ac.mul", counter, const(block, "i64")) if loop_axis else grid_start
+            first = first if offset is None else emit("ac.add", first, offset)
             last = emit("ac.add", first, const(block - 1, "i64"))
-            entries = [emit("ac.floordiv", row, const(divisor, "i64")) for row in (first, last)]
-            entries[1] = emit("ac.minimum", entries[1], emit("ac.sub", size, const(1, "i64")))
-            return entries
+            found = [emit("ac.floordiv", row, const(divisor * summary, "i64")) for row in (first, last)]
+            found[1] = emit("ac.minimum", found[1], emit("ac.sub", size, const(1, "i64")))
+            return found
 
         def block_numbers(index: Value, offset: Value | None, block: int) -> list[Value]:
             """The summary blocks a tile's positions (plus ``offset``) fall in: one, or two with an offset."""
@@ -168,26 +174,28 @@ class TileContext:
             for index in indices:
                 offset, divisor = None, 1
                 if index not in (self.row_arg, self.col_arg):
-                    position, divisor = divided_of(index)
-                    index, offset = (position, None) if position is not None else offset_of(index)
+                    position, offset, divisor = divided_of(index)
+                    index, offset = (position, offset) if position is not None else offset_of(index)
                 if index is None or index is unknown:
                     return None
                 block = self.block_q if index is self.row_arg else self.block_k
-                if divisor < block and block % divisor:
+                if block > divisor > 1 and block % divisor:
                     return None  # blocks of positions that tiles cut unevenly
-                # the summary's blocks: a tile's own positions, or its entries of a table of blocks
-                resolved.append((index, offset, block, divisor, 1 if divisor >= block else block // divisor))
+                # the summary's blocks: a tile's positions, or the entries of a table of blocks it holds
+                summary = block if divisor == 1 else max(block // divisor, 1)
+                resolved.append((index, offset, block, divisor, summary))
             if len({index for index, *_ in resolved}) != len(resolved):
                 return None  # one position on two axes (a diagonal): no block summary bounds it
             lo, hi = self.summaries.get(src, axes, [summary for *_, summary in resolved])
             numbers = []
-            for axis, (index, offset, block, divisor, _) in zip(axes, resolved):
-                if divisor >= block and divisor > 1:
-                    numbers.append(spanned(index, block, divisor, builder.dim(lo.type.shape[axis])))
+            for axis, (index, offset, block, divisor, summary) in zip(axes, resolved):
+                size = builder.dim(lo.type.shape[axis])
+                if divisor > 1:  # the entries of a table of blocks
+                    numbers.append(entries(index, offset, block, divisor, summary, size))
                     continue
                 found = block_numbers(index, offset, block)
                 if offset is not None:  # the second block may lie past the summary's end
-                    last = builder.emit("ac.sub", builder.dim(lo.type.shape[axis]), builder.const(1, "i64"))
+                    last = builder.emit("ac.sub", size, builder.const(1, "i64"))
                     found = [builder.emit("ac.minimum", n, last) for n in found]
                 numbers.append(found)
             lows, highs = [], []

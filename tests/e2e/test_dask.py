@@ -245,3 +245,18 @@ def test_a_pipeline_without_softmax_fusion_runs_chunked():
     q, k, v = qkv(np.random.default_rng(6), B=1, H=1, T=6, S=7)
     (got,) = compute(fn(*(da.from_array(x, chunks=(1, 1, 3, 8)) for x in (q, k, v))))
     assert close(got, fn(q, k, v)) < RTOL
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 16), (4, 8), (12, 5)])
+def test_a_table_of_blocks_in_chunks_at_their_offsets(rows, cols):
+    """A mask read from a table of blocks at ``(i + q_start) // rows``: each chunk pair's tiles are
+    classified from the entries their absolute positions reach, chunks and tiles not aligned to
+    the blocks."""
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination,canonicalize,cse,dce"
+    fn = ac.compile(specs.block_table, backend="interp", pipeline=pipeline, rows=rows, cols=cols)
+    rng = np.random.default_rng(rows)
+    q, k, v = qkv(rng, B=1, H=2, T=45, S=37, D=4, E=4)
+    table = rng.integers(0, 3, (2, -(-45 // rows), -(-37 // cols))).astype(np.int32)
+    (got,) = compute(fn(*(da.from_array(x, chunks=(1, 2, 13, 4)) for x in (q, k, v)), table))
+    want = ac.compile(specs.block_table, backend="interp", pipeline="", rows=rows, cols=cols)(q, k, v, table)
+    assert close(got, want) < RTOL
