@@ -49,9 +49,10 @@ def block_codes(
     for count, indices, code in lists:
         count, indices = _four_dims(count, "kv_num_blocks", 0), _four_dims(indices, "kv_indices", 1)
         used = torch.arange(indices.shape[-1], device=indices.device) < count[..., None].to(indices.device)
+        used &= (indices >= 0) & (indices < kv_blocks)  # a block past the keys has none to show
         slot = torch.where(used, indices.long(), kv_blocks).expand(batch, heads, rows, -1)  # unused: a spare column
         listed = torch.zeros(batch, heads, rows, kv_blocks + 1, dtype=torch.int32, device=codes.device)
-        listed.scatter_(-1, slot.clamp(0, kv_blocks), code)
+        listed.scatter_(-1, slot, code)
         codes = torch.maximum(codes, listed[..., :kv_blocks])
     return codes
 
