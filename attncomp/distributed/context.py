@@ -153,7 +153,8 @@ class ContextParallel:
         return Step(parts, layout, found[0], found[1], parts.sizes(whole), captured)
 
     def _results(self, step: Step, args: tuple[Any, ...]) -> dict[str, Any]:
-        """This rank's output and LSE, in the spec's result types."""
+        """This rank's output and LSE (and each row's max score), by role, in the chunk pair part's
+        result types (:func:`_picked` gives them in the spec's)."""
         results, computed = forward(self.torch, self.comm, step, *_qkv(step.parts, args))
         self.last = {"steps": step.steps, "pairs": computed}
         types = _torch_types(self.torch, step.parts.masked.forward.func.results)
