@@ -16,7 +16,7 @@ from tests.conftest import example_names, load_example
 from tests.passes import specs as pass_specs
 
 PIPELINE = "cse,softmax-fusion,dce,flash-tiling{block_q=5,block_k=7},mask-elimination,canonicalize,cse,dce"
-SIZES = {"B": 2, "H": 4, "KV": 2, "T": 13, "S": 11, "D": 8, "E": 6, "C": 24, "R": 9, "L": 520}
+SIZES = {"B": 2, "H": 4, "KV": 2, "T": 13, "S": 11, "D": 8, "E": 6, "C": 24, "R": 9, "L": 520, "QB": 1, "KB": 1}
 
 
 def _cases():
