@@ -32,6 +32,8 @@ SIZES = {
     "KVD": 96,
     "R": 40,
     "L": 576,  # MLA's latent width: 512 and 64 rotary dimensions
+    "QB": 19,  # a table of blocks of 16 (tests/passes/specs.py's block_table): T and S in blocks
+    "KB": 17,
 }
 
 
