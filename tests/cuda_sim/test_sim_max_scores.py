@@ -74,23 +74,9 @@ def test_scores_in_the_hundreds_in_the_main_loop(sign):
 def test_the_paged_decoders_cascade_merges_each_rows_max():
     """Two sequences sharing a prompt's pages: the shared prefix's partial results (its max among
     them) merge with each sequence's own, read in place from the device pool."""
-    from tests.e2e.test_max_scores import assert_results_match, causal_window_with_max
+    from tests.e2e.test_max_scores import assert_results_match, causal_window_with_max, fork_and_step
 
-    rng = np.random.default_rng(3)
-    whole = [rng.standard_normal((1, h, 40, 16)).astype(np.float32) for h in (4, 2, 2)]
-    reference = ac.compile(causal_window_with_max, backend="interp")
-    decoder = ac.compile(causal_window_with_max, backend="cuda").paged_decoder(page_size=8, num_pages=32)
-    decoder.cascade_min = 8
-    first = decoder.new()
-    prompt = decoder.step({first: tuple(x[:, :, :24] for x in whole)})[first]
-    second = decoder.fork(first)
-    forked = rng.standard_normal((1, 4, 3, 16)).astype(np.float32), *(x[:, :, 24:27] for x in whole[1:])
-    steps = decoder.step({first: tuple(x[:, :, 24:27] for x in whole), second: forked})
+    decoder, results = fork_and_step(causal_window_with_max, "cuda", host)
     assert decoder.cascades == 1
-    for seq, new_q in ((first, whole[0][:, :, 24:27]), (second, forked[0])):
-        want = reference(np.concatenate([whole[0][:, :, :24], new_q], axis=2), *(x[:, :, :27] for x in whole[1:]))
-        got = [
-            np.concatenate([host(a), host(b)], axis=-2 if n == 0 else -1)
-            for n, (a, b) in enumerate(zip(prompt, steps[seq]))
-        ]
-        assert_results_match(got, want, f"sequence {seq}")
+    for got, want, what in results:
+        assert_results_match(got, want, what)

@@ -87,6 +87,17 @@ def test_the_paged_decoder_merges_each_rows_max(spec, backend):
     sequence's own) return each row's max, LSE and output as the whole sequence's spec does.  A
     mask aligned to the last query reads both lengths (no cascade then): they are the whole
     sequence's, as the spec run on every token sees them."""
+    decoder, results = fork_and_step(spec, backend)
+    assert decoder.cascades == (spec is causal_window_with_max)
+    for got, want, what in results:
+        assert_results_match(got, want, what)
+
+
+def fork_and_step(spec, backend: str, host=np.asarray):
+    """A paged decoder of ``spec`` serving a 24-token prompt, a fork of it, and a step of 3 tokens for
+    each (the fork with queries of its own); the decoder, and per sequence its results (the prompt's
+    and the step's joined, ``host`` bringing them to numpy) with the whole sequence's from the
+    interpreter."""
     rng = np.random.default_rng(3)
     whole = [rng.standard_normal((1, h, 40, 16)).astype(np.float32) for h in (4, 2, 2)]
     reference = ac.compile(spec, backend="interp")
@@ -97,12 +108,13 @@ def test_the_paged_decoder_merges_each_rows_max(spec, backend):
     second = decoder.fork(first)
     forked = rng.standard_normal((1, 4, 3, 16)).astype(np.float32), *(x[:, :, 24:27] for x in whole[1:])
     steps = decoder.step({first: tuple(x[:, :, 24:27] for x in whole), second: forked})
-    assert decoder.cascades == (spec is causal_window_with_max)
+    results = []
     for seq, new_q in ((first, whole[0][:, :, 24:27]), (second, forked[0])):
-        q = np.concatenate([whole[0][:, :, :24], new_q], axis=2)
-        want = reference(q, *(x[:, :, :27] for x in whole[1:]))
-        got = [np.concatenate([a, b], axis=-2 if n == 0 else -1) for n, (a, b) in enumerate(zip(prompt, steps[seq]))]
-        assert_results_match(got, want, f"sequence {seq}")
+        want = reference(np.concatenate([whole[0][:, :, :24], new_q], axis=2), *(x[:, :, :27] for x in whole[1:]))
+        joined = zip(prompt, steps[seq])
+        got = [np.concatenate([host(a), host(b)], axis=-2 if n == 0 else -1) for n, (a, b) in enumerate(joined)]
+        results.append((got, want, f"sequence {seq}"))
+    return decoder, results
 
 
 def test_a_chunked_run_merges_each_rows_max_over_its_key_chunks():
