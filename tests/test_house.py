@@ -54,6 +54,7 @@ LAYERS = {
     "flex": 7,
     "flash_attn": 7,
     "fuzz": 7,
+    "fuzz_paths": 7,
     "__main__": 7,
 }
 
