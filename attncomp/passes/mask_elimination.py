@@ -139,32 +139,22 @@ class TileContext:
                         return position, offset, divisor
             return None, None, 1
 
-        def entries(index: Value, offset: Value | None, block: int, divisor: int, summary: int, size: Value):
-            """The summary blocks of ``summary`` entries ``(position + offset) // divisor`` that a tile's
-            positions reach: one, or two (the second kept within the ``size`` summary blocks)."""
+        def block_numbers(index: Value, offset: Value | None, block: int, per_block: int, size: Value) -> list[Value]:
+            """The summary blocks, of ``per_block`` positions each, that a tile's positions (plus
+            ``offset``) fall in: one where tiles lie within them, else the first and the last
+            position's, kept within the ``size`` blocks of the summary."""
             emit, const = builder.emit, builder.const
             loop_axis = (index is self.row_arg) == self.transposed
-            first = emit("ac.mul", counter, const(block, "i64")) if loop_axis else grid_start
-            first = first if offset is None else emit("ac.add", first, offset)
+            if offset is None and per_block == block:  # the tile's own number
+                return [counter] if loop_axis else [emit("ac.floordiv", grid_start, const(block, "i64"))]
+            start = emit("ac.mul", counter, const(block, "i64")) if loop_axis else grid_start
+            if offset is None and per_block % block == 0:
+                return [emit("ac.floordiv", start, const(per_block, "i64"))]
+            first = start if offset is None else emit("ac.add", start, offset)
             last = emit("ac.add", first, const(block - 1, "i64"))
-            found = [emit("ac.floordiv", row, const(divisor * summary, "i64")) for row in (first, last)]
-            found[1] = emit("ac.minimum", found[1], emit("ac.sub", size, const(1, "i64")))
-            return found
-
-        def block_numbers(index: Value, offset: Value | None, block: int) -> list[Value]:
-            """The summary blocks a tile's positions (plus ``offset``) fall in: one, or two with an offset."""
-            emit, const = builder.emit, builder.const
-            if (index is self.row_arg) == self.transposed:
-                if offset is None:
-                    return [counter]
-                start = emit("ac.mul", counter, const(block, "i64"))
-            elif offset is None:
-                return [emit("ac.floordiv", grid_start, const(block, "i64"))]
-            else:
-                start = grid_start
-            first = emit("ac.add", start, offset)
-            last = emit("ac.add", first, const(block - 1, "i64"))
-            return [emit("ac.floordiv", row, const(block, "i64")) for row in (first, last)]
+            found = [emit("ac.floordiv", row, const(per_block, "i64")) for row in (first, last)]
+            end = emit("ac.sub", size, const(1, "i64"))  # the second may lie past the summary's end
+            return [emit("ac.minimum", n, end) for n in found]
 
         def summarize(src: Value, axes: list[int], indices: list[Value], points: list[Value | None]) -> Bounds | None:
             """Bounds of ``src`` over a tile, from its per-block summary along ``axes`` (one or two)."""
@@ -190,14 +180,7 @@ class TileContext:
             numbers = []
             for axis, (index, offset, block, divisor, summary) in zip(axes, resolved):
                 size = builder.dim(lo.type.shape[axis])
-                if divisor > 1:  # the entries of a table of blocks
-                    numbers.append(entries(index, offset, block, divisor, summary, size))
-                    continue
-                found = block_numbers(index, offset, block)
-                if offset is not None:  # the second block may lie past the summary's end
-                    last = builder.emit("ac.sub", size, builder.const(1, "i64"))
-                    found = [builder.emit("ac.minimum", n, last) for n in found]
-                numbers.append(found)
+                numbers.append(block_numbers(index, offset, block, divisor * summary, size))
             lows, highs = [], []
             for at_blocks in product(*numbers):
                 at = list(points)
