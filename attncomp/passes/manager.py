@@ -19,11 +19,15 @@ from attncomp.passes.base import PASSES, Pass
 
 DEFAULT_PIPELINE = "cse,softmax-fusion,flash-tiling,mask-elimination,canonicalize,cse,dce"
 
-#: The cpu backend's default: key blocks of 128.  Its kernels multiply tiles with BLAS, whose
-#: products over 128 keys cost less per key than over 64: causal attention (H = 8, D = 64) ran
-#: 5 to 9% faster forward at T = 512 and 2048 (float32 and bf16), forward and backward 7% faster
-#: at T = 2048 and 2% slower at 512, and a bf16 decoding step 10% faster.
-CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_k=128}")
+#: The cpu backend's default: tiles of 128 query rows by 128 keys.  Its kernels multiply tiles with
+#: BLAS, whose products over 128 keys cost less per key than over 64: causal attention (H = 8,
+#: D = 64) ran 5 to 9% faster forward at T = 512 and 2048 (float32 and bf16), forward and backward 7%
+#: faster at T = 2048, and a bf16 decoding step 10% faster.  128 query rows rather than 64 make both
+#: products larger again (about 7% more of BLAS's peak on a 64 x 128 x 64 product); once the workers
+#: took their tasks one at a time (a causal mask's query blocks differ in work), causal, dense, windowed
+#: and document-masked forwards ran 7 to 11% faster on the 2-core AMD EPYC (T = 256 to 2048, forward
+#: and backward alike, windows of 128 keys too); 256 rows or keys were slower.
+CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q=128,block_k=128}")
 
 
 #: The cuda backend's default: forward tiles of 128 query rows where query, key and value are

@@ -88,15 +88,15 @@ def test_flash_tiling_precision_is_on_the_tile_grid():
 
 
 def test_cpu_computes_float32_whatever_the_precision():
-    pipeline = "cse,softmax-fusion,flash-tiling{block_k=128,precision=tf32},mask-elimination,canonicalize,cse,dce"
+    pipeline = CPU_PIPELINE.replace("block_k=128", "block_k=128,precision=tf32")
     assert ac.compile(causal, backend="cpu", pipeline=pipeline).source == ac.compile(causal, backend="cpu").source
 
 
 def test_default_pipelines():
-    """cpu tiles 128 keys a block by default; cuda 128 query rows where query, key and value are
+    """cpu tiles 128 query rows by 128 keys by default; cuda 128 query rows where query, key and value are
     16-bit; interp the pass's defaults (64)."""
     cpu = ac.compile(causal, backend="cpu")
-    assert cpu.pipeline == CPU_PIPELINE and "block_k = 128" in cpu.ir()
+    assert cpu.pipeline == CPU_PIPELINE and "block_k = 128" in cpu.ir() and "block_q = 128" in cpu.ir()
     assert ac.compile(causal, backend="interp").pipeline == DEFAULT_PIPELINE
     assert "block_k = 64" in ac.compile(causal, backend="interp").ir()
     assert default_pipeline("cuda") == CUDA_PIPELINE

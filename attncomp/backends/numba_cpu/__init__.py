@@ -52,6 +52,7 @@ from attncomp.backends.numba_cpu.intrinsics import (
     maximum_f64,
     pin_blas_threads,
     restore_blas_threads,
+    take_ticket,
 )
 from attncomp.backends.numba_cpu.launch import TASK, call_task, keep_alive, pack_address, unpack
 from attncomp.backends.numba_cpu.shared_calls import (

@@ -7,7 +7,8 @@ compare-and-branch chain (a 3x slower score pass).  ``float_from_bits`` is a
 bit cast, so that ``exp`` can build ``2**n`` from its exponent bits.  ``gemm`` is
 BLAS's matrix product with its transposes, leading dimensions and ``beta``, which
 ``np.dot`` hides: it multiplies tiles in place and accumulates without a temporary.
-``pin_blas_threads``/``restore_blas_threads`` keep that BLAS to one thread while a kernel runs.
+``pin_blas_threads``/``restore_blas_threads`` keep that BLAS to one thread while a kernel runs;
+``take_ticket`` hands a parallel launch's workers their tasks one at a time.
 """
 
 from __future__ import annotations
@@ -61,6 +62,22 @@ def bf16_to_f32(typingctx, bits):
         return builder.bitcast(wide, ir.FloatType())
 
     return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def take_ticket(typingctx, tickets):
+    """The next number of the counter ``tickets[0]`` (an int64 array), counted up by one atomically:
+    the workers of a parallel launch take their tasks by it, each the next one free when it is
+    done with the last, rather than every n-th (a causal mask's query blocks differ in work)."""
+    if not isinstance(tickets, types.Array) or tickets.dtype != types.int64 or tickets.ndim != 1:
+        raise TypingError(f"take_ticket takes a one-dimensional int64 array, not {tickets}")
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(tickets)(context, builder, args[0])
+        one = ir.Constant(ir.IntType(64), 1)
+        return builder.atomic_rmw("add", array.data, one, "monotonic")
+
+    return types.int64(tickets), codegen
 
 
 @intrinsic

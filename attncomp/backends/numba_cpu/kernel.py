@@ -120,7 +120,7 @@ class KernelWriter(KernelSource):
     def batch_decode(self, rank: int) -> list[str]:
         """Task index -> batch indices (row-major, heads counted in groups) and the query block."""
         w = self.w
-        w.line("qb = unit % n_qb")
+        w.line("qb = n_qb - 1 - unit % n_qb  # the last query blocks first: under a causal mask the largest")
         rest = "unit // n_qb"
         names = [f"bi_{k}" for k in range(rank)]
         for k in reversed(range(rank)):
@@ -515,9 +515,15 @@ class KernelWriter(KernelSource):
         w = self.w
         nb = len(self.t.batch_args)
         params = ", ".join(self.params())
-        shared = f"{params}, n_split, part_m, part_l, part_acc"
+        shared = f"{params}, n_split, part_m, part_l, part_acc, tickets"
         acc = self.acc_dtype
-        parts = [sig.INT, sig.array_type(acc, 3), sig.array_type(acc, 3), sig.array_type(acc, 4)]
+        parts = [
+            sig.INT,
+            sig.array_type(acc, 3),
+            sig.array_type(acc, 3),
+            sig.array_type(acc, 4),
+            sig.array_type("i64", 1),
+        ]
         arg_types = [*self.param_types(), *parts]
         with sig.packed_task(w, jit, self.name, f"{self.name}_task", "worker", shared, arg_types) as pack:
             self.header()
@@ -557,8 +563,9 @@ class KernelWriter(KernelSource):
             w.line("part_m = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_l = np.empty((n_parts, G, BQ), dtype=ACC)")
             w.line("part_acc = np.empty((n_parts, G, BQ, n_e), dtype=ACC)")
+            w.line("tickets = np.zeros(1, dtype=np.int64)  # the tasks' counter: take_ticket")
             sig.write_pack(w, pack, shared)
-            # one worker per thread, each taking every n_workers-th task (balanced for causal masks)
+            # one worker per thread, each taking the next task free (``take_ticket``) when done with one
             w.line("n_workers = min(n_units * n_split, n_threads)")
             w.line("if n_workers == 1:")
             with w.indent():
@@ -605,10 +612,14 @@ class KernelWriter(KernelSource):
             if t.masked.k_load.operands[0] in self.bits or t.masked.v_load.operands[0] in self.bits:
                 w.line("k_staged_bits = k_staged.view(np.uint32)  # bf16 widens into the float32 bits")
                 w.line("v_staged_bits = v_staged.view(np.uint32)")
-        w.line("for task in range(worker, n_units * n_split, n_workers):")
+        # tasks taken one at a time, whichever worker is free: under a causal mask a unit's work grows
+        # with its query block, and every n-th task per worker left one worker the larger half
+        w.line("n_tasks = n_units * n_split")
+        w.line("for _ in range(n_tasks):")
         with w.indent():
-            # split-major: a worker's tasks stride over the units, so the parts a unit may lack (a
-            # batch-invariant launch's last parts, past a short unit's keys) fall to every worker alike
+            w.line("task = take_ticket(tickets)")
+            w.line("if task >= n_tasks:")
+            w.line("    break")
             w.line("unit = task % n_units")
             w.line("split = task // n_units")
             self.unit_start(nb)
