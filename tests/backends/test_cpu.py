@@ -209,6 +209,33 @@ def test_gemm_multiplies_submatrices_in_place(dtype, trans_a, trans_b, beta):
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_workers_take_each_task_once_by_ticket():
+    """``take_ticket`` hands out 0, 1, 2, ... once each, whichever thread asks (the kernels' workers
+    take their tasks by it); the kernel's task loop is written with it."""
+    from numba import njit, prange
+    from numba.core.errors import TypingError
+
+    from attncomp.backends.numba_cpu.intrinsics import take_ticket
+
+    @njit(parallel=True)
+    def take_all(tickets, taken, n_workers):
+        for worker in prange(n_workers):
+            while True:
+                task = take_ticket(tickets)
+                if task >= taken.size:
+                    break
+                taken[task] += 1
+
+    taken = np.zeros(10_000, np.int64)
+    tickets = np.zeros(1, np.int64)
+    take_all(tickets, taken, 4)
+    assert (taken == 1).all() and tickets[0] == taken.size + 4
+    fn = ac.compile(pass_specs.causal, backend="cpu")
+    assert "task = take_ticket(tickets)" in fn.source and "qb = n_qb - 1 - unit % n_qb" in fn.source
+    with pytest.raises(TypingError, match="take_ticket takes a one-dimensional int64 array"):
+        njit(lambda x: take_ticket(x))(np.zeros(1, np.int32))
+
+
 def test_float32_tanh_is_within_two_ulp_and_kernels_call_it():
     """Soft-capped scores use the shared float32 tanh (series below 1/2, exponential above): within
     2.5e-7 of float64's over the range, exact at 0, 1 at infinity, NaN kept; float64 keeps NumPy's."""
