@@ -11,7 +11,7 @@ from attncomp.backends import check_backend
 from attncomp.blockmap import block_map
 from attncomp.chunked.graph import is_dask
 from attncomp.chunked.plan import ChunkPlan
-from attncomp.compilation import Compilation
+from attncomp.compilation import Compilation, pipeline_here
 from attncomp.decoder import Decoder, cache_type, decoding_compilation
 from attncomp.dsl import DEFAULT_FLOAT, Spec
 from attncomp.float_types import FloatFamily
@@ -19,7 +19,6 @@ from attncomp.gradients import backward_of, saving_forward_of, vjp
 from attncomp.ir import parser
 from attncomp.ir.core import Module
 from attncomp.ir.interpreter import interpret_func
-from attncomp.passes.manager import default_pipeline
 from attncomp.passes.pipeline import tiling_pipeline
 from attncomp.serving.decoder import PagedDecoder
 
@@ -272,7 +271,8 @@ def compile(
     """Trace (with ``constants``), run the pass pipeline, and build for ``backend``.
 
     ``pipeline=None`` is the backend's default optimising pipeline (``passes.default_pipeline``:
-    on ``cpu``, key blocks of 128), ``""`` runs no pass,
+    on ``cpu``, tiles of 128 keys, and 64 or 128 query rows by the BLAS kernels that multiply them;
+    ``fn.pipeline`` shows it), ``""`` runs no pass,
     and a string such as ``"cse,dce"`` runs exactly the passes it names.
     ``deterministic=True`` gives the pipeline's flash-tiling ``deterministic=true``: gradients
     bit-identical from run to run (a no-op where the backend's sums are ordered already).
@@ -285,7 +285,7 @@ def compile(
     }
     if options:
         pipeline = tiling_pipeline(
-            default_pipeline(backend) if pipeline is None else pipeline, tiled=backend != "interp", **options
+            pipeline_here(backend) if pipeline is None else pipeline, tiled=backend != "interp", **options
         )
     module = _module_of(target, constants)
     name = target.name if isinstance(target, Spec) else module.main.name

@@ -31,6 +31,17 @@ from attncomp.passes.base import Pass
 from attncomp.passes.manager import Stage, backend_pipeline, default_pipeline, run_pipeline
 from attncomp.passes.pipeline import make_pass, pipeline_passes, pipeline_text
 
+
+def pipeline_here(backend: str) -> str:
+    """The pipeline ``ac.compile`` runs for ``backend`` when given none, on this machine: on ``cpu``
+    tiled for the BLAS kernels its tile products run on (``passes.manager.CPU_TILES``)."""
+    if backend != "cpu":
+        return default_pipeline(backend)
+    from attncomp.backends.numba_cpu.intrinsics import blas_kernels  # loads SciPy's BLAS: on use
+
+    return default_pipeline(backend, blas_kernels())
+
+
 #: ops a compiled backend runs only once flash-tiling has tiled them
 UNTILED = ("ac.attention", "ac.attention_grad")
 
@@ -61,7 +72,7 @@ class Compilation:
         The pipeline's result is :attr:`module` (the call's signature); the backend's own passes
         (``passes.manager.backend_pipeline``: ``widen-bf16`` on ``cuda``) run after it, each a stage,
         and the backend generates its code from the last stage."""
-        text = default_pipeline(backend) if pipeline is None else pipeline
+        text = pipeline_here(backend) if pipeline is None else pipeline
         passes = pipeline_passes(text)
         text = text if isinstance(text, str) else pipeline_text(passes)
         remarks: list[str] = []

@@ -35,18 +35,14 @@ def blas_kernels() -> str:
     """Which kernels SciPy's OpenBLAS (the CPU backend's tile products) runs, and why: its own
     choice for this CPU, or ``OPENBLAS_CORETYPE`` from the environment.  The tiles' speed depends
     on it (Haswell's 256-bit kernels or SkylakeX's 512-bit ones on an AVX-512 CPU)."""
-    import ctypes
+    from attncomp.backends.numba_cpu import intrinsics
 
-    from attncomp.backends.numba_cpu.intrinsics import scipy_openblas
-
-    lib = scipy_openblas()
-    if lib is None or not hasattr(lib, "scipy_openblas_get_corename"):
+    kernels = intrinsics.blas_kernels()
+    if kernels is None:
         return "SciPy's BLAS: unknown kernels"
-    corename = lib.scipy_openblas_get_corename
-    corename.restype = ctypes.c_char_p
     chosen = os.environ.get("OPENBLAS_CORETYPE")
     why = f"OPENBLAS_CORETYPE={chosen} set in the environment" if chosen else "its choice for this CPU"
-    return f"SciPy's OpenBLAS kernels: {corename().decode()} ({why})"
+    return f"SciPy's OpenBLAS kernels: {kernels} ({why})"
 
 
 def torch_attention(torch, q, k, v, causal=False, mask=None, gqa=False):

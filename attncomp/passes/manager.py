@@ -19,15 +19,27 @@ from attncomp.passes.base import PASSES, Pass
 
 DEFAULT_PIPELINE = "cse,softmax-fusion,flash-tiling,mask-elimination,canonicalize,cse,dce"
 
-#: The cpu backend's default: tiles of 128 query rows by 128 keys.  Its kernels multiply tiles with
-#: BLAS, whose products over 128 keys cost less per key than over 64: causal attention (H = 8,
-#: D = 64) ran 5 to 9% faster forward at T = 512 and 2048 (float32 and bf16), forward and backward 7%
-#: faster at T = 2048, and a bf16 decoding step 10% faster.  128 query rows rather than 64 make both
-#: products larger again (about 7% more of BLAS's peak on a 64 x 128 x 64 product); once the workers
-#: took their tasks one at a time (a causal mask's query blocks differ in work), causal, dense, windowed
-#: and document-masked forwards ran 7 to 11% faster on the 2-core AMD EPYC (T = 256 to 2048, forward
-#: and backward alike, windows of 128 keys too); 256 rows or keys were slower.
-CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q=128,block_k=128}")
+#: The cpu backend's tiles (query rows, keys), by the BLAS kernels that multiply them: OpenBLAS's
+#: name for the kernels it runs (``numba_cpu.intrinsics.blas_kernels``), which ``ac.compile`` passes
+#: :func:`default_pipeline`.  BLAS's products over 128 keys cost less per key than over 64: causal
+#: attention (H = 8, D = 64) ran 5 to 9% faster forward with 64 x 128 tiles than 64 x 64, forward and
+#: backward 7% faster at T = 2048.  Which row count is faster depends on the kernels: on the 2-core AMD
+#: EPYC (AVX-512), with OpenBLAS's 256-bit Haswell kernels 128 x 128 tiles ran 7 to 11% faster than
+#: 64 x 128 (causal, dense, windowed and document-masked forwards and backwards, T = 256 to 2048),
+#: while with its SkylakeX kernels they ran 24 to 38% slower (64 x 128 x 64 products take its
+#: small-matrix path, which packs nothing, near the cores' peak; 128 x 128 x 64 products do not).
+CPU_TILES = {"Haswell": (128, 128)}
+#: the tiles for other kernels, or where the BLAS is not OpenBLAS
+CPU_TILES_ELSE = (64, 128)
+
+
+def cpu_pipeline(blas: str | None = None) -> str:
+    """The cpu backend's default pipeline where its BLAS runs the kernels named ``blas``."""
+    block_q, block_k = CPU_TILES.get(blas or "", CPU_TILES_ELSE)
+    return DEFAULT_PIPELINE.replace("flash-tiling", f"flash-tiling{{block_q={block_q},block_k={block_k}}}")
+
+
+CPU_PIPELINE = cpu_pipeline()
 
 
 #: The cuda backend's default: forward tiles of 128 query rows where query, key and value are
@@ -35,12 +47,15 @@ CPU_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q=12
 #: chunk the tensor-core forward copies in (half the copies a query row, as FlashAttention-2's
 #: 128-row blocks); float32 tiles keep 64 rows, whose 3xTF32 kernel would not fit its shared memory.
 CUDA_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q_16bit=128}")
-#: each backend's default, where it is not ``DEFAULT_PIPELINE``
+#: each backend's default, where it is not ``DEFAULT_PIPELINE`` (cpu: by its BLAS, :func:`cpu_pipeline`)
 DEFAULT_PIPELINES = {"cpu": CPU_PIPELINE, "cuda": CUDA_PIPELINE}
 
 
-def default_pipeline(backend: str) -> str:
-    """The pipeline ``ac.compile`` runs for ``backend`` when given none."""
+def default_pipeline(backend: str, blas: str | None = None) -> str:
+    """The pipeline ``ac.compile`` runs for ``backend`` when given none; on ``cpu``, tiled for the BLAS
+    kernels named ``blas`` (``ac.compile`` names those the process runs: ``fn.pipeline`` shows them)."""
+    if backend == "cpu":
+        return cpu_pipeline(blas)
     return DEFAULT_PIPELINES.get(backend, DEFAULT_PIPELINE)
 
 

@@ -219,7 +219,7 @@ def test_the_workers_take_each_task_once_by_ticket():
 
     @njit(parallel=True)
     def take_all(tickets, taken, n_workers):
-        for worker in prange(n_workers):
+        for _ in prange(n_workers):
             while True:
                 task = take_ticket(tickets)
                 if task >= taken.size:

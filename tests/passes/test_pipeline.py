@@ -88,15 +88,24 @@ def test_flash_tiling_precision_is_on_the_tile_grid():
 
 
 def test_cpu_computes_float32_whatever_the_precision():
-    pipeline = CPU_PIPELINE.replace("block_k=128", "block_k=128,precision=tf32")
-    assert ac.compile(causal, backend="cpu", pipeline=pipeline).source == ac.compile(causal, backend="cpu").source
+    fn = ac.compile(causal, backend="cpu")
+    pipeline = fn.pipeline.replace("block_k=128", "block_k=128,precision=tf32")
+    assert ac.compile(causal, backend="cpu", pipeline=pipeline).source == fn.source
 
 
 def test_default_pipelines():
-    """cpu tiles 128 query rows by 128 keys by default; cuda 128 query rows where query, key and value are
-    16-bit; interp the pass's defaults (64)."""
+    """cpu tiles 128 keys a block by default, and 128 query rows where its BLAS runs OpenBLAS's Haswell
+    kernels, 64 elsewhere; cuda 128 query rows where query, key and value are 16-bit; interp the pass's
+    defaults (64)."""
+    from attncomp.backends.numba_cpu.intrinsics import blas_kernels
+
     cpu = ac.compile(causal, backend="cpu")
-    assert cpu.pipeline == CPU_PIPELINE and "block_k = 128" in cpu.ir() and "block_q = 128" in cpu.ir()
+    assert cpu.pipeline == default_pipeline("cpu", blas_kernels()) and "block_k = 128" in cpu.ir()
+    rows = 128 if blas_kernels() == "Haswell" else 64
+    assert f"ac.tile_grid {{block_q = {rows}}}" in cpu.ir()
+    assert default_pipeline("cpu") == CPU_PIPELINE == default_pipeline("cpu", "SkylakeX")
+    assert "flash-tiling{block_q=64,block_k=128}" in CPU_PIPELINE
+    assert "flash-tiling{block_q=128,block_k=128}" in default_pipeline("cpu", "Haswell")
     assert ac.compile(causal, backend="interp").pipeline == DEFAULT_PIPELINE
     assert "block_k = 64" in ac.compile(causal, backend="interp").ir()
     assert default_pipeline("cuda") == CUDA_PIPELINE

@@ -193,6 +193,19 @@ def scipy_openblas() -> Any:
 
 
 _BLAS = scipy_openblas()
+
+
+def blas_kernels() -> str | None:
+    """OpenBLAS's name for the kernels SciPy's OpenBLAS runs on this CPU (its own choice, or
+    ``OPENBLAS_CORETYPE``'s): "Haswell", "SkylakeX", ...; None where SciPy's BLAS is not OpenBLAS.
+    The cpu backend's tiles are chosen by it (``passes.manager.CPU_TILES``)."""
+    corename = getattr(_BLAS, "scipy_openblas_get_corename", None)
+    if corename is None:
+        return None
+    corename.restype = ctypes.c_char_p
+    return corename().decode()
+
+
 #: without SciPy's OpenBLAS, functions that report one thread and set nothing (ctypes callbacks:
 #: kept here, alive, as long as the kernels that call them)
 _NO_BLAS = (ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1), ctypes.CFUNCTYPE(None, ctypes.c_int)(lambda n: None))
