@@ -3,7 +3,8 @@
     python -m benchmarks.tile_profile
 
 One thread, float32, H = 8, T = S = 1024, D = 64, blocks of 64 queries by 64 keys.
-The CPU kernel's tile loop is rebuilt here from the same shared code (the ``gemm``
+The CPU kernel's tile loop, its scores held by keys (``score_layout``: OpenBLAS's small-matrix
+kernels), is rebuilt here from the same shared code (the ``gemm``
 intrinsic, ``tile_math.softmax_by_keys``) with parts switched off: the two
 products (BLAS), the scores pass (scale and row max), the online-softmax step
 (lazy rescale, exp2, row sums).  Each variant, and the compiled kernel itself on

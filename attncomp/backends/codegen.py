@@ -153,8 +153,13 @@ class ScalarEmitter:
         reciprocals: dict[Value, str] | None = None,
         integers: str | None = None,
         select: str | None = None,
+        unsigned_gathers: bool = False,
     ):
         self.writer = writer
+        #: gather indices written as ``np.uint64``: Numba adds no wrap-around of negative indices to
+        #: them, so a gather along consecutive positions is a run of memory LLVM vectorises (every
+        #: gather's indices are in range: ``gather_bounds`` proves them or checks them before a call)
+        self.unsigned_gathers = unsigned_gathers
         #: a function ``select(c, a, b)`` of the generated code (both values computed, no branch) for
         #: ``ac.where``, ``ac.maximum`` and ``ac.minimum``, with ``&`` and ``|`` for ``ac.and`` and
         #: ``ac.or``; None: conditional expressions and ``and``/``or`` (see :func:`select_min`)
@@ -230,7 +235,8 @@ class ScalarEmitter:
             expr = f"random_unit({state}, np.uint64({a[-1]}))"
         elif name == "ac.gather":
             src = self.array_ref(op.operands[0])
-            expr = f"{src}[{', '.join(a[1:])}]"
+            indices = [f"np.uint64({x})" for x in a[1:]] if self.unsigned_gathers else a[1:]
+            expr = f"{src}[{', '.join(indices)}]"
             expr = self.typed(expr, dtype)
         else:
             raise NotImplementedError(f"no scalar lowering for {name}")
@@ -253,6 +259,8 @@ class KernelSource:
 
     #: math functions for the scalar code, by op name or by (op name, type) (None: Python's ``math``)
     functions: dict[Any, str] | None = None
+    #: gathers indexed by ``np.uint64`` indices (``ScalarEmitter.unsigned_gathers``)
+    unsigned_gathers = False
 
     def __init__(self, captured: dict[Value, str], dims: list[str]):
         self.captured = captured  # outside value -> kernel parameter name
@@ -313,9 +321,9 @@ class KernelSource:
             emit(tiled.full or tiled.masked, None)
 
     def scalar(self) -> ScalarEmitter:
-        if self.functions is None:
-            return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref)
-        return ScalarEmitter(self.w, self.names, self.fresh, self.array_ref, self.functions)
+        return ScalarEmitter(
+            self.w, self.names, self.fresh, self.array_ref, self.functions, unsigned_gathers=self.unsigned_gathers
+        )
 
 
 def page_size(pages: str, view: Op) -> str:

@@ -138,15 +138,22 @@ def read_tiled_attention(grid: Op) -> TiledAttention:
     return TiledAttention(grid, prologue, q_loads[0], loop, [], None, default, compute, None)
 
 
-def element_expr(value: Value, names: dict[Value, str], row: str, col: str, select: str | None = None) -> str:
+def element_expr(
+    value: Value, names: dict[Value, str], row: str, col: str, select: str | None = None, clamped: bool = True
+) -> str:
     """An index tile's element ``[row, col]`` as a scalar expression (``select``: the generated code's
-    branch-free choice for ``minimum`` and ``maximum``, as ``codegen.choose`` takes it)."""
+    branch-free choice for ``minimum`` and ``maximum``, as ``codegen.choose`` takes it).  ``clamped=False``
+    leaves out the clamp of a tile's positions to the last (``tile_building.positions``), for code that
+    computes the elements of valid rows and keys alone: there the clamp changes nothing, and without it
+    a position is the loop's index plus the tile's start, whose reads LLVM sees are consecutive."""
     if value in names:
         return names[value]
     op = producer(value)
     if op is None:
         raise LoweringError(f"no element expression for block argument {value}")
-    sub = [element_expr(v, names, row, col, select) for v in op.operands]
+    if not clamped and is_position_clamp(op):
+        return element_expr(op.operands[0], names, row, col, select, clamped)
+    sub = [element_expr(v, names, row, col, select, clamped) for v in op.operands]
     if op.name == "ac.iota":
         return row if op.attrs["axis"] == 0 else col
     if op.name == "ac.constant":
@@ -159,3 +166,14 @@ def element_expr(value: Value, names: dict[Value, str], row: str, col: str, sele
     if op.name in ("ac.minimum", "ac.maximum"):
         return (select_min if op.name == "ac.minimum" else select_max)(sub[0], sub[1], select)
     raise LoweringError(f"cannot lower {op.name} on an index tile")
+
+
+def is_position_clamp(op: Op) -> bool:
+    """Whether ``op`` is ``minimum(start + iota, length - 1)``: a tile's positions clamped to the last
+    (``tile_building.positions``), which changes only the positions of lanes past the last."""
+    if op.name != "ac.minimum":
+        return False
+    raw, bound = (producer(v) for v in op.operands)
+    if raw is None or bound is None or raw.name != "ac.add" or bound.name != "ac.dim":
+        return False
+    return any((p := producer(v)) is not None and p.name == "ac.iota" for v in raw.operands)

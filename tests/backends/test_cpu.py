@@ -444,12 +444,34 @@ def test_block_summaries_are_numpys_reduceat(shape):
                 assert got.dtype == x.dtype
 
 
+@pytest.mark.parametrize("kernels", ["SkylakeX", "Haswell"])
+def test_scores_by_rows_and_by_keys_both_match_the_interpreter(monkeypatch, kernels):
+    """Tiles of 64 rows hold their scores by keys where OpenBLAS's small-matrix kernels multiply them
+    (``score_layout``), by rows elsewhere; whichever kernels this machine's BLAS runs, both layouts
+    give the interpreter's outputs (ALiBi in a window: unmasked and masked tiles, rows past the last)."""
+    import attncomp.backends.numba_cpu.kernel as kernel
+
+    monkeypatch.setattr(kernel, "blas_kernels", lambda: kernels)
+    pipeline = "cse,softmax-fusion,flash-tiling{block_q=64,block_k=32},mask-elimination,canonicalize,cse,dce"
+    fn = ac.compile(pass_specs.causal_alibi, backend="cpu", pipeline=pipeline, window=40)
+    by_keys = kernels == "SkylakeX"
+    assert ("st = ks @ q_tileᵀ" in fn.source) == by_keys and ("srm = q_tile @ ksᵀ" in fn.source) != by_keys
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 2, 150, 16)).astype(np.float32) for _ in range(3))
+    slopes = np.array([0.3, 0.05], np.float32)
+    want = ac.interpret(pass_specs.causal_alibi, q, k, v, slopes, window=40)
+    assert worst_error(fn(q, k, v, slopes), want) < TOLERANCE["f32"]
+
+
 def test_a_bias_read_along_the_keys_is_scored_row_by_row():
-    """bias[b, h, i, j] (T5's position bias, a mask given as data): each row's keys read in order,
-    the rows' maxima taken after; a causal mask's scores keep the loop over keys outside."""
-    rows_first = re.compile(r"st\[c, r\] = xv\s+row_max = MAXIMUM\(row_max, xv\)")
-    assert rows_first.search(ac.compile(pass_specs.dense_bias).source)
-    assert not rows_first.search(ac.compile(pass_specs.causal).source)
+    """bias[b, h, i, j] (T5's position bias, a mask given as data): scores held by rows whatever the BLAS
+    kernels, each row's keys read in order at unclamped positions, by unsigned indices (one run of
+    memory, vectorised), the rows' maxima taken after."""
+    rows_first = re.compile(r"srm\[r, c\] = xv\s+row_max = MAXIMUM\(row_max, xv\)")
+    source = ac.compile(pass_specs.dense_bias).source
+    assert rows_first.search(source) and "st = ks @ q_tileᵀ" not in source
+    assert re.search(r"arg_\d+\[np.uint64\(bi_0\), np.uint64\(bi_1\), np.uint64\(i_\d+\), np.uint64\(j_\d+\)\]", source)
+    assert re.search(r"j_\d+ = \(j0_\d+ \+ c\)", source)  # no clamp to the last key
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 150, 16)).astype(np.float32) for _ in range(3))
     bias = rng.standard_normal((1, 2, 150, 150)).astype(np.float32)

@@ -78,10 +78,10 @@ from attncomp.backends.numba_cpu.tile_math import (
 
 FASTMATH = {fastmath!r}
 
-# The forward kernels hold a tile's scores transposed, one key per row (st[c, r]): keys are
-# read in place and q is transposed once per task, so both products are BLAS gemm calls
-# without a transposed tile (OpenBLAS's small q @ kᵀ is slow), and the softmax runs down
-# the rows, vectorised over the queries.  A few query rows (decoding) use row-major scores.
+# The forward kernels hold a tile's scores by rows (srm[r, c] = q_tile @ ksᵀ, keys read in
+# place), or by keys (st[c, r] = ks @ q_tileᵀ, q transposed once per task) where OpenBLAS's
+# small-matrix kernels multiply the tiles (score_layout.py); both products are BLAS gemm calls.
+# A few query rows (decoding) use row-major scores and loops of their own.
 FEW_ROWS = {few_rows}
 SERIAL_WORK = {serial_work}
 """

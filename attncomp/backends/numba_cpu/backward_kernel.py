@@ -37,6 +37,7 @@ from attncomp.ir.types import accumulation_dtype
 
 class BackwardKernelWriter(KernelSource):
     functions = FUNCTIONS
+    unsigned_gathers = True  # as the forward's (``kernel.KernelWriter``)
 
     def __init__(
         self,
@@ -105,13 +106,13 @@ class BackwardKernelWriter(KernelSource):
         w.line("for r in range(nq):")
         with w.indent():
             i = self.fresh("i")
-            w.line(f"{i} = {element_expr(tile.score.operands[-3], self.names, 'r', '0')}")
+            w.line(f"{i} = {element_expr(tile.score.operands[-3], self.names, 'r', '0', clamped=False)}")
             w.line(f"lse_r = {self.row_value(tile.lse_load, 'i0 + r')}")
             w.line(f"delta_r = {self.row_value(tile.delta_load, 'i0 + r')}")
             w.line("for c in range(nk):")
             with w.indent():
                 j = self.fresh("j")
-                w.line(f"{j} = {element_expr(tile.score.operands[-2], self.names, '0', 'c')}")
+                w.line(f"{j} = {element_expr(tile.score.operands[-2], self.names, '0', 'c', clamped=False)}")
                 (x,) = self.scalar().block(tile.score.regions[0], batch + [i, j, "s[r, c]"])
                 visible = None
                 if with_mask and tile.mask is not None:

@@ -7,22 +7,25 @@ value tile is read from memory once and used ``G`` times.  The tasks run in
 ``NAME_task``, a plain ``@njit`` function each worker of the shared parallel
 launch calls at its address (see :meth:`KernelWriter.write`):
 
-    for each head g of the group: prologue, load its query tile (and its transpose), m = -inf, l = 0, acc = 0
+    for each head g of the group: prologue, load its query tile, m = -inf, l = 0, acc = 0
     for kb in [first, end):                 # the union of the heads' loop bounds (from the IR)
         for each head g:
             tile_class = ...                # the IR's classification code, or its default
             skipped: nothing; otherwise
-            st = k_tile @ q_tileᵀ           # BLAS gemm, keys read in place: scores transposed
-            per key, vectorised over the rows: score(st), mask only when tile_class == 1, row max
+            s = q_tile @ k_tileᵀ            # BLAS gemm, keys read in place
+            per row, vectorised over its keys: score(s), mask only when tile_class == 1, row max
             per row: keep m unless the max grew by more than 2**LAZY (then rescale l, acc)
-            st = exp2(st - m), l += row sums
-            acc += stᵀ @ v_tile             # BLAS gemm, accumulating in place
+            s = exp2(s - m), l += row sums
+            acc += s @ v_tile               # BLAS gemm, accumulating in place
     out = acc / l, lse = (m + log2(l)) ln 2 # rows with no visible key: 0 and -inf
 
 Scores and maxima are kept in base 2 (the score times log2(e); exp2 needs no multiply).
-The transposed tile makes both products plain gemm calls (OpenBLAS's small q @ kᵀ with
-a transposed operand is about 2x slower) and the softmax passes run down the rows of
-``st`` over contiguous queries.  A few query rows (decoding) use a row-major tile and
+Where OpenBLAS multiplies small tiles by its small-matrix kernels (``score_layout``), a tile
+holds its scores by keys instead, ``st = k_tile @ q_tileᵀ`` (the query tile transposed once per
+task) and ``acc += stᵀ @ v_tile``, with the softmax run down the keys, vectorised over the rows.
+Positions inside the loops are unclamped and gathers take unsigned indices
+(``tiles.element_expr``, ``codegen.ScalarEmitter``): a bias read along a row's keys is one
+vectorised run of memory.  A few query rows (decoding) use a row-major tile and
 loops vectorised over the keys, which take the rows of all the heads of the group in one
 pass over the key tile (``group_scores``, at the first head computing it) and over the
 value tile (``group_values``, after the last): each element is read, and widened from
@@ -45,7 +48,9 @@ from __future__ import annotations
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, dim_expr, page_index, page_size
 from attncomp.backends.key_splits import split_blocks, write_part_range, write_unit_parts
 from attncomp.backends.lse_merge import MergeSpelling, write_finish, write_merge
+from attncomp.backends.numba_cpu import score_layout
 from attncomp.backends.numba_cpu import signatures as sig
+from attncomp.backends.numba_cpu.intrinsics import blas_kernels
 from attncomp.backends.numba_cpu.tile_math import LAZY
 from attncomp.backends.numba_cpu.vector_loops import NUMBA_CODES, code_scale
 from attncomp.backends.tiles import TileCompute, TiledAttention, element_expr
@@ -72,6 +77,9 @@ class KernelWriter(KernelSource):
     """Writes one kernel function for one tiled attention."""
 
     functions = FUNCTIONS
+    #: the loops run valid rows and keys alone, positions unclamped (``tiles.element_expr``), and
+    #: gathers take unsigned indices: a bias read along a row's keys is one vectorised run of memory
+    unsigned_gathers = True
 
     def __init__(
         self,
@@ -99,6 +107,14 @@ class KernelWriter(KernelSource):
         #: key blocks per part of a batch-invariant grid's fixed key split (``key_splits``); None: the
         #: keys are split only when the units are too few for the threads
         self.split_blocks = split_blocks(tiled.grid, tiled.block_k)
+        kernels = blas_kernels()
+        classes = [c for c in (tiled.masked, tiled.full) if c is not None]
+        #: per tile class (its mask evaluated or not), whether BLAS's tiles hold the scores by keys
+        self.by_keys = {
+            (id(c), masked): score_layout.by_keys(kernels, tiled.block_q, reads_along_keys(c, masked))
+            for c in classes
+            for masked in (True, False)
+        }
 
     @property
     def slack(self) -> float:
@@ -150,7 +166,8 @@ class KernelWriter(KernelSource):
                 x = self.element(load, self.source_at(load.operands[0], [*batch, "i0 + rr", "dd"]))
                 w.line(f"x = ACC({x})")
                 w.line("qt[g, rr, dd] = x")
-                w.line("qt_t[g, dd, rr] = x")
+                if any(self.by_keys.values()):
+                    w.line("qt_t[g, dd, rr] = x")
 
     def score(self, compute: TileCompute, with_mask: bool, i: str, j: str, at: str) -> None:
         """``xv`` = the score of element ``at`` (row ``i``, key ``j``) in base 2, -inf where masked."""
@@ -166,23 +183,17 @@ class KernelWriter(KernelSource):
 
     def row_index(self, compute: TileCompute) -> str:
         i = self.fresh("i")
-        self.w.line(f"{i} = {element_expr(compute.score.operands[-3], self.names, 'r', '0')}")
+        self.w.line(f"{i} = {element_expr(compute.score.operands[-3], self.names, 'r', '0', clamped=False)}")
         return i
 
     def key_index(self, compute: TileCompute) -> str:
         j = self.fresh("j")
-        self.w.line(f"{j} = {element_expr(compute.score.operands[-2], self.names, '0', 'c')}")
+        self.w.line(f"{j} = {element_expr(compute.score.operands[-2], self.names, '0', 'c', clamped=False)}")
         return j
 
     def scores_by_keys(self, compute: TileCompute, with_mask: bool) -> None:
         """Scores of the transposed tile ``st[c, r]`` and each row's max, vectorised over the rows."""
         w = self.w
-        if reads_along_keys(compute, with_mask):
-            # the scores read a captured tensor along a row's keys (``bias[b, h, i, j]``: T5's position
-            # bias, a mask given as data): by keys, each read would be its own cache line, a row's
-            # stride apart (64 rows: 64 streams no prefetcher follows); row by row, one run of memory
-            self.scores_by_rows(compute, with_mask, "st[c, r]")
-            return
         w.line("for r in range(nq):")
         with w.indent():
             w.line("mx[r] = ACC(-np.inf)")
@@ -196,8 +207,8 @@ class KernelWriter(KernelSource):
                 w.line("mx[r] = MAXIMUM(mx[r], xv)  # NaN-propagating, and vectorised")
 
     def scores_by_rows(self, compute: TileCompute, with_mask: bool, element: str = "sr[r, c]") -> None:
-        """Scores of the row-major tile ``sr[r, c]`` (or the transposed ``st[c, r]``, row by row) and
-        each row's max, vectorised over the keys."""
+        """Scores of the row-major tile ``sr[r, c]`` (``element``: another such tile's) and each row's
+        max, vectorised over the keys."""
         w = self.w
         w.line("for r in range(nq):")
         with w.indent():
@@ -210,7 +221,7 @@ class KernelWriter(KernelSource):
                 w.line("row_max = MAXIMUM(row_max, xv)  # NaN-propagating, and vectorised")
             w.line("mx[r] = row_max")
 
-    def weights(self, compute: TileCompute, by_rows: bool) -> None:
+    def weights(self, compute: TileCompute, by_rows: bool, element: str | None = None) -> None:
         """The probabilities times the weight region (attention dropout), after their row sums and
         before the values' product: ``st[c, r]`` by keys, ``sr[r, c]`` row by row."""
         if compute.weight is None:
@@ -226,8 +237,8 @@ class KernelWriter(KernelSource):
                 second = self.key_index(compute) if by_rows else self.row_index(compute)
                 i, j = (first, second) if by_rows else (second, first)
                 (factor,) = self.scalar().block(compute.weight.regions[0], batch + [i, j])
-                element = "sr[r, c]" if by_rows else "st[c, r]"
-                w.line(f"{element} = ACC({element} * {factor})")
+                at = element or ("sr[r, c]" if by_rows else "st[c, r]")
+                w.line(f"{at} = ACC({at} * {factor})")
 
     def key_tile(self, compute: TileCompute, mask_when: str | None) -> None:
         """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
@@ -265,12 +276,19 @@ class KernelWriter(KernelSource):
                 elif in_place[load]:
                     w.line(f"{name}_apart = {self.tile_rows(load)}")
             ks, vs = (f"{name}_apart" if in_place[load] else name for name, load in loads)
-            w.line(f"gemm(0, 0, nk, nq, n_d, {ks}, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
-            self.scores_by_keys(compute, with_mask)
-            # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
-            w.line(f"softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g, {self.slack})")
-            self.weights(compute, by_rows=False)
-            w.line(f"gemm(1, 0, nq, n_e, nk, st, {vs}, 1.0, acc[g])  # acc += stᵀ @ vs")
+            if not self.by_keys[id(compute), with_mask]:
+                w.line(f"gemm(0, 1, nq, nk, n_d, qt[g], {ks}, 0.0, srm)  # srm = q_tile @ ksᵀ")
+                self.scores_by_rows(compute, with_mask, "srm[r, c]")
+                w.line(f"softmax_by_rows(srm, nq, nk, m, l, acc, mx, m_safe, g, {self.slack})")
+                self.weights(compute, by_rows=True, element="srm[r, c]")
+                w.line(f"gemm(0, 0, nq, n_e, nk, srm, {vs}, 1.0, acc[g])  # acc += srm @ vs")
+            else:
+                w.line(f"gemm(0, 0, nk, nq, n_d, {ks}, qt_t[g], 0.0, st)  # st = ks @ q_tileᵀ")
+                self.scores_by_keys(compute, with_mask)
+                # per row: the reference max (rescaling l and acc when it grows), P = exp2(st - max), l += sums
+                w.line(f"softmax_by_keys(st, nq, nk, m, l, acc, mx, m_safe, row_sum, g, {self.slack})")
+                self.weights(compute, by_rows=False)
+                w.line(f"gemm(1, 0, nq, n_e, nk, st, {vs}, 1.0, acc[g])  # acc += stᵀ @ vs")
         w.line("else:")
         with w.indent():
             for name, load in loads:
@@ -589,8 +607,11 @@ class KernelWriter(KernelSource):
         t, w = self.t, self.w
         nb = len(t.batch_args)
         w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
-        w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
-        w.line("st = np.empty((BK, BQ), dtype=ACC)")
+        if any(self.by_keys.values()):  # the query tile transposed, and the scores by keys
+            w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
+            w.line("st = np.empty((BK, BQ), dtype=ACC)")
+        if not all(self.by_keys.values()):  # the scores by rows
+            w.line("srm = np.empty((BQ, BK), dtype=ACC)")
         w.line("sr = np.empty((FEW_ROWS, BK), dtype=ACC)")
         w.line("m = np.empty((G, BQ), dtype=ACC)")
         w.line("l = np.empty((G, BQ), dtype=ACC)")
