@@ -198,7 +198,8 @@ _BLAS = scipy_openblas()
 def blas_kernels() -> str | None:
     """OpenBLAS's name for the kernels SciPy's OpenBLAS runs on this CPU (its own choice, or
     ``OPENBLAS_CORETYPE``'s): "Haswell", "SkylakeX", ...; None where SciPy's BLAS is not OpenBLAS.
-    The cpu backend's tiles are chosen by it (``passes.manager.CPU_TILES``)."""
+    The cpu backend's tiles are chosen by it (``passes.manager.CPU_TILES``), and the way they hold
+    their scores (``score_layout``)."""
     corename = getattr(_BLAS, "scipy_openblas_get_corename", None)
     if corename is None:
         return None

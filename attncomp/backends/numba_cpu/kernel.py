@@ -107,14 +107,15 @@ class KernelWriter(KernelSource):
         #: key blocks per part of a batch-invariant grid's fixed key split (``key_splits``); None: the
         #: keys are split only when the units are too few for the threads
         self.split_blocks = split_blocks(tiled.grid, tiled.block_k)
-        kernels = blas_kernels()
-        classes = [c for c in (tiled.masked, tiled.full) if c is not None]
-        #: per tile class (its mask evaluated or not), whether BLAS's tiles hold the scores by keys
-        self.by_keys = {
-            (id(c), masked): score_layout.by_keys(kernels, tiled.block_q, reads_along_keys(c, masked))
-            for c in classes
-            for masked in (True, False)
-        }
+        #: OpenBLAS's name for the kernels that multiply the tiles (``score_layout``)
+        self.blas = blas_kernels()
+        computes = [c for c in (tiled.masked, tiled.full) if c is not None]
+        #: which ways the kernel's tile classes hold their scores: by keys (True), by rows (False)
+        self.layouts = {self.holds_by_keys(c, masked) for c in computes for masked in (True, False)}
+
+    def holds_by_keys(self, compute: TileCompute, with_mask: bool) -> bool:
+        """Whether BLAS's tiles of ``compute`` (its mask evaluated or not) hold their scores by keys."""
+        return score_layout.by_keys(self.blas, self.t.block_q, reads_along_keys(compute, with_mask))
 
     @property
     def slack(self) -> float:
@@ -166,7 +167,7 @@ class KernelWriter(KernelSource):
                 x = self.element(load, self.source_at(load.operands[0], [*batch, "i0 + rr", "dd"]))
                 w.line(f"x = ACC({x})")
                 w.line("qt[g, rr, dd] = x")
-                if any(self.by_keys.values()):
+                if True in self.layouts:
                     w.line("qt_t[g, dd, rr] = x")
 
     def score(self, compute: TileCompute, with_mask: bool, i: str, j: str, at: str) -> None:
@@ -223,7 +224,7 @@ class KernelWriter(KernelSource):
 
     def weights(self, compute: TileCompute, by_rows: bool, element: str | None = None) -> None:
         """The probabilities times the weight region (attention dropout), after their row sums and
-        before the values' product: ``st[c, r]`` by keys, ``sr[r, c]`` row by row."""
+        before the values' product: ``st[c, r]`` by keys, ``sr[r, c]`` (or ``element``) row by row."""
         if compute.weight is None:
             return
         w = self.w
@@ -241,8 +242,8 @@ class KernelWriter(KernelSource):
                 w.line(f"{at} = ACC({at} * {factor})")
 
     def key_tile(self, compute: TileCompute, mask_when: str | None) -> None:
-        """One key tile for head ``g``: by BLAS on the transposed scores, or (a few query rows,
-        decoding) by loops on row-major scores, each row vectorised over its keys.  The CPU writes
+        """One key tile for head ``g``: by BLAS, its scores held by rows or by keys (``score_layout``),
+        or (a few query rows, decoding) by loops on row-major scores, each row vectorised over its keys.  The CPU writes
         one copy per tile class: ``mask_when`` is "True" (masked) or None (full)."""
         w = self.w
         with_mask = mask_when is not None
@@ -276,7 +277,7 @@ class KernelWriter(KernelSource):
                 elif in_place[load]:
                     w.line(f"{name}_apart = {self.tile_rows(load)}")
             ks, vs = (f"{name}_apart" if in_place[load] else name for name, load in loads)
-            if not self.by_keys[id(compute), with_mask]:
+            if not self.holds_by_keys(compute, with_mask):
                 w.line(f"gemm(0, 1, nq, nk, n_d, qt[g], {ks}, 0.0, srm)  # srm = q_tile @ ksᵀ")
                 self.scores_by_rows(compute, with_mask, "srm[r, c]")
                 w.line(f"softmax_by_rows(srm, nq, nk, m, l, acc, mx, m_safe, g, {self.slack})")
@@ -607,10 +608,10 @@ class KernelWriter(KernelSource):
         t, w = self.t, self.w
         nb = len(t.batch_args)
         w.line("qt = np.empty((G, BQ, n_d), dtype=ACC)")
-        if any(self.by_keys.values()):  # the query tile transposed, and the scores by keys
+        if True in self.layouts:  # the query tile transposed, and the scores by keys
             w.line("qt_t = np.empty((G, n_d, BQ), dtype=ACC)")
             w.line("st = np.empty((BK, BQ), dtype=ACC)")
-        if not all(self.by_keys.values()):  # the scores by rows
+        if False in self.layouts:  # the scores by rows
             w.line("srm = np.empty((BQ, BK), dtype=ACC)")
         w.line("sr = np.empty((FEW_ROWS, BK), dtype=ACC)")
         w.line("m = np.empty((G, BQ), dtype=ACC)")
