@@ -139,7 +139,9 @@ class BackwardKernelWriter(KernelSource):
                         tile_sums[k] = "".join(f", {x}" for x in index)
                         w.line(f"site_{k} += {grads[at]}{hidden}")
                     else:
-                        w.line(f"part_{k}[slot{''.join(f', {x}' for x in index)}] += {grads[at]}{hidden}")
+                        # unsigned, as the gathers' (in range: ``gather_bounds``), so a row's adds vectorise
+                        at_index = "".join(f", np.uint64({x})" for x in index)
+                        w.line(f"part_{k}[slot{at_index}] += {grads[at]}{hidden}")
                     at += 1 + rank
         for k, index in tile_sums.items():
             w.line(f"part_{k}[slot{index}] += site_{k}")
