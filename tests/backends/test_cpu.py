@@ -476,5 +476,15 @@ def test_a_bias_read_along_the_keys_is_scored_row_by_row():
     q, k, v = (rng.standard_normal((1, 2, 150, 16)).astype(np.float32) for _ in range(3))
     bias = rng.standard_normal((1, 2, 150, 150)).astype(np.float32)
     bias[..., 100:] = -np.inf
-    got = ac.compile(pass_specs.dense_bias)(q, k, v, bias)
-    assert worst_error(got, ac.interpret(pass_specs.dense_bias, q, k, v, bias)) < TOLERANCE["f32"]
+    fn = ac.compile(pass_specs.dense_bias)
+    assert worst_error(fn(q, k, v, bias), ac.interpret(pass_specs.dense_bias, q, k, v, bias)) < TOLERANCE["f32"]
+    # the bias's gradient: each row's adds at unsigned indices too, against the interpreter's
+    assert re.search(
+        r"part_0\[slot, np.uint64\(p_0\), np.uint64\(p_1\), np.uint64\(i_\d+\), np.uint64\(j_\d+\)\]",
+        fn.backward.source,
+    )
+    bias[..., 100:] = 0.0
+    d_out = rng.standard_normal(q.shape).astype(np.float32)
+    got = fn.vjp(q, k, v, bias)[1](d_out)
+    want = ac.compile(pass_specs.dense_bias, backend="interp").vjp(q, k, v, bias)[1](d_out)
+    assert all(worst_error(g, w) < 1e-4 for g, w in zip(got, want))
