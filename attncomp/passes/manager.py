@@ -47,8 +47,8 @@ CPU_PIPELINE = cpu_pipeline()
 #: chunk the tensor-core forward copies in (half the copies a query row, as FlashAttention-2's
 #: 128-row blocks); float32 tiles keep 64 rows, whose 3xTF32 kernel would not fit its shared memory.
 CUDA_PIPELINE = DEFAULT_PIPELINE.replace("flash-tiling", "flash-tiling{block_q_16bit=128}")
-#: each backend's default, where it is not ``DEFAULT_PIPELINE`` (cpu: by its BLAS, :func:`cpu_pipeline`)
-DEFAULT_PIPELINES = {"cpu": CPU_PIPELINE, "cuda": CUDA_PIPELINE}
+#: each backend's default, where it is not ``DEFAULT_PIPELINE`` (cpu's is by its BLAS: :func:`cpu_pipeline`)
+DEFAULT_PIPELINES = {"cuda": CUDA_PIPELINE}
 
 
 def default_pipeline(backend: str, blas: str | None = None) -> str:
