@@ -16,11 +16,36 @@ from attncomp.ir.types import NUMPY_DTYPES, TensorType, category, dtype_of_numpy
 def as_array(value: Any, name: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
+    if type(value).__module__.split(".")[0] == "torch":
+        return tensor_array(value, name)
     if hasattr(value, "__array__") or isinstance(value, (int, float, bool, list, tuple)):
         return np.asarray(value)
     if hasattr(value, "__dlpack__"):
         return np.from_dlpack(value)
     raise TypeError(f"{name}: expected an array, got {type(value).__name__}")
+
+
+def tensor_array(value: Any, name: str) -> np.ndarray:
+    """A CPU torch tensor as a numpy array over its memory (bf16: its 16-bit patterns viewed as
+    ml_dtypes' bfloat16, the only one numpy knows); a tensor elsewhere, or one that requires grad
+    (a call computes no gradient: ``fn.to_torch()`` does), is refused naming the argument."""
+    import torch  # loaded already: value is one of its tensors
+
+    if value.device.type != "cpu":
+        raise ValueError(f"{name}: a {value.device.type} tensor, but this function reads host arrays")
+    refuse_grad(value, name)
+    if value.dtype == torch.bfloat16:
+        return value.view(torch.int16).numpy().view(NUMPY_DTYPES["bf16"])
+    return value.numpy()
+
+
+def refuse_grad(tensor: Any, name: str) -> None:
+    """A ``TypeError`` naming the argument if ``tensor`` requires grad: a call computes no gradient."""
+    if tensor.requires_grad:
+        raise TypeError(
+            f"{name}: a tensor that requires grad, but a call computes no gradient "
+            f"(fn.to_torch() does; or pass {name}.detach())"
+        )
 
 
 def check_dtype(array: np.ndarray, want: str, name: str) -> None:

@@ -164,3 +164,19 @@ def test_training_follows_the_same_path_as_sdpa():
     assert ours[-1] < 0.8 * ours[0]
     for step, (a, b) in enumerate(zip(ours, theirs)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: {a} against {b}"
+
+
+def test_bf16_tensors_passed_to_a_call():
+    """torch CUDA bf16 tensors go to ``fn(...)`` as their 16-bit patterns (the array interface has no
+    bf16): the result is the torch op's; a tensor that requires grad is refused naming it."""
+    from tests.passes.specs import generic_alibi
+
+    fn = ac.compile(generic_alibi, backend="cuda")
+    q, k, v = (_normal(1, 2, 130, 64, seed=n, requires_grad=False).bfloat16() for n in range(3))
+    slopes = torch.tensor([0.5, 0.25], device="cuda", dtype=torch.bfloat16)
+    got = fn(q, k, v, slopes).copy_to_host()
+    want = fn.to_torch()(q, k, v, slopes)
+    assert want.dtype == torch.bfloat16
+    assert _relative(torch.from_numpy(got.astype("float32")), want.float().cpu()) < 1e-2
+    with pytest.raises(TypeError, match=r"^k: a tensor that requires grad"):
+        fn(q, k.clone().requires_grad_(), v, slopes)

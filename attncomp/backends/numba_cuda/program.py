@@ -82,8 +82,9 @@ class CudaFunction(Program):
         outputs the kernels write as bf16 patterns (``bf16_outputs``) as they are, others rounded
         to nearest even by a kernel."""
         from attncomp.backends.numba_cuda.host import arrays
-        from attncomp.backends.numba_cuda.host.arguments import bind_device_arguments
+        from attncomp.backends.numba_cuda.host.arguments import bind_device_arguments, tensor_patterns
 
+        args = tensor_patterns(args, [a.name or f"arg{k}" for k, a in enumerate(func.args)])
         bound_func = self.func or func
         seen = self._bound.setdefault(id(bound_func), {})  # a function's constraints are its own
         bound, env = bind_device_arguments(bound_func, args, constraints, sizes, seen)

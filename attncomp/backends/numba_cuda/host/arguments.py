@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.numba_cuda.host import arrays
-from attncomp.ir.binding import bind_arguments
+from attncomp.ir.binding import bind_arguments, refuse_grad
 from attncomp.ir.core import Func
 
 
@@ -30,6 +30,22 @@ def declared(x: Any) -> np.dtype | None:
     """The element type a device argument stands for, where its memory's type is not it (bf16 bits,
     8-bit codes)."""
     return x.dtype if isinstance(x, (arrays.Bf16Bits, arrays.CacheCodes)) else None
+
+
+def tensor_patterns(args: Sequence[Any], names: Sequence[str]) -> list[Any]:
+    """``args`` with each torch CUDA bf16 tensor as its 16-bit patterns (:class:`arrays.Bf16Bits` over an
+    int16 view: the array interface has no bf16); a device tensor that requires grad is refused naming
+    the argument (a call computes no gradient: ``fn.to_torch()`` does)."""
+    given = list(args)
+    for k, a in enumerate(given):
+        if getattr(a, "is_cuda", False) is not True or type(a).__module__.split(".")[0] != "torch":
+            continue
+        refuse_grad(a, names[k])
+        if str(a.dtype) == "torch.bfloat16":
+            import torch  # loaded already: a is one of its tensors
+
+            given[k] = arrays.Bf16Bits(a.view(torch.int16))
+    return given
 
 
 #: argument keys a function's binding remembers (``seen``)
