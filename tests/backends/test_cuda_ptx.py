@@ -598,7 +598,7 @@ def test_flashattention_pages_are_read_in_place_through_the_table(head_dim):
     spills a few bytes of the prefill kernel at 255 registers, as of the ragged paged kernels)."""
     pytest.importorskip("torch")  # attncomp.flash_attn's package imports it
     from attncomp.backends import numba_cuda
-    from attncomp.backends.numba_cuda.ptx import compile_ptx_for, local_memory_lines
+    from attncomp.backends.numba_cuda.ptx import local_memory_lines
     from attncomp.flash_attn.specs import flash_attention_paged
 
     module = ac.compile(flash_attention_paged, backend="interp", causal=True).for_dtype("bf16").module
@@ -610,7 +610,7 @@ def test_flashattention_pages_are_read_in_place_through_the_table(head_dim):
     if head_dim == 128:
         _check(impl, head_dim, [prefill, *decode])
     for kernel in (prefill, *decode):
-        for ptx in compile_ptx_for(kernel.py_func, kernel.signature, TARGETS, kernel.launch_bounds).values():
+        for ptx in _compiled(kernel, TARGETS).values():
             assert local_memory_lines(ptx) == []
             assert ("cp.async" in ptx) == (kernel is prefill)
 
