@@ -191,7 +191,9 @@ class FlashTiling(Pass):
     deterministic: bool = False
     #: every row's sums in an order fixed by the row alone (``key_split = N`` on ``ac.tile_grid``): its
     #: keys split into parts at multiples of ``N`` positions (:func:`key_split_of`), never by the
-    #: launch's size, each part's state merged in part order; the same bits whatever the batch
+    #: launch's size, each part's state merged in part order; the same bits whatever the batch.  Its
+    #: backward is ``deterministic`` too: gradients summed in an order that varies from run to run
+    #: could not be a sequence's own bits
     batch_invariant: bool = False
 
     def run(self, module: Module, remarks: list[str]) -> None:
@@ -207,9 +209,7 @@ class FlashTiling(Pass):
                 tile_attention(func.body, op, block_q, self.block_k, self.precision, split)
             for op in [o for o in func.body.ops if o.name == "ac.attention_grad"]:
                 guard_gathers(func.body, op)
-                if (
-                    tile_attention_grad(func.body, op, self.block_q, self.block_k, self.deterministic, self.precision)
-                    is None
-                ):
+                ordered = self.deterministic or self.batch_invariant
+                if tile_attention_grad(func.body, op, self.block_q, self.block_k, ordered, self.precision) is None:
                     remarks.append("flash-tiling: ac.attention_grad with q broadcast over batch axes is not tiled")
             remove_dead_ops(func.body)

@@ -1,6 +1,7 @@
 """``batch_invariant=True`` on the CUDA backend: a sequence's output bits are those it gets alone, in a
-plain call, a decoder step and a paged decoder step, in batches of 1, 3 and 6 ragged sequences, over
-other page layouts; the key splits at fixed positions, whatever the launch's size."""
+plain call, a decoder step and a paged decoder step, in batches of 1, 3 and 6 ragged sequences (its
+gradients in batches of 1 and 3), over other page layouts; the key splits at fixed positions,
+whatever the launch's size."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pytest
 
 import attncomp as ac
 from tests.cuda_sim.helpers import host, retyped
-from tests.e2e.batch_invariance import causal_gqa, decoder_steps, differing, paged_steps, plain_calls, ragged_gqa
+from tests.e2e.batch_invariance import (
+    causal_gqa,
+    decoder_steps,
+    differing,
+    gradient_calls,
+    paged_steps,
+    plain_calls,
+    ragged_gqa,
+)
 
 #: key blocks of 8, so that parts of the fixed key split (8 blocks: 64 keys) come at small sizes
 PIPELINE = "cse,softmax-fusion,flash-tiling{block_q=8,block_k=8},mask-elimination,canonicalize,cse,dce"
@@ -58,3 +67,11 @@ def test_bf16_paged_steps_on_tensor_cores():
     kernels = fn.paged_decoder(page_size=16, num_pages=8).paged.fn.program.attention[0]  # the servers' own
     assert kernels.last_choice.packed_heads and kernels.last_choice.async_copies
     assert differing(seen) == []
+
+
+def test_gradients():
+    """A sequence's dq, dk and dv have the bits it gets alone: batch invariance sums the backward's
+    gradients as ``deterministic=True`` does (no floating-point atomics, whose order varies)."""
+    fn = compiled(ragged_gqa)
+    assert "deterministic = true" in fn.backward.ir()
+    assert differing(gradient_calls(fn, host, 6, KEYS, batches=(1, 3))) == []
