@@ -1,10 +1,11 @@
 """8-bit key/value caches on the cuda backend (``fn.decoder(max_len, cache="f8e4m3" | "f8e5m2")``).
 
 The device holds the codes as bytes and a float32 scale per (token, head) row; appends quantise new
-rows in a kernel with the arithmetic of ``ir.quantized.quantize`` (the codes and scales are the CPU
-decoder's, bit for bit), and the scalar attention kernels decode the codes as they stage keys and
-values, times their row's scale.  Decoded steps agree with the float64 interpreter run on the
-dequantised cache at the CPU's tolerance (``tests/e2e/test_8bit_cache.py``)."""
+rows in a kernel with the arithmetic of ``ir.quantized.quantize`` (its codes and scales bit for bit,
+as the interpreter's decoder stores them and the CPU's, ``tests/e2e/test_8bit_cache.py``), and the
+scalar attention kernels decode the codes as they stage keys and values, times their row's scale.
+Decoded steps agree with the float64 interpreter run on the dequantised cache at the CPU's
+tolerance."""
 
 import ml_dtypes
 import numpy as np
@@ -52,7 +53,7 @@ def test_every_code_decodes_to_the_ml_dtypes_value_and_encodes_back(cache):
 
 @pytest.fixture(scope="module")
 def compiled():
-    return {backend: ac.compile(causal_gqa, backend=backend) for backend in ("cuda", "cpu")}
+    return {backend: ac.compile(causal_gqa, backend=backend) for backend in ("cuda", "interp")}
 
 
 def steps(fn, cache, q, k, v, cuts, dtype):
@@ -68,10 +69,11 @@ def on_host(dec) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_decode_steps_agree_with_the_interpreter_and_store_the_cpu_codes(compiled, cache, dtype):
+def test_decode_steps_agree_with_the_interpreter_and_store_its_codes(compiled, cache, dtype):
     """GQA (2 key/value heads, 2 query heads each): a prefill of 5 tokens, single tokens, and a step
-    of 3.  The codes are the CPU decoder's bit for bit and the scales equal; the outputs are the
-    interpreter's on the dequantised cache (float32's tolerance, bf16's for bf16 results)."""
+    of 3.  The codes are the interpreter's decoder's (``ir.quantized.quantize``'s) bit for bit and the
+    scales equal; the outputs are the interpreter's on the dequantised cache (float32's tolerance,
+    bf16's for bf16 results)."""
     rng = np.random.default_rng(len(cache) + len(dtype))
     kv, group, d, n = 2, 2, 16, 10
     floats = NUMPY_DTYPES[dtype]
@@ -82,7 +84,7 @@ def test_decode_steps_agree_with_the_interpreter_and_store_the_cpu_codes(compile
     got, dec = steps(compiled["cuda"], cache, q, k, v, cuts, dtype)
     assert isinstance(dec.cache["k_cache"], arrays.CacheCodes)
     stored = on_host(dec)
-    _, reference = steps(compiled["cpu"], cache, q, k, v, cuts, dtype)
+    _, reference = steps(compiled["interp"], cache, q, k, v, cuts, dtype)
     for name, want in on_host(reference).items():
         assert stored[name].dtype == want.dtype, name
         np.testing.assert_array_equal(stored[name].view(np.uint8), want.view(np.uint8), err_msg=name)
@@ -109,13 +111,13 @@ def test_the_device_cache_takes_about_half_the_bytes_of_a_bf16_one(compiled):
 @pytest.mark.parametrize("cache", CACHES)
 def test_8bit_pages_agree_with_the_interpreter_on_the_dequantised_pool(compiled, cache):
     """A paged decoder with 8-bit pages on the device: codes as bytes and a float32 scale per
-    (token, head) row, the CPU pool's bit for bit; two ragged sequences and a fork (its shared last
-    page copied when it appends), in pages out of order, each step as the interpreter computes it
-    on the dequantised pool."""
+    (token, head) row, the interpreter's pool's bit for bit (``ir.quantized.quantize``'s); two ragged
+    sequences and a fork (its shared last page copied when it appends), in pages out of order, each
+    step as the interpreter computes it on the dequantised pool."""
     from tests.e2e.test_8bit_pages import Served
 
     got, pools = {}, {}
-    for backend in ("cuda", "cpu"):
+    for backend in ("cuda", "interp"):
         s = Served(compiled[backend], cache, 2, 16, page_size=4, num_pages=16, seed=5)
         a, b = s.new(), s.new()
         s.step({a: 9, b: 3})
@@ -125,7 +127,7 @@ def test_8bit_pages_agree_with_the_interpreter_on_the_dequantised_pool(compiled,
         got[backend], pools[backend] = s, s.srv.pool
     s = got["cuda"]
     assert isinstance(pools["cuda"].arrays[0], arrays.CacheCodes)
-    for mine, theirs in zip(pools["cuda"].host_arrays(), pools["cpu"].host_arrays()):
+    for mine, theirs in zip(pools["cuda"].host_arrays(), pools["interp"].host_arrays()):
         assert mine.dtype == theirs.dtype
         np.testing.assert_array_equal(mine.view(np.uint8), theirs.view(np.uint8))
     for seq, last in ((a, 3), (b, 3), (f, 4)):
