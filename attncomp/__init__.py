@@ -29,6 +29,7 @@ from attncomp.functions import (
     random,
     repeat_kv,
     rsqrt,
+    sigmoid,
     sin,
     softmax,
     sqrt,
@@ -41,8 +42,8 @@ from attncomp.plot import plot_attention
 __version__ = "0.1.0"
 
 SPEC_FUNCTIONS = (
-    "abs concat cos dropout exp index log logsumexp max maximum mean min minimum page_view random repeat_kv rsqrt sin "
-    "softmax sqrt sum tanh where"
+    "abs concat cos dropout exp index log logsumexp max maximum mean min minimum page_view random repeat_kv rsqrt "
+    "sigmoid sin softmax sqrt sum tanh where"
 ).split()
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "random",
     "repeat_kv",
     "rsqrt",
+    "sigmoid",
     "sin",
     "softmax",
     "spec",

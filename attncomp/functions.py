@@ -49,6 +49,12 @@ rsqrt = _unary("ac.rsqrt", "rsqrt")
 abs = _unary("ac.abs", "abs")  # noqa: A001 - the DSL's name
 
 
+def sigmoid(x: Any) -> Tensor:
+    """Elementwise logistic function ``1 / (1 + exp(-x))``, traced as those ops (a gate on the scores,
+    ``torch.sigmoid`` in a FlexAttention score_mod); its gradient follows from theirs."""
+    return 1.0 / (1.0 + exp(-_need_tracer("sigmoid", x).lift(x)))
+
+
 def maximum(a: Any, b: Any) -> Tensor:
     """Elementwise maximum."""
     tracer = _need_tracer("maximum", a, b)

@@ -30,10 +30,6 @@ TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64
 TYPES["bool"] = "bool_"
 
 
-def _sigmoid(x: Any) -> Any:
-    return 1.0 / (1.0 + ac.exp(-x))
-
-
 #: an expression's operations (recording.OPS) as the DSL computes them
 DSL = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
@@ -41,7 +37,7 @@ DSL = {
     "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne, "and": operator.and_,
     "or": operator.or_, "xor": operator.ne, "neg": operator.neg, "abs": ac.abs, "invert": operator.invert,
     "exp": ac.exp, "log": ac.log, "tanh": ac.tanh, "sqrt": ac.sqrt, "rsqrt": ac.rsqrt, "sin": ac.sin, "cos": ac.cos,
-    "sigmoid": _sigmoid, "maximum": ac.maximum, "minimum": ac.minimum, "where": ac.where,
+    "sigmoid": ac.sigmoid, "maximum": ac.maximum, "minimum": ac.minimum, "where": ac.where,
     "float": lambda x: x.astype(ac.f32), "int": lambda x: x.astype(ac.i32),
 }  # fmt: skip
 

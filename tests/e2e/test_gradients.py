@@ -320,3 +320,36 @@ def test_deterministic_is_a_no_op_on_the_cpu():
     d_out = rng.standard_normal((1, 2, 70, 8)).astype(np.float32)
     for got, want in zip(fn.vjp(*args)[1](d_out), default.vjp(*args)[1](d_out)):
         assert got.tobytes() == want.tobytes()
+
+
+@ac.spec
+def sigmoid_gated(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], gate: ac.f32["H"]
+):
+    """Causal attention whose scores each head scales by a learned gate in (0, 1)."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = ac.where(j <= i, s * ac.sigmoid(gate[h]), -ac.inf)
+    return ac.softmax(s, axis=-1) @ v
+
+
+def test_a_sigmoid_gate_fuses_and_its_gradient_matches_the_interpreter():
+    """``ac.sigmoid`` inside the scores: one fused attention on the cpu, its output the formula's
+    (``scipy.special.expit``) and every gradient, the gate's included, the interpreter's."""
+    from scipy.special import expit
+
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 2, 37, 8)).astype(np.float32) for _ in range(3))
+    gate = np.array([-1.5, 2.0], np.float32)
+    fn = ac.compile(sigmoid_gated, backend="cpu")
+    assert fn.ir("softmax-fusion").count("ac.attention ") == 1
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) / np.sqrt(8) * expit(gate)[None, :, None, None]
+    s = np.where(np.tril(np.ones((37, 37), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    out, pullback = fn.vjp(q, k, v, gate)
+    assert relative_error(out, want) < 1e-5
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    _, reference = ac.compile(sigmoid_gated, backend="interp").vjp(q, k, v, gate)
+    for got, expected in zip(pullback(d_out), reference(d_out)):
+        assert relative_error(got, expected) < 1e-4

@@ -14,6 +14,7 @@ from attncomp.testing import directional_derivatives
 @ac.spec
 def elementwise(x: ac.f64["T", "D"], y: ac.f64["T", "D"], w: ac.f64["D"]):
     a = ac.abs(x) + ac.log(ac.abs(y) + 1.0) + ac.tanh(x * y) + ac.sqrt(x * x + 1.0) + ac.rsqrt(y * y + 2.0)
+    a = a + ac.sigmoid(x - w)
     b = ac.sin(x) * ac.cos(y) - ac.exp(-x * x) / (y * y + 1.0)
     c = ac.maximum(x, y) + ac.minimum(x, w) + (x + 3.0) % (ac.abs(y) + 1.5) + (ac.abs(x) + 1.0) ** (y * 0.5)
     d = ac.where(x > y, x * 2.0, -y) + (x // 1.0) + (-x)
