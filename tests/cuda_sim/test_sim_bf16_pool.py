@@ -145,6 +145,20 @@ def test_patterns_are_never_read_as_float32():
         bf16.run([*on_device[:3], strided])
 
 
+def test_a_decoder_step_takes_bf16_patterns_on_the_device():
+    """``fn.decoder`` steps given their bf16 inputs as device patterns (``Bf16Bits``, what a torch CUDA
+    bf16 tensor passed to a call becomes) read their shapes as bf16 and give the host call's bits."""
+    rng = np.random.default_rng(2)
+    fn = ac.compile(alibi, backend="cuda")
+    steps = [tokens(rng, 5), tokens(rng, 1)]
+    on_host, on_device = fn.decoder(8, dtype="bf16"), fn.decoder(8, dtype="bf16")
+    for step in steps:
+        want = on_host(*step)
+        got = on_device(*(Bf16Bits(cuda.to_device(x.view(np.uint16))) for x in step))
+        assert isinstance(got, Bf16Bits)
+        np.testing.assert_array_equal(got.copy_to_host().view(np.uint16), want.view(np.uint16))
+
+
 # decoders whose keys and values are computed -------------------------------------------------
 def test_computed_keys_are_cached_rounded_to_bf16():
     """Projected, rotated and normed keys (computed in float32) are appended rounded to bf16: the cache

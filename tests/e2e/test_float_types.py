@@ -181,9 +181,9 @@ def test_a_bf16_paged_pool(generic_cpu, generic_interp):
 
 
 def test_torch_bf16_tensors_passed_to_a_call(generic_cpu, generic_interp):
-    """torch's CPU bf16 tensors (a strided one too) go to ``fn(...)`` as numpy's bf16 views of their
-    memory, and the result is bf16; a tensor that requires grad is refused naming it (``fn.to_torch()``
-    computes gradients)."""
+    """torch's CPU bf16 tensors (a strided one too) go to ``fn(...)`` and a decoder's steps as numpy's
+    bf16 views of their memory, and the result is bf16; a tensor that requires grad is refused naming
+    it (``fn.to_torch()`` computes gradients)."""
     torch = pytest.importorskip("torch")
     inputs = alibi_inputs("bf16")
     tensors = [torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) for x in inputs]
@@ -192,6 +192,9 @@ def test_torch_bf16_tensors_passed_to_a_call(generic_cpu, generic_interp):
         got = fn(*tensors)
         assert got.dtype == BF16
         assert worst_error([got], exact_of(generic_interp, "bf16", inputs)) < TOLERANCE["bf16"]
+    prefill = generic_cpu.decoder(32, dtype="bf16")(*tensors)  # a decoder's step takes them too
+    assert prefill.dtype == BF16
+    assert worst_error([prefill], exact_of(generic_interp, "bf16", inputs)) < TOLERANCE["bf16"]
     with pytest.raises(TypeError, match=r"^q: a tensor that requires grad.*q\.detach\(\)"):
         generic_cpu(tensors[0].clone().requires_grad_(), *tensors[1:])
     with pytest.raises(TypeError, match=r"^v: expected bf16"):  # the others' float type

@@ -167,8 +167,9 @@ def test_training_follows_the_same_path_as_sdpa():
 
 
 def test_bf16_tensors_passed_to_a_call():
-    """torch CUDA bf16 tensors go to ``fn(...)`` as their 16-bit patterns (the array interface has no
-    bf16): the result is the torch op's; a tensor that requires grad is refused naming it."""
+    """torch CUDA bf16 tensors go to ``fn(...)`` and to a decoder's steps as their 16-bit patterns (the
+    array interface has no bf16): the result is the torch op's; a tensor that requires grad is refused
+    naming it."""
     from tests.passes.specs import generic_alibi
 
     fn = ac.compile(generic_alibi, backend="cuda")
@@ -180,3 +181,5 @@ def test_bf16_tensors_passed_to_a_call():
     assert _relative(torch.from_numpy(got.astype("float32")), want.float().cpu()) < 1e-2
     with pytest.raises(TypeError, match=r"^k: a tensor that requires grad"):
         fn(q, k.clone().requires_grad_(), v, slopes)
+    prefill = fn.decoder(256, dtype="bf16")(q, k, v, slopes).copy_to_host()  # a decoder's step takes them too
+    assert _relative(torch.from_numpy(prefill.astype("float32")), want.float().cpu()) < 1e-2

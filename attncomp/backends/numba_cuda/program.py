@@ -202,12 +202,14 @@ class CudaFunction(Program):
         return arrays.sliced(x, index)
 
     def shape_view(self, x: Any, name: str) -> Any:
-        """What the shared shape checks read: a stand-in for a device array (no copy), else numpy."""
+        """What the shared shape checks read: a stand-in for a device array (no copy) of the element type
+        it stands for (bf16 for bf16 patterns, a torch CUDA bf16 tensor's too), else numpy."""
         from attncomp.backends.numba_cuda.host import arrays
-        from attncomp.backends.numba_cuda.host.arguments import stand_in
+        from attncomp.backends.numba_cuda.host.arguments import declared, stand_in, tensor_patterns
         from attncomp.ir.binding import as_array
 
-        return stand_in(arrays.device_view(x)) if arrays.is_device(x) else as_array(x, name)
+        (x,) = tensor_patterns([x], [name])
+        return stand_in(arrays.device_view(x), declared(x)) if arrays.is_device(x) else as_array(x, name)
 
     def outputs_for(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         """Results on the host when every input was, else where the kernels left them."""
