@@ -45,6 +45,11 @@ from attncomp.ir.types import NUMPY_DTYPES
 from attncomp.testing import TOLERANCE, directional_derivatives, interpret_float64, worst_error
 
 BLOCKS = [(4, 4), (4, 8), (8, 4), (16, 16), (64, 64)]
+#: the pipeline of a bf16 case drawn without one: an unfused bf16 graph stores every intermediate in
+#: bf16, as eager frameworks do, so its error against the float64 meaning grows with the spec's own
+#: conditioning (bf16 scores scaled by 25: 0.22 relative, seed 20261201) and no bound fits the type;
+#: fused, the scores are computed in float32 from the bf16 inputs and rounded once (0.0036 there)
+BF16_UNFUSED = "softmax-fusion"
 
 SCORE_MODS = {
     "scale": "s = s * {c}",
@@ -375,7 +380,7 @@ def fuzz(
                 bound = 1e-5 if paths_backend == "interp" else 1e-4
                 problem = run_paths(case, lambda c: load_case(c, directory), count[0], paths_backend, bound)
             if problem is None and "cpu" in backends:  # the same case in bf16 (no finite differences there)
-                case = replace(case, dtype="bf16")
+                case = replace(case, dtype="bf16", pipeline=case.pipeline or BF16_UNFUSED)
                 problem = run_case(case, directory, ("cpu",), seed=count[0], gradients=False)
             if verbose:
                 print(f"case {count[0]}: {'ok' if problem is None else problem}", file=sys.stderr)
