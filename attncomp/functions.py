@@ -50,9 +50,17 @@ abs = _unary("ac.abs", "abs")  # noqa: A001 - the DSL's name
 
 
 def sigmoid(x: Any) -> Tensor:
-    """Elementwise logistic function ``1 / (1 + exp(-x))``, traced as those ops (a gate on the scores,
-    ``torch.sigmoid`` in a FlexAttention score_mod); its gradient follows from theirs."""
-    return 1.0 / (1.0 + exp(-_need_tracer("sigmoid", x).lift(x)))
+    """Elementwise logistic function ``1 / (1 + exp(-x))`` (a gate on the scores, ``torch.sigmoid`` in a
+    FlexAttention score_mod), traced as ops whose gradients follow: with ``e = exp(-|x|)`` in (0, 1],
+    ``1 / (1 + e)`` where ``x >= 0`` and ``e / (1 + e)`` elsewhere, so that nothing overflows, forward
+    or backward (``exp(-x)`` is infinite in float32 below -88, and its gradient NaN); ``-|x|`` is a
+    choice between ``-x`` and ``x`` made by the same condition, so that at 0 its gradient is the
+    branch's (an ``abs`` would give 0 there, and the gradient at 0 a quarter too little)."""
+    x = _need_tracer("sigmoid", x).lift(x)
+    right = x >= 0.0
+    e = exp(where(right, -x, x))
+    r = 1.0 / (1.0 + e)
+    return where(right, r, e * r)
 
 
 def maximum(a: Any, b: Any) -> Tensor:

@@ -117,6 +117,18 @@ def test_alibi_slopes_get_their_gradient():
     _check(got, want, args)
 
 
+def test_a_sigmoid_gate_on_the_scores_gets_its_gradient():
+    """``ac.sigmoid`` (a choice between two finite branches) inside the score region, a gate per
+    head: 0 (its gradient at the choice's edge) and a large negative one."""
+    from tests.passes.specs import sigmoid_gated
+
+    rng = np.random.default_rng(2)
+    args = [normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 35, 8)]
+    args.append(np.array([0.0, -120.0], dtype=np.float32))
+    got, want = _gradients(sigmoid_gated, args, [normal(rng, 1, 2, 35, 8)])
+    _check(got, want, args)
+
+
 def test_a_learnable_temperature_read_at_no_index():
     """A 0-d site: every score's contribution sums into one number."""
     from tests.passes.specs import learned_temperature

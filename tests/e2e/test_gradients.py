@@ -322,21 +322,12 @@ def test_deterministic_is_a_no_op_on_the_cpu():
         assert got.tobytes() == want.tobytes()
 
 
-@ac.spec
-def sigmoid_gated(
-    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], gate: ac.f32["H"]
-):
-    """Causal attention whose scores each head scales by a learned gate in (0, 1)."""
-    s = (q @ k.mT) * q.shape[-1] ** -0.5
-    b, h, i, j = ac.index(s)
-    s = ac.where(j <= i, s * ac.sigmoid(gate[h]), -ac.inf)
-    return ac.softmax(s, axis=-1) @ v
-
-
 def test_a_sigmoid_gate_fuses_and_its_gradient_matches_the_interpreter():
     """``ac.sigmoid`` inside the scores: one fused attention on the cpu, its output the formula's
     (``scipy.special.expit``) and every gradient, the gate's included, the interpreter's."""
     from scipy.special import expit
+
+    from tests.passes.specs import sigmoid_gated
 
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((1, 2, 37, 8)).astype(np.float32) for _ in range(3))

@@ -143,3 +143,14 @@ def block_table(
     b, h, i, j = ac.index(s)
     code = table[h, i // rows, j // cols]
     return ac.softmax(ac.where((code == 2) | ((code == 1) & (j <= i)), s, -ac.inf)) @ v
+
+
+@ac.spec
+def sigmoid_gated(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "D"], gate: ac.f32["H"]
+):
+    """Causal attention whose scores each head scales by a learned gate in (0, 1)."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    s = ac.where(j <= i, s * ac.sigmoid(gate[h]), -ac.inf)
+    return ac.softmax(s, axis=-1) @ v

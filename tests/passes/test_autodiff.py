@@ -85,3 +85,23 @@ def test_the_rules_cover_every_graph_op():
         )
     }
     assert sorted(graph_ops - set(RULES) - NO_GRADIENT) == []
+
+
+@ac.spec
+def gate(x: ac.f32["N"]):
+    return ac.sigmoid(x)
+
+
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_sigmoid_and_its_gradient_hold_in_both_tails_and_at_zero(backend):
+    """``ac.sigmoid`` never overflows: far in either tail its value and gradient are finite and right
+    (``1 / (1 + exp(-x))`` gives a NaN gradient below -88 in float32), and at 0 the gradient is 1/4."""
+    x = np.array([-1000.0, -100.0, -20.0, -1.5, 0.0, 0.7, 20.0, 100.0, 1000.0], np.float32)
+    out, pullback = ac.compile(gate, backend=backend, pipeline="").vjp(x)
+    (grad,) = pullback(np.ones_like(out))
+    e = np.exp(-np.abs(x.astype(np.float64)))  # sigmoid(x) (1 - sigmoid(x)) = e / (1 + e)^2, stably
+    want = np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    assert np.all(np.isfinite(grad))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-44)
+    np.testing.assert_allclose(grad, e / (1 + e) ** 2, rtol=1e-6, atol=1e-44)
+    assert grad[4] == 0.25
