@@ -7,7 +7,7 @@
 
 Hypothesis draws random specs from a grammar of score modifications (scales,
 per-head biases from a captured tensor, soft-capping, a relative-position
-table, an additive bias tensor, and gathers that may leave their table: an unclamped
+table, an additive bias tensor, a sigmoid gate of the scores, and gathers that may leave their table: an unclamped
 relative position, two slopes read by every head, a table read at document ids) and
 masks (affine conditions on i and j
 combined with & | ~, key lengths, document ids and tables of blocks from captured tensors),
@@ -57,6 +57,7 @@ SCORE_MODS = {
     "softcap": "s = {c} * ac.tanh(s / {c})",
     "relative": "s = s + table[ac.minimum(ac.maximum(i - j + 3, 0), 6)]",
     "bias": "s = s + bias[b, h, i, j]",
+    "gated": "s = s * ac.sigmoid(s - {c})",
     # gathers that leave their source for some sizes or inputs
     "unclamped": "s = s + table[i - j + {n}]",
     "two_slopes": "s = s + two[h] * (j - i)",
@@ -75,7 +76,7 @@ DATA_ATOMS = {"lengths": "j < lengths[b]", "doc": "doc[b, i] == doc[b, j]"}
 #: a table of blocks of {r} queries by {c} keys (FlexAttention's block lists), its shape read from the first
 BLOCKS_ATOM = "blocks[h, i // {r}, j // {c}] > 0"
 _BLOCKS = re.compile(r"blocks\[h, i // (\d+), j // (\d+)\]")
-_SCALED = re.compile(r"s = s \* (\S+)")
+_SCALED = re.compile(r"s = s \* (-?[0-9.]+)")
 #: the largest :attr:`Case.gain`: float32 bounds reach 2e-2, well under the errors of a wrong result
 MOST_GAIN = 200.0
 
