@@ -16,13 +16,18 @@ from attncomp.ir.types import NUMPY_DTYPES, TensorType, category, dtype_of_numpy
 def as_array(value: Any, name: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
-    if type(value).__module__.split(".")[0] == "torch":
+    if is_torch_tensor(value):
         return tensor_array(value, name)
     if hasattr(value, "__array__") or isinstance(value, (int, float, bool, list, tuple)):
         return np.asarray(value)
     if hasattr(value, "__dlpack__"):
         return np.from_dlpack(value)
     raise TypeError(f"{name}: expected an array, got {type(value).__name__}")
+
+
+def is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (told by its type's package: torch is never imported here)."""
+    return type(value).__module__.split(".")[0] == "torch"
 
 
 def tensor_array(value: Any, name: str) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attncomp.backends.numba_cuda.host import arrays
-from attncomp.ir.binding import bind_arguments, refuse_grad
+from attncomp.ir.binding import bind_arguments, is_torch_tensor, refuse_grad
 from attncomp.ir.core import Func
 
 
@@ -38,7 +38,7 @@ def tensor_patterns(args: Sequence[Any], names: Sequence[str]) -> list[Any]:
     the argument (a call computes no gradient: ``fn.to_torch()`` does)."""
     given = list(args)
     for k, a in enumerate(given):
-        if getattr(a, "is_cuda", False) is not True or type(a).__module__.split(".")[0] != "torch":
+        if not is_torch_tensor(a) or not a.is_cuda:
             continue
         refuse_grad(a, names[k])
         if str(a.dtype) == "torch.bfloat16":
