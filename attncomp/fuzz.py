@@ -12,7 +12,8 @@ relative position, two slopes read by every head, a table read at document ids) 
 masks (affine conditions on i and j
 combined with & | ~, key lengths, document ids and tables of blocks from captured tensors),
 random sizes (not multiples of the blocks, single rows, rows that see no
-key) and random pipelines.  Where the reference interpreter raises ``IndexError``
+key), random pipelines, and a third of the cases sigmoid attention (``ac.sigmoid(s) @ v``, no
+softmax).  Where the reference interpreter raises ``IndexError``
 (a gather out of range), every stage and backend must raise it too, naming the
 same axis, size and index.  Otherwise each case runs the reference interpreter on the
 traced graph and on the IR after every pass, checks the gradients (the
@@ -95,6 +96,8 @@ class Case:
     top: bool = False
     #: the float type of q, k, v and the float tables (the CPU slice also runs each case in bf16)
     dtype: str = "f32"
+    #: sigmoid attention, ``ac.sigmoid(s) @ v`` (masked scores -inf: weights 0), instead of the softmax
+    sigmoid: bool = False
 
     @property
     def gain(self) -> float:
@@ -131,7 +134,7 @@ class Case:
         body = ["s = (q @ k.mT) * q.shape[-1] ** -0.5", "b, h, i, j = ac.index(s)", *self.score]
         if self.mask:
             body.append(f"s = ac.where({self.mask}, s, -ac.inf)")
-        results = ["ac.softmax(s, axis=-1) @ v"]
+        results = ["ac.sigmoid(s) @ v" if self.sigmoid else "ac.softmax(s, axis=-1) @ v"]
         results += ["ac.max(s, axis=-1)"] * self.top + ["ac.logsumexp(s, axis=-1)"] * self.lse
         body.append(f"return {', '.join(results)}")
         signature = ",\n    ".join(params)
@@ -352,16 +355,19 @@ def strategies():
     def fix(case: Case) -> Case:
         if "doc[" in (case.mask or "") + "".join(case.score):  # document ids index both axes: self-attention
             case.sizes["S"] = case.sizes["T"]
+        if case.sigmoid:  # its weights have no log-sum-exp or max of their own
+            case.lse = case.top = False
         return case
 
     return st.builds(
-        lambda sc, m, sz, p, lse, top: fix(Case(sc, m, dict(sz), p, lse=lse, top=top)),
+        lambda sc, m, sz, p, lse, top, sig: fix(Case(sc, m, dict(sz), p, lse=lse, top=top, sigmoid=sig)),
         score,
         st.one_of(st.none(), mask),
         sizes,
         pipeline,
         st.booleans(),
         st.booleans(),
+        st.sampled_from([False, False, True]),  # a third of the cases are sigmoid attention
     )
 
 

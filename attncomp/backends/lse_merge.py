@@ -9,7 +9,9 @@ LSE ``m + log l``.  With ``M = max m_s``:
     out = sum exp(m_s - M) acc_s / sum exp(m_s - M) l_s
     lse = M + log(sum exp(m_s - M) l_s)
 
-A row no key reaches (every ``m_s = -inf``) is zeros with LSE ``-inf``.
+A row no key reaches (every ``m_s = -inf``) is zeros with LSE ``-inf``.  Unnormalised parts
+(sigmoid attention: ``normalized = false``) are sums of ``exp(score) v`` with nothing to divide by:
+``out = sum exp(m_s - M) acc_s * exp(M)``, and finished ones add up.
 
 Three places merge: the CPU and CUDA kernels' key splits (flash-decoding),
 written as generated source by :func:`write_merge` from a
@@ -55,6 +57,8 @@ class MergeSpelling:
     first: str | None = None
     #: where the merged row's max score goes (the parts' largest maximum, in natural units), if returned
     top: str | None = None
+    #: False: the parts are unnormalised (sigmoid attention), the output ``acc exp(M)``
+    normalized: bool = True
 
 
 def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
@@ -74,7 +78,10 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
     w.line(f"for sp in range({parts}):")
     with w.indent():
         w.line(f"total += {weight('sp')} * {how.l.format(s='sp')}")
-    w.line("denominator = total if total != 0.0 else ACC(1.0)")
+    if how.normalized:
+        w.line("denominator = total if total != 0.0 else ACC(1.0)")
+    else:
+        w.line(f"denominator = {natural_exp('-top_safe', how.to_natural)}  # acc exp(M): nothing to divide by")
     loop = how.features is not None
     if loop:
         w.line(f"for e in range({how.features}):")
@@ -92,6 +99,11 @@ def write_merge(w: SourceWriter, spelling: MergeSpelling) -> None:
     if how.top is not None:
         stores.append(f"{how.top} = ACC(-np.inf) if total == 0.0 else top{how.to_natural}")
     _store_rows(w, stores, how.lse_when)
+
+
+def natural_exp(x: str, to_natural: str) -> str:
+    """``exp`` of a maximum ``x`` given in the kernel's unit (``to_natural``: what turns it natural)."""
+    return f"ACC(math.exp(({x}){to_natural}))"
 
 
 def _store_rows(w: SourceWriter, stores: list[str], when: str | None) -> None:
@@ -116,11 +128,17 @@ def write_finish(
     to_natural: str = "",
     lse_when: str | None = None,
     top: str | None = None,
+    normalized: bool = True,
 ) -> None:
     """One part's state finished (a merge of one): ``out = acc / l``, ``lse = m + log l`` and (where
     ``top`` is given) the row's max score ``m``; a row with no visible key (``l = 0``) gets zeros and
-    ``-inf``.  ``store_outputs(denominator)`` writes the output stores in the writer's layout."""
-    w.line(f"denominator = {l} if {l} != 0.0 else ACC(1.0)")
+    ``-inf``.  ``store_outputs(denominator)`` writes the output stores in the writer's layout.
+    Unnormalised (``normalized=False``, sigmoid attention): ``out = acc exp(m)``, the denominator
+    ``exp(-m)`` (infinite for a row with no visible key, whose ``acc`` is 0)."""
+    if normalized:
+        w.line(f"denominator = {l} if {l} != 0.0 else ACC(1.0)")
+    else:
+        w.line(f"denominator = {natural_exp(f'-{m}', to_natural)}  # acc exp(m): nothing to divide by")
     store_outputs("denominator")
     stores = []
     if lse is not None:
@@ -130,13 +148,14 @@ def write_finish(
     _store_rows(w, stores, lse_when)
 
 
-def merge_partials(*partials: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+def merge_partials(*partials: tuple[np.ndarray, ...], normalized: bool = True) -> tuple[np.ndarray, ...]:
     """Combine finished (output, LSE) pairs over disjoint key sets into one, by their log-sum-exp.
 
     Each output is a softmax-weighted mean over its keys, and its LSE the log of the weights'
     sum, so the merged output weighs each by ``exp(lse - max lse)``.  In float64; rows no key
     reaches (every LSE -inf) stay zero with LSE -inf.  Partials of three (output, LSE, each
-    row's max score) merge their maxima too: the largest.
+    row's max score) merge their maxima too: the largest.  ``normalized=False``: the outputs are
+    unnormalised (sigmoid attention's sums over their keys), and add up.
     """
     dtype = partials[0][0].dtype
     lses = np.stack([np.asarray(part[1], dtype=np.float64) for part in partials])
@@ -146,7 +165,10 @@ def merge_partials(*partials: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     total = weights.sum(axis=0)
     out = sum(w[..., None] * np.asarray(part[0], dtype=np.float64) for w, part in zip(weights, partials))
     reached = total > 0
-    out = out / np.where(reached, total, 1.0)[..., None]
+    if normalized:
+        out = out / np.where(reached, total, 1.0)[..., None]
+    else:  # unnormalised parts (sigmoid attention): sums over their keys, which add up
+        out = sum(np.asarray(part[0], dtype=np.float64) for part in partials)
     lse = np.where(reached, safe + np.log(np.where(reached, total, 1.0)), -np.inf)
     merged = (out.astype(dtype), lse.astype(np.asarray(partials[0][1]).dtype))
     if len(partials[0]) == 3:  # each row's max score: the parts' largest

@@ -71,14 +71,21 @@ class TiledAttention:
         """Whether the grid also returns each row's max score, as its last result."""
         return bool(self.grid.attrs.get("with_max", False))
 
-    def row_stores(self, index: str) -> dict[str, str | None]:
-        """Where a kernel (outputs ``out_0``, ``out_1``, ...) stores a row's log-sum-exp and max score
-        (``index``: the row's), None for those the grid does not return: ``lse_merge``'s ``lse`` and ``top``."""
+    def row_stores(self, index: str) -> dict:
+        """What a kernel's finish and merge (``lse_merge``) take from the grid, its outputs ``out_0``,
+        ``out_1``, ...: where a row's log-sum-exp and max score go (``index``: the row's; None for those
+        the grid does not return): ``lse`` and ``top``; and whether the output is normalised."""
         last = len(self.grid.results) - 1
         return {
             "lse": f"out_1[{index}]" if self.with_lse else None,
             "top": f"out_{last}[{index}]" if self.with_max else None,
+            "normalized": self.normalized,
         }
+
+    @property
+    def normalized(self) -> bool:
+        """Whether the output is ``acc / l`` (softmax); False: ``acc exp(m)`` (sigmoid attention)."""
+        return bool(self.grid.attrs.get("normalized", True))
 
     @property
     def weighted(self) -> bool:

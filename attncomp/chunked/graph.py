@@ -240,11 +240,12 @@ class GraphBuilder:
     def merge_tree(self, keys: list[tuple], where: tuple[int, ...]) -> tuple | None:
         """Pairwise log-sum-exp merges, level by level: depth ceil(log2(len(keys)))."""
         level = 0
+        merge = tasks.merge if self.plan.normalized else tasks.merge_sums
         while len(keys) > 1:
             merged = []
             for n in range(0, len(keys) - 1, 2):
                 key = (f"attncomp-merge-{self.token}", *where, level, n // 2)
-                self.layer[key] = (tasks.merge, keys[n], keys[n + 1])
+                self.layer[key] = (merge, keys[n], keys[n + 1])
                 merged.append(key)
             if len(keys) % 2:
                 merged.append(keys[-1])

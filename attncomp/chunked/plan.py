@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from attncomp.chunked.tasks import PartRef, register
 from attncomp.compilation import Compilation
 from attncomp.ir.core import Op, Value
+from attncomp.ir.ops.attention import normalized
 from attncomp.ir.parser import parse_ir
 from attncomp.passes.base import Pass
 from attncomp.passes.chunk_pairs import fused_attention, split_axes
@@ -99,6 +100,8 @@ class ChunkPlan:
     returns: list[str] | None = None
     #: whether the attention also gives each row's max score (a chunk pair's third result)
     with_max: bool = False
+    #: False: sigmoid attention's unnormalised partial results, which add up (``lse_merge``)
+    normalized: bool = True
     #: (block_q, block_k) -> the attention part tiled one tile per chunk pair, in the interpreter
     classifiers: dict[tuple[int, int], Compilation] = field(default_factory=dict)
     _ragged: dict[str, Part] = field(default_factory=dict)
@@ -141,6 +144,7 @@ class ChunkPlan:
         plan.direct = {"q": args.get(q), "k": args.get(k), "v": args.get(v)}
         mask_yield = attn.regions[1].ops[-1].operands[0]
         plan.masked_by_spec = constant_value(mask_yield) is not True
+        plan.normalized = normalized(attn)
 
         text = str(fn.input)
         plan.attention = plan._part(text, "attention")

@@ -72,3 +72,8 @@ def no_keys(out_shape: tuple[int, ...], dtypes: tuple[str, ...]) -> tuple[np.nda
 
 #: a merge task: finished (output, LSE[, max]) partials combined by their log-sum-exp
 merge = merge_partials
+
+
+def merge_sums(*partials: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """A merge task of unnormalised partials (sigmoid attention's): their outputs add up."""
+    return merge_partials(*partials, normalized=False)

@@ -17,10 +17,11 @@ def run_part(torch: Any, compiled: Compilation, tensors: Sequence[Any], sizes: d
     return run_tensors(torch, compiled, tensors, sizes)
 
 
-def merge(torch: Any, acc: tuple[Any, ...] | None, part: tuple[Any, ...]) -> tuple[Any, ...]:
+def merge(torch: Any, acc: tuple[Any, ...] | None, part: tuple[Any, ...], normalized: bool = True) -> tuple[Any, ...]:
     """Two (output, LSE) partials over disjoint keys as one, in float32; rows no key reaches
     (both LSEs -inf) stay zero with LSE -inf.  Partials of three (with each row's max score)
-    keep the larger max."""
+    keep the larger max.  ``normalized=False``: unnormalised partials (sigmoid attention's), whose
+    outputs add up."""
     out, lse = part[0].float(), part[1].float()
     tops = (part[2].float(),) if len(part) == 3 else ()
     if acc is None:
@@ -32,6 +33,9 @@ def merge(torch: Any, acc: tuple[Any, ...] | None, part: tuple[Any, ...]) -> tup
     w_acc, w_new = torch.exp(acc[1] - safe), torch.exp(lse - safe)
     total = w_acc + w_new
     reached = total > 0
-    merged = (w_acc[..., None] * acc[0] + w_new[..., None] * out) / torch.where(reached, total, 1.0)[..., None]
+    if normalized:
+        merged = (w_acc[..., None] * acc[0] + w_new[..., None] * out) / torch.where(reached, total, 1.0)[..., None]
+    else:
+        merged = acc[0] + out
     merged_lse = torch.where(reached, safe + torch.log(torch.where(reached, total, 1.0)), float("-inf"))
     return (merged, merged_lse, *tops)

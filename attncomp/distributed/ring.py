@@ -81,7 +81,7 @@ def forward(torch: Any, comm: Comm, step: Step, q: Any, k: Any, v: Any) -> tuple
             reads = [step.captured[name] for name in part.reads]
             pieces = [_piece(q, m, chunk), _piece(kv[0], n, chunk), _piece(kv[1], n, chunk), *reads]
             found = run_part(torch, part.forward, pieces, step.pair_sizes(qc, kc))
-            partial[qc] = merge(torch, partial[qc], tuple(found))
+            partial[qc] = merge(torch, partial[qc], tuple(found), step.parts.plan.normalized)
             computed += 1
         if s < step.steps:
             comm.wait(works, f"the keys and values of rank {(source - 1) % world}")

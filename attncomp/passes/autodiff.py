@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from attncomp.errors import PipelineError
 from attncomp.ir.core import Block, Func, Module, Op, Value
 from attncomp.ir.graph import remove_dead_ops
-from attncomp.ir.ops.attention import lse_type
+from attncomp.ir.ops.attention import lse_type, normalized
 from attncomp.ir.types import TensorType, is_float
 from attncomp.passes.adjoints import NO_GRADIENT, RULES, Adjoint
 from attncomp.passes.base import Pass, register_pass
@@ -197,7 +197,8 @@ class FunctionSweep(Sweep):
     def attention(self, op: Op, gs: list[Value | None]) -> list[Value | None]:
         out, lse = self.saved[op]
         d_out = gs[0] if gs[0] is not None else self.ad.zeros(out.type)
-        # a row max (``with_max``, the last result) passes no gradient, as FlexAttention's max_scores
+        # a row max (``with_max``, the last result) passes no gradient, as FlexAttention's max_scores;
+        # nor does an unnormalised attention's log-sum-exp (only chunk pairs and residuals return it)
         d_lse = gs[1] if op.attrs["with_lse"] and gs[1] is not None else self.ad.zeros(lse.type)
         score, mask, *weight = op.regions
         grad, sites = gradient_region(score, {v for v in _captured(score) if v in self.active})
@@ -209,7 +210,7 @@ class FunctionSweep(Sweep):
         grads = self.ad.op(
             "ac.attention_grad",
             [q, k, v, out, lse, self.ad.cast(d_out, out.type.dtype), self.ad.cast(d_lse, lse.type.dtype)],
-            {"kv_repeat": op.attrs["kv_repeat"]},
+            {"kv_repeat": op.attrs["kv_repeat"], **({} if normalized(op) else {"normalized": False})},
             declared,
             regions,
             names=["d_q", "d_k", "d_v"] + [f"d_{value.name or 'site'}" for value, _ in sites],

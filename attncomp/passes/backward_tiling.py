@@ -14,6 +14,9 @@
             site += contributions added at their indices
         yield dq_part, dk, dv, sites
 
+An unnormalised attention (``normalized = false``: sigmoid attention, ``P = exp(s)``) reads zeros
+for both ``lse`` and ``delta``: ``dS = P * dP``.
+
 Each program keeps its key block's ``dk`` and ``dv`` in locals; ``dq`` is a
 per-program partial that the grid adds up at the program's batch position
 (no two programs write one location at once, so no atomics are needed: a
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from attncomp.ir.core import Block, Op, Value
 from attncomp.ir.dims import dim
+from attncomp.ir.ops.attention import normalized
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.types import TensorType, accumulation_dtype
 from attncomp.passes.builder import Builder
@@ -56,12 +60,17 @@ def tile_attention_grad(
     # in the accumulation type from the start: dS = P (dP - delta) sums to zero over a row only as
     # far as delta is exact, and a site's gradient (ALiBi's slopes) weighs each row's error by its
     # distances, so a delta rounded to bf16 throws a slope's gradient off by tens of percent
-    product = top.emit("ac.mul", top.cast(d_out, acc), top.cast(out, acc))
-    delta = top.op("ac.reduce", [product], {"kind": "sum", "axes": [out.type.rank - 1], "keepdims": True}).result
-    if constant_value(d_lse) != 0.0:  # the spec's LSE has a cotangent
-        delta = top.emit("ac.sub", delta, _with_row_axis(top, top.cast(d_lse, acc)))
-    delta = named(top.cast(delta, acc), "delta")
-    lse_rows = _with_row_axis(top, lse)
+    if normalized(op):
+        product = top.emit("ac.mul", top.cast(d_out, acc), top.cast(out, acc))
+        delta = top.op("ac.reduce", [product], {"kind": "sum", "axes": [out.type.rank - 1], "keepdims": True}).result
+        if constant_value(d_lse) != 0.0:  # the spec's LSE has a cotangent
+            delta = top.emit("ac.sub", delta, _with_row_axis(top, top.cast(d_lse, acc)))
+        delta = named(top.cast(delta, acc), "delta")
+        lse_rows = _with_row_axis(top, lse)
+    else:  # P = exp(s), not divided by a row's sum: no LSE to subtract, no delta
+        rows = (*out.type.shape[:-1], dim(1))
+        delta = named(top.const(0.0, acc, rows), "delta")
+        lse_rows = top.const(0.0, lse.type.dtype, rows)
 
     nb = dq_type.rank - 2
     grid, grid_index, j0 = grid_region(nb, "j0")

@@ -9,7 +9,8 @@ queries loads its query tile and runs an ``ac.tile_for`` over key blocks of
     l'   = alpha * l + rowsum(p);  acc' = alpha * acc + p @ v_tile
                                     (p * weight(...) @ v_tile with a weight region: dropout)
 
-then ``out = acc / l`` and ``lse = m + log(l)``.  A row that saw no visible
+then ``out = acc / l`` and ``lse = m + log(l)``; an unnormalised attention (``normalized = false``:
+sigmoid attention, ``exp(s)`` the logistic function) gives ``out = acc * exp(m)``.  A row that saw no visible
 key has ``l = 0``: its output is 0 and its LSE ``-inf`` (``m`` is replaced
 by 0 while it is still ``-inf`` so no ``-inf - -inf`` arises).  Tiles at the
 end of a sequence are padded; padded query rows reuse the last row's
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from attncomp.ir.core import Block, Module, Op, Value
 from attncomp.ir.dims import dim
 from attncomp.ir.graph import remove_dead_ops
-from attncomp.ir.ops.attention import with_max
+from attncomp.ir.ops.attention import normalized, with_max
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.ops.tile import PRECISIONS
 from attncomp.ir.types import TensorType, accumulation_dtype
@@ -132,9 +133,13 @@ def tile_attention(
         regions=[_key_loop(attn, cfg, grid_index, q_tile, rows, kv_head)],
     )
     m, lsum, acc_out = (named(r, n) for r, n in zip(loop.results, ("m", "l", "acc")))
-    empty = b.emit("ac.cmp", lsum, b.const(0.0, acc), pred="eq")
-    l_safe = b.emit("ac.where", empty, b.const(1.0, acc), lsum)
-    tiles = [named(b.cast(b.emit("ac.div", acc_out, l_safe), out_type.dtype), "out_tile")]
+    if normalized(attn):
+        empty = b.emit("ac.cmp", lsum, b.const(0.0, acc), pred="eq")
+        l_safe = b.emit("ac.where", empty, b.const(1.0, acc), lsum)
+        out_tile = b.emit("ac.div", acc_out, l_safe)
+    else:  # sum exp(s) v = acc exp(m); a row with no visible key has m = -inf and acc = 0
+        out_tile = b.emit("ac.mul", acc_out, b.emit("ac.exp", m))
+    tiles = [named(b.cast(out_tile, out_type.dtype), "out_tile")]
     if attn.attrs["with_lse"]:
         lse = b.emit("ac.add", m, b.emit("ac.log", lsum))
         lse = b.op("ac.reshape", [lse], declared=[TensorType.of((block_q,), acc)]).result
@@ -153,6 +158,8 @@ def tile_attention(
         grid_attrs["key_split"] = key_split
     if with_max(attn):
         grid_attrs["with_max"] = True
+    if not normalized(attn):
+        grid_attrs["normalized"] = False
     grid_op = Builder(block, at).op(
         "ac.tile_grid",
         [],

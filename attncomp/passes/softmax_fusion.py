@@ -33,7 +33,15 @@ from attncomp.ir.printer import Namer
 from attncomp.ir.types import TensorType, category, is_float, score_dtype, wider
 from attncomp.passes.base import Pass, register_pass
 from attncomp.passes.builder import Builder
-from attncomp.passes.patterns import ELEMENTWISE, is_neg_inf, last_axis_reduction, producer, softmax_division
+from attncomp.passes.patterns import (
+    ELEMENTWISE,
+    constant_value,
+    is_neg_inf,
+    last_axis_reduction,
+    producer,
+    sigmoid_input,
+    softmax_division,
+)
 from attncomp.passes.rewrite import replace_uses
 
 INDEX_NAMES = {2: ["i", "j"], 3: ["b", "i", "j"], 4: ["b", "h", "i", "j"]}
@@ -41,6 +49,10 @@ INDEX_NAMES = {2: ["i", "j"], 3: ["b", "i", "j"], 4: ["b", "h", "i", "j"]}
 
 class NotFusable(Exception):
     """Why a softmax could not be fused (becomes a remark)."""
+
+
+class NotAttention(NotFusable):
+    """No single ``q @ kᵀ`` product feeds the probabilities (for a logistic function: no attention)."""
 
 
 def _insert_before(block: Block, anchor: Op, new_ops: list[Op]) -> None:
@@ -148,7 +160,8 @@ class RegionBuilder:
 # fusion ------------------------------------------------------------------------------
 @dataclass
 class Match:
-    softmax: Op
+    #: the masked scores whose softmax (or logistic function) the probabilities are
+    scores: Value
     pv: Op
     q: Value
     k: Value
@@ -161,6 +174,8 @@ class Match:
     score_input: Value
     #: the weight the probabilities are multiplied by before ``@ v`` (dropout's), or None
     weight: Value | None = None
+    #: False: sigmoid attention's probabilities, not divided by their row's sum
+    normalized: bool = True
 
 
 def _peel_mask(scores: Value) -> tuple[list[tuple[Value, bool]], Value]:
@@ -195,7 +210,7 @@ def _find_qk(x: Value, score_shape) -> Op:
         elif op.name in ELEMENTWISE:
             stack.extend(op.operands)
     if len(found) != 1:
-        raise NotFusable(
+        raise (NotFusable if found else NotAttention)(
             "no single q @ kᵀ product feeds the scores" if not found else "the scores add up several matmul products"
         )
     return found[0]
@@ -230,12 +245,74 @@ def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], n
         weight, uses = _weighted(func, p, uses[0], use_table, namer)
     if len(uses) != 1 or uses[0].name != "ac.matmul" or uses[0].operands[0] is not (weight or p):
         raise NotFusable(f"the probabilities %{namer[p]} are used by something other than p @ v")
-    pv = uses[0]
     conds, x = _peel_mask(softmax.operands[0])
     qk = _find_qk(x, p.type.shape)
+    factor = None if weight is None else _factor(producer(weight), p)
+    return _complete(func, uses[0], softmax.operands[0], conds, x, qk, namer, factor)
+
+
+def sigmoid_candidate(pv: Op) -> tuple[Value, list[tuple[Value, bool]], Value] | None:
+    """``p @ v`` whose ``p`` is a logistic function of the scores, masked by ``where(c, p, 0)`` layers or
+    inside (``sigmoid(where(c, s, -inf))``): (p's logistic, the zero layers' conditions, its input);
+    None when ``p`` is no logistic function."""
+    if pv.name != "ac.matmul" or pv.operands[0].type.rank < 2:
+        return None
+    conds, p = [], pv.operands[0]
+    while (op := producer(p, "ac.where")) is not None and sigmoid_input(p) is None:
+        cond, a, b = op.operands
+        if constant_value(b) == 0.0 and a.type.shape == p.type.shape:
+            conds.append((cond, False))
+            p = a
+        elif constant_value(a) == 0.0 and b.type.shape == p.type.shape:
+            conds.append((cond, True))
+            p = b
+        else:
+            return None
+    x = sigmoid_input(p)
+    return None if x is None else (p, conds, x)
+
+
+def match_sigmoid_attention(
+    func: Func,
+    pv: Op,
+    found: tuple[Value, list[tuple[Value, bool]], Value],
+    use_table: dict[Value, list[Op]],
+    namer: Namer,
+) -> Match:
+    """Sigmoid attention, ``where(mask, sigmoid(f(q kᵀ)), 0) @ v``: an unnormalised ``ac.attention``
+    (``normalized = false``) whose score function is ``log sigmoid(f(s))``.  Raises :class:`NotAttention`
+    where no single ``q @ kᵀ`` feeds ``p`` (a logistic function of something else, a gate), and
+    :class:`NotFusable` where the attention cannot be fused."""
+    p, zero_conds, x = found
+    conds, inner = _peel_mask(x)
+    qk = _find_qk(inner, p.type.shape)
+    value = pv.operands[0]
+    while value is not p:  # the probabilities and each masked layer are read by ``@ v`` alone
+        if value in func.results or len(use_table.get(value, [])) != 1:
+            raise NotFusable(f"the sigmoid probabilities %{namer[value]} are used by something other than p @ v")
+        op = producer(value)
+        value = op.operands[1] if constant_value(op.operands[2]) == 0.0 else op.operands[2]
+    if p in func.results or len(use_table.get(p, [])) != 1:
+        raise NotFusable(f"the sigmoid probabilities %{namer[p]} are used by something other than p @ v")
+    return _complete(func, pv, x, zero_conds + conds, inner, qk, namer, None, normalized=False)
+
+
+def _complete(
+    func: Func,
+    pv: Op,
+    scores: Value,
+    conds: list[tuple[Value, bool]],
+    x: Value,
+    qk: Op,
+    namer: Namer,
+    weight: Value | None,
+    normalized: bool = True,
+) -> Match:
+    """The match of ``p @ v`` (``pv``) whose probabilities come from ``scores`` (masked by ``conds``,
+    ``x`` inside them), elementwise functions of the product ``qk``."""
     block_ops = func.body.ops
     graph = use_def_graph(func.body)
-    # Everything between qk and the softmax must be elementwise in the scores.
+    # Everything between qk and the probabilities must be elementwise in the scores.
     stack, seen = [x], set()
     while stack:
         v = stack.pop()
@@ -264,8 +341,7 @@ def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], n
     rk, rv = producer(k, "ac.repeat_kv"), producer(v, "ac.repeat_kv")
     if rk is not None and rv is not None and dim(rk.attrs["n_rep"]) == dim(rv.attrs["n_rep"]):
         k, v, kv_repeat = rk.operands[0], rv.operands[0], rk.attrs["n_rep"]
-    factor = None if weight is None else _factor(producer(weight), p)
-    return Match(softmax, pv, q, k, v, kv_repeat, k_is_transposed, qk, q_scale + k_scale, conds, x, factor)
+    return Match(scores, pv, q, k, v, kv_repeat, k_is_transposed, qk, q_scale + k_scale, conds, x, weight, normalized)
 
 
 def _factor(mul: Op, p: Value) -> Value:
@@ -319,7 +395,10 @@ def build_regions(m: Match) -> list[Block]:
         f = score.cast(factor, score_type.dtype)
         raw = score.emit("ac.div" if divide else "ac.mul", [raw, f])
     score.memo[m.qk.result] = raw
-    score_block = score.finish(score.value(m.score_input), score_type.dtype)
+    x = score.value(m.score_input)
+    if not m.normalized:  # exp of the score function is the logistic function of the scores
+        x = log_sigmoid(score, score.cast(x, score_type.dtype), score_type.dtype)
+    score_block = score.finish(x, score_type.dtype)
 
     mask = RegionBuilder(score_type, with_score=False)
     visible = None
@@ -337,6 +416,17 @@ def build_regions(m: Match) -> list[Block]:
     return regions
 
 
+def log_sigmoid(region: RegionBuilder, x: Value, dtype: str) -> Value:
+    """``log sigmoid(x) = min(x, 0) - log(1 + exp(-|x|))``, with ``-|x|`` and ``min(x, 0)`` chosen by
+    ``x >= 0`` (as ``ac.sigmoid`` chooses): finite for every finite ``x``, and its derivative at 0
+    the branch's, one half."""
+    zero = region.builder.const(0.0, dtype)
+    right = region.emit("ac.cmp", [x, zero], {"pred": "ge"})
+    tail = region.emit("ac.exp", [region.emit("ac.where", [right, region.emit("ac.neg", [x]), x])])
+    one_plus = region.emit("ac.add", [region.builder.const(1.0, dtype), tail])
+    return region.emit("ac.sub", [region.emit("ac.where", [right, zero, x]), region.emit("ac.log", [one_plus])])
+
+
 def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     block = func.body
     new_ops: list[Op] = []
@@ -346,14 +436,16 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
         t = Op.create("ac.transpose", [k], [k.type.with_shape([k.type.shape[p] for p in swap])], {"perm": swap})
         new_ops.append(t)
         k = t.result
-    scores, last = m.softmax.operands[0], m.softmax.operands[0].type.rank - 1
-    readers = use_table.get(scores, [])
+    scores, last = m.scores, m.scores.type.rank - 1
+    readers = use_table.get(scores, []) if m.normalized else []
     lse_ops = [op for op in readers if op.name == "ac.logsumexp" and op.attrs["axis"] == last]
     row_max = [op for op in readers if op.name == "ac.reduce" and op.attrs["kind"] == "max"]
     max_ops = [op for op in row_max if list(op.attrs["axes"]) == [last]]
     attrs = {"kv_repeat": m.kv_repeat, "with_lse": bool(lse_ops)}
     if max_ops:
         attrs["with_max"] = True
+    if not m.normalized:
+        attrs["normalized"] = False
     types = attention_types(
         m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion", bool(max_ops)
     )
@@ -417,11 +509,33 @@ def widening_remark(m: Match, namer: Namer) -> str | None:
     )
 
 
+def fuse_sigmoid_attention(func: Func, remarks: list[str]) -> None:
+    """Fuse every ``p @ v`` whose ``p`` is a (masked) logistic function of elementwise functions of one
+    ``q @ kᵀ`` (a remark where such a ``p`` cannot be fused)."""
+    remove_dead_ops(func.body)
+    namer = Namer.for_func(func)
+    for pv in [op for op in func.body.ops if op.name == "ac.matmul"]:
+        found = sigmoid_candidate(pv)
+        if found is None or pv not in func.body.ops:
+            continue
+        use_table = users(func.body)
+        try:
+            m = match_sigmoid_attention(func, pv, found, use_table, namer)
+            fuse(func, m, use_table)
+        except NotAttention:
+            continue
+        except NotFusable as why:
+            remarks.append(f"softmax-fusion: sigmoid attention not fused: {why}")
+
+
 @register_pass
 @dataclass
 class SoftmaxFusion(Pass):
     name = "softmax-fusion"
     summary = "fuse softmax(f(q kᵀ)) v (and its log-sum-exp) into ac.attention"
+    #: also fuse sigmoid attention, ``where(mask, sigmoid(f(q kᵀ)), 0) @ v``, into an unnormalised
+    #: ``ac.attention`` (``normalized = false``)
+    sigmoid: bool = True
 
     def run(self, module: Module, remarks: list[str]) -> None:
         for func in module.funcs:
@@ -437,4 +551,6 @@ class SoftmaxFusion(Pass):
                         remarks.append(remark)
                 except NotFusable as why:
                     remarks.append(f"softmax-fusion: not fused: {why}")
+            if self.sigmoid:
+                fuse_sigmoid_attention(func, remarks)
             remove_dead_ops(func.body)

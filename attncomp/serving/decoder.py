@@ -344,7 +344,8 @@ class PagedDecoder:
                     parts = [self._attend(batch, q, positions, firsts, stops)]
                 if batch[0].partials:  # their cascade's partial results, one batch entry each
                     parts.append(tuple(np.concatenate(x) for x in zip(*(p.partials[0] for p in batch))))
-                merged = merge_partials(*parts) if len(parts) > 1 else parts[0]  # every sequence of the batch at once
+                # every sequence of the batch at once
+                merged = merge_partials(*parts, normalized=self.plan.normalized) if len(parts) > 1 else parts[0]
                 for b, p in enumerate(batch):
                     p.partials = [tuple(x[b : b + 1] for x in merged)]
 

@@ -46,6 +46,7 @@ def _spec(name: str):
     from examples.causal import causal
     from examples.document_mask import causal_document_mask
     from examples.prefix_lm import prefix_lm
+    from examples.sigmoid_attention import causal_sigmoid
     from examples.sliding_window import causal_sliding_window
 
     return {
@@ -55,6 +56,7 @@ def _spec(name: str):
         "alibi": causal_alibi,
         "prefix": prefix_lm,
         "bf16": generic_causal,
+        "sigmoid": causal_sigmoid,
     }[name]
 
 
@@ -66,6 +68,7 @@ CASES: dict[str, dict] = {
     "alibi": {"spec": "alibi", "constants": {"window": 40}, "extra": ["slopes"], "sharded": [-2, -2, -2, None]},
     "prefix": {"spec": "prefix", "extra": ["prefix"], "sharded": [-2, -2, -2, None]},
     "bf16": {"spec": "bf16", "dtype": "bf16", "extra": [], "sharded": [-2, -2, -2]},
+    "sigmoid": {"spec": "sigmoid", "extra": [], "sharded": [-2, -2, -2]},  # partial results that add up
     "causal-contiguous": {"spec": "causal", "extra": [], "sharded": [-2, -2, -2], "chunks_per_rank": 1},
 }
 

@@ -211,3 +211,38 @@ def test_float64_gradients():
     args.append(normal(rng, 1, 1, 36, 3, dtype=np.float64))
     got, want = _gradients(causal64, args, [normal(rng, 1, 1, 30, 3, dtype=np.float64)])
     _check(got, want, args, tolerance=1e-10)
+
+
+def test_sigmoid_attention_outputs_and_gradients():
+    """Sigmoid attention (an unnormalised ``ac.attention``: ``exp`` of a ``log sigmoid`` score, no row
+    sum): its outputs are ``acc exp(m)``, its backward reads no log-sum-exp and no delta."""
+    from tests.passes.specs import sigmoid_alibi
+
+    rng = np.random.default_rng(4)
+    args = [normal(rng, 1, 2, 35, 8), normal(rng, 1, 2, 37, 8), normal(rng, 1, 2, 37, 8)]
+    args.append(np.array([0.05, 0.0], dtype=np.float32))
+    d_out = normal(rng, 1, 2, 35, 8)
+    out, backward = ac.compile(sigmoid_alibi, backend="cuda", pipeline=PIPELINE).vjp(*args)
+    want_out, want_backward = ac.compile(sigmoid_alibi, backend="interp", pipeline=PIPELINE).vjp(*args)
+    assert relative_error(out, want_out) < 1e-5
+    _check(backward(d_out), want_backward(d_out), args)
+
+
+def test_sigmoid_attention_in_bf16_on_the_tensor_cores():
+    """The default pipeline's 16-bit forward (its output scaled by ``rcp_approx`` of ``exp(-m)``)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(5)
+    q, k, v = (normal(rng, 1, 2, 70, 16).astype(ml_dtypes.bfloat16) for _ in range(3))
+    want = ac.interpret(causal_sigmoid, *(np.asarray(x, np.float32) for x in (q, k, v)))
+    got = np.asarray(ac.compile(causal_sigmoid, backend="cuda")(q, k, v), np.float64)
+    assert relative_error(got, want) < 1e-2
+
+
+@ac.spec
+def causal_sigmoid(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "D"]
+):
+    s = (q @ k.mT) * q.shape[-1] ** -0.5 - 1.0
+    b, h, i, j = ac.index(s)
+    return ac.where(j <= i, ac.sigmoid(s), 0.0) @ v

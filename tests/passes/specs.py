@@ -154,3 +154,13 @@ def sigmoid_gated(
     b, h, i, j = ac.index(s)
     s = ac.where(j <= i, s * ac.sigmoid(gate[h]), -ac.inf)
     return ac.softmax(s, axis=-1) @ v
+
+
+@ac.spec
+def sigmoid_alibi(
+    q: ac.f32["B", "H", "T", "D"], k: ac.f32["B", "H", "S", "D"], v: ac.f32["B", "H", "S", "E"], slopes: ac.f32["H"]
+):
+    """Sigmoid attention (no softmax) with ALiBi slopes, causal by the logistic function of ``-inf``."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5
+    b, h, i, j = ac.index(s)
+    return ac.sigmoid(ac.where(j <= i, s + slopes[h] * (j - i) - 2.0, -ac.inf)) @ v

@@ -18,8 +18,10 @@ Meaning: with ``s = q @ kᵀ`` (head ``h`` of ``k`` and ``v`` is head
 where none is visible; no gradient flows through it).  An optional third
 region, the **weight**, takes the positions and yields a factor for each probability
 before ``@ v``, not counted in the softmax's sum (attention dropout: ``ac.dropout``):
-the result is then ``(softmax(s') * weight) @ v``.  A query row with
-no visible key gives zeros and an LSE of ``-inf``.  The regions see one score
+the result is then ``(softmax(s') * weight) @ v``.  With the optional attribute ``normalized =
+false`` the probabilities are not divided by their row's sum: the result is ``(exp(s') * weight)
+@ v`` (sigmoid attention, whose score function ends in ``log sigmoid``: ``exp`` of it is the
+sigmoid).  A query row with no visible key gives zeros and an LSE of ``-inf``.  The regions see one score
 element at a time and may use values defined outside the op.
 """
 
@@ -76,6 +78,12 @@ def with_max(op) -> bool:
     return bool(op.attrs.get("with_max", False))
 
 
+def normalized(op) -> bool:
+    """Whether an ``ac.attention`` (or ``ac.attention_grad``, a tile grid) divides its probabilities by
+    their row's sum (its optional ``normalized``: softmax; false: ``exp`` of the scores, sigmoid attention's)."""
+    return bool(op.attrs.get("normalized", True))
+
+
 def lse_dtype(dtype: str) -> str:
     """The log-sum-exp's element type: float32 for 16-bit inputs.  A log-sum-exp is the log of a sum
     of exponentials, often tens in size, so bf16's 8 bits would put it off by up to 0.25, and the
@@ -115,6 +123,7 @@ class Attention(OpDef):
         "kv_repeat": "query heads per key/value head (a dimension)",
         "with_lse": "bool: also return the log-sum-exp of the masked scores",
         "with_max": "optional bool: also return each row's max masked score (after the log-sum-exp)",
+        "normalized": "optional bool: false: the probabilities are exp(s'), not divided by their row's sum",
     }
 
     def infer(self, operands, attrs, declared, checker):
@@ -122,8 +131,9 @@ class Attention(OpDef):
             raise TypeCheckError(f"ac.attention: expects q, k, v, got {len(operands)} operands")
         kv_repeat = dim(require_attr(attrs, "kv_repeat", (int, Dim), self.name))
         with_lse = require_attr(attrs, "with_lse", bool, self.name)
-        if not isinstance(attrs.get("with_max", False), bool):
-            raise TypeCheckError(f"{self.name}: attribute 'with_max' is a bool")
+        for flag in ("with_max", "normalized"):
+            if not isinstance(attrs.get(flag, flag == "normalized"), bool):
+                raise TypeCheckError(f"{self.name}: attribute '{flag}' is a bool")
         return attention_types(*operands, kv_repeat, with_lse, checker, self.name, attrs.get("with_max", False))
 
     def verify_regions(self, op) -> None:
@@ -159,7 +169,11 @@ class Attention(OpDef):
             m = safe_max(masked, -1)
             p = np.exp(masked - m)
             total = np.sum(p, axis=-1, keepdims=True)
-            out = np.matmul(p * weight_of(op, grids, ctx), v) / np.where(total == 0.0, 1.0, total)
+            out = np.matmul(p * weight_of(op, grids, ctx), v)
+            if normalized(op):
+                out = out / np.where(total == 0.0, 1.0, total)
+            else:  # exp(s') itself: exp(s' - m) exp(m), where m = -inf gives zeros
+                out = out * np.exp(m)
             results = [out]
             if op.attrs["with_lse"]:
                 results.append(np.squeeze(m + np.log(total), axis=-1))

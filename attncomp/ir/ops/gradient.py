@@ -22,6 +22,9 @@ of the score function's output) to the gradient of the raw ``q kᵀ`` element
 and to the contributions to captured tensors the score function reads
 ("sites").  ``dq = dS_raw k``, ``dk = dS_rawᵀ q``, ``dv = Pᵀ d_out``, with
 groups of ``kv_repeat`` query heads summed into their key/value head.
+With ``normalized = false`` (the forward's, sigmoid attention) the probabilities are
+``P = exp(score)``, not divided by a row's sum: ``dS = P * dP``; the LSE operands are not read (its
+log-sum-exp, which only chunk pairs and saved residuals return, passes no gradient).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 
 from attncomp.errors import TypeCheckError
 from attncomp.ir.dims import Dim, dim
-from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids, weight_of
+from attncomp.ir.ops.attention import attention_types, expand_heads, index_grids, normalized, weight_of
 from attncomp.ir.ops.base import OpDef, register, require_attr
 from attncomp.ir.ops.elementwise import promote
 from attncomp.ir.ops.structural import check_indices
@@ -105,9 +108,14 @@ class AttentionGrad(OpDef):
     name = "ac.attention_grad"
     num_operands = 7
     declared_result = True
-    attributes = {"kv_repeat": "query heads per key/value head (a dimension)"}
+    attributes = {
+        "kv_repeat": "query heads per key/value head (a dimension)",
+        "normalized": "optional bool: false: the forward's probabilities were exp(score), not divided by a row's sum",
+    }
 
     def infer(self, operands, attrs, declared, checker):
+        if not isinstance(attrs.get("normalized", True), bool):
+            raise TypeCheckError(f"{self.name}: attribute 'normalized' is a bool")
         if len(operands) != 7:
             raise TypeCheckError(f"{self.name}: expects q, k, v, out, lse, d_out, d_lse, got {len(operands)} operands")
         q, k, v, out, lse, d_out, d_lse = operands
@@ -170,9 +178,15 @@ class AttentionGrad(OpDef):
         with np.errstate(all="ignore"):
             scored = np.broadcast_to(ctx.run_block(op.regions[0], [*grids, raw])[0], raw.shape)
             visible = np.broadcast_to(ctx.run_block(op.regions[1], grids)[0], raw.shape)
-            lse_b = np.asarray(lse)[..., None]
-            p = np.where(visible & np.isfinite(lse_b), np.exp(scored - np.where(np.isfinite(lse_b), lse_b, 0.0)), 0.0)
-            delta = np.sum(d_out * out, axis=-1) - d_lse
+            if normalized(op):
+                lse_b = np.asarray(lse)[..., None]
+                p = np.where(
+                    visible & np.isfinite(lse_b), np.exp(scored - np.where(np.isfinite(lse_b), lse_b, 0.0)), 0.0
+                )
+                delta = np.sum(d_out * out, axis=-1) - d_lse
+            else:  # P = exp(score): no row sum, so no delta
+                p = np.where(visible, np.exp(scored), 0.0)
+                delta = np.zeros(raw.shape[:-1])
             weight = weight_of(op, grids, ctx, at=3)
             dp = np.matmul(d_out, np.swapaxes(ve, -1, -2)) * weight
             ds = p * (dp - delta[..., None])

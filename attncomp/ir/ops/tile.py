@@ -70,6 +70,8 @@ class TileGrid(OpDef):
         'rounded to tf32, where the backend has tensor cores) or "ieee" (float32 FMAs)',
         "key_split": "batch-invariant: each row's keys split into parts at multiples of this many positions, "
         "merged in part order (absent: the backend splits by the launch's size)",
+        "with_max": "optional bool: the last result is each row's max score",
+        "normalized": "optional bool: false: the output is acc exp(m), not acc / l (ac.attention's, sigmoid attention)",
     }
 
     def infer(self, operands, attrs, declared, checker):
