@@ -3,6 +3,7 @@
 
     python -m benchmarks.sigmoid_attention          # causal, H=8 D=64, float32, 2 threads
     python -m benchmarks.sigmoid_attention --quick  # smaller sizes
+    python -m benchmarks.sigmoid_attention --write  # and keep the table in benchmarks/RESULTS.md
 
 The peer computes ``where(causal, sigmoid(q kᵀ / sqrt(D) - log S), 0) @ v`` with a T x S buffer, as
 a FlashSigmoid user without a fused kernel writes it.  The two are called alternately; a ratio is
@@ -21,7 +22,7 @@ import numpy as np
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import attncomp as ac  # noqa: E402
-from benchmarks import peers, specs  # noqa: E402
+from benchmarks import peers, results_file, specs  # noqa: E402
 from benchmarks.timing import check, paired  # noqa: E402
 from examples.sigmoid_attention import causal_sigmoid  # noqa: E402
 
@@ -79,12 +80,15 @@ def size_rows(torch, q, k, v, d_out, repeats: int) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-    print("\n".join(rows(args.quick, args.repeats)))
+    results_file.add_option(parser)
+    args = parser.parse_args(argv)
+    with results_file.recorded(args, "benchmarks.sigmoid_attention", argv):
+        print(peers.blas_kernels())
+        print("\n".join(rows(args.quick, args.repeats)))
 
 
 if __name__ == "__main__":

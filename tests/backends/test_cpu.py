@@ -268,6 +268,48 @@ def test_float32_tanh_is_within_two_ulp_and_kernels_call_it():
     assert "tanh_f32(" in source and "math.tanh" not in source
 
 
+def test_float32_exp_and_log_of_score_functions_are_accurate_and_vectorise():
+    """``ac.exp`` and ``ac.log`` in a float32 score function run ``tile_math.exp_f32`` and ``log_f32``
+    (libm's are scalar; sigmoid attention's ``log sigmoid`` calls both per score): log within 3 ulp,
+    exp within its float32 input's own conditioning (|x| 2**-24 relative, 4e-6 near 88), and the
+    special values as libm gives them."""
+    from numba import njit
+
+    from attncomp.backends.numba_cpu import tile_math
+
+    @njit(fastmath=tile_math.FASTMATH, error_model="numpy")
+    def apply(x, logs, exps):
+        for i in range(x.size):
+            logs[i] = tile_math.log_f32(x[i])
+            exps[i] = tile_math.exp_f32(x[i])
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.exp(rng.uniform(-103, 88, 50000)), rng.uniform(-100, 88, 50000)]).astype(np.float32)
+    logs, exps = np.empty_like(x), np.empty_like(x)
+    apply(x, logs, exps)
+    wide = x.astype(np.float64)
+    positive = x > 0
+    want = np.log(wide[positive])
+    assert np.max(np.abs(logs[positive] - want) / np.spacing(np.abs(want).astype(np.float32))) < 3
+    want = np.exp(wide)
+    normal = (want > 1.2e-38) & (want < 3.4e38)
+    bound = 2e-7 + np.abs(wide[normal]) * 2.0**-24 * 1.5
+    assert np.all(np.abs(exps[normal] - want[normal]) / want[normal] <= bound)
+    special = np.array([0.0, -1.0, np.inf, -np.inf, np.nan, 1e-42, 89.0, -88.0], np.float32)
+    logs, exps = np.empty_like(special), np.empty_like(special)
+    apply(special, logs, exps)
+    assert logs[0] == -np.inf and np.isnan(logs[1]) and logs[2] == np.inf and np.isnan(logs[3]) and np.isnan(logs[4])
+    assert abs(logs[5] - np.log(1e-42)) < 1e-3  # a subnormal
+    assert exps[0] == 1 and exps[2] == np.inf and exps[3] == 0 and np.isnan(exps[4]) and exps[6] == np.inf
+    assert exps[7] == 0  # below float32's normal range: flushed, as the softmax's exp2 does
+    llvm = next(iter(apply.inspect_llvm().values()))
+    assert re.search(r"<(8|16) x float>", llvm), "the exp and log loop was not vectorised"
+    from tests.conftest import load_example
+
+    source = ac.compile(load_example("sigmoid_attention").causal_sigmoid, backend="cpu").source
+    assert "exp_f32(" in source and "log_f32(" in source
+
+
 def test_element_loops_vectorise():
     """The kernels' element loops (the softmax's exp, the backward's per-element gradient) compile
     to vector code.  A division's zero check (Numba's Python error model) kept the backward's loop

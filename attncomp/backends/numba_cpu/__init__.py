@@ -68,7 +68,9 @@ from attncomp.backends.numba_cpu.shared_calls import (
 )
 from attncomp.backends.numba_cpu.tile_math import (
     exp2_f32,
+    exp_f32,
     exp_nonpositive_f32,
+    log_f32,
     prefetch_rows,
     random_step,
     random_unit,

@@ -67,10 +67,15 @@ FEW_ROWS = 4
 SERIAL_WORK = 1 << 15
 
 
-#: the scalar code's math functions that the shared tile code replaces (``tile_math``: a float32
-#: tanh that vectorises, called by its own name so that it is inlined into the loop; other types
-#: keep NumPy's)
-FUNCTIONS = {"ac.tanh": "tanh", ("ac.tanh", "f32"): "tanh_f32"}
+#: the scalar code's math functions that the shared tile code replaces (``tile_math``: float32
+#: tanh, exp and log that vectorise, called by their own names so that they are inlined into the
+#: loop; other types keep NumPy's)
+FUNCTIONS = {
+    "ac.tanh": "tanh",
+    ("ac.tanh", "f32"): "tanh_f32",
+    ("ac.exp", "f32"): "exp_f32",
+    ("ac.log", "f32"): "log_f32",
+}
 
 
 class KernelWriter(KernelSource):

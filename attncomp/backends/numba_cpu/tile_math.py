@@ -89,6 +89,47 @@ def exp_nonpositive_f32(x):
     return np.float32(0.0) if x < np.float32(-87.0) else exp2_f32(x * np.float32(1.4426950408889634))
 
 
+@njit(fastmath=FASTMATH, inline="always")
+def exp_f32(x):
+    """e**x in float32 (``ac.exp`` in a score function): ``2**(x log2 e)`` by :func:`exp2_f32`, which
+    LLVM vectorises (libm's ``expf`` is scalar); infinite from x = 88.73 on, 0 below -87.4."""
+    y = x * np.float32(1.4426950408889634)
+    return np.float32(np.inf) if y >= np.float32(128.0) else exp2_f32(y)
+
+
+# log m for m in [sqrt(1/2), sqrt(2)): 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series
+# to s**9 (the next term, 2 s**11 / 11, is under 4e-10 of log m)
+LOG_C = (2.0, 2 / 3, 2 / 5, 2 / 7, 2 / 9)
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def log_f32(x):
+    """The natural logarithm in float32 (``ac.log`` in a score function): x = m 2**e from its bits,
+    m in [sqrt(1/2), sqrt(2)), ``e ln 2 + log m`` by :data:`LOG_C`; every branch a select, so LLVM
+    vectorises it (libm's ``logf`` is scalar).  Subnormals are scaled by 2**23 first; log 0 is
+    -inf, log of a negative NaN, log inf inf, NaN stays NaN."""
+    tiny = x < np.float32(1.1754943508222875e-38)
+    scaled = x * np.float32(8388608.0) if tiny else x
+    bits = np.int32(f32_bits(scaled))
+    e = ((bits >> np.int32(23)) & np.int32(255)) - np.int32(127)
+    m = float_from_bits((bits & np.int32(0x7FFFFF)) | np.int32(0x3F800000))
+    high = m > np.float32(1.4142135623730951)
+    m = m * np.float32(0.5) if high else m
+    e = e + np.int32(1) if high else e
+    s = (m - np.float32(1.0)) / (m + np.float32(1.0))
+    z = s * s
+    p = np.float32(LOG_C[4])
+    p = p * z + np.float32(LOG_C[3])
+    p = p * z + np.float32(LOG_C[2])
+    p = p * z + np.float32(LOG_C[1])
+    p = p * z + np.float32(LOG_C[0])
+    n = np.float32(e) - (np.float32(23.0) if tiny else np.float32(0.0))
+    y = n * np.float32(0.6931471805599453) + s * p
+    y = np.float32(-np.inf) if x == np.float32(0.0) else y
+    y = np.float32(np.nan) if x < np.float32(0.0) else y
+    return x if (x != x or x == np.float32(np.inf)) else y
+
+
 def exp2(x):
     """2**x in the type of ``x`` (float32: :func:`exp2_f32`)."""
     raise NotImplementedError("exp2 is for compiled code")
