@@ -88,6 +88,16 @@ def causal_any(
 
 
 @ac.spec
+def causal_sigmoid_any(
+    q: ac.floating["B", "H", "T", "D"], k: ac.floating["B", "H", "S", "D"], v: ac.floating["B", "H", "S", "D"]
+):
+    """Causal sigmoid attention (``examples/sigmoid_attention.py``) for every float type."""
+    s = (q @ k.mT) * q.shape[-1] ** -0.5 - ac.log(k.shape[-2] * 1.0)
+    b, h, i, j = ac.index(s)
+    return ac.where(j <= i, ac.sigmoid(s), 0.0) @ v
+
+
+@ac.spec
 def causal_heads_after_positions_any(
     q: ac.floating["B", "T", "H", "D"], k: ac.floating["B", "S", "H", "D"], v: ac.floating["B", "S", "H", "D"]
 ):

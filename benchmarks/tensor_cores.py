@@ -16,12 +16,16 @@ it; float32 rows' peer is SDPA's efficient backend (its float32 kernel), and the
 ways: ``precision=exact`` (3xTF32, the default), ``precision=tf32`` (opt-in) and
 ``precision=ieee`` (float32 FMAs), so the two exact paths are measured side by side.
 TFLOP/s count 4 B H D per (query, key) pair computed: all pairs dense, the visible ones
-causal.  Without a GPU it says so and exits with status 0.
+causal.  The sigmoid row (sigmoid attention, ``examples/sigmoid_attention.py``) is checked against
+PyTorch's eager sigmoid attention (its "default" column) and timed against FlashAttention-2's
+softmax attention at the same size, as FlashSigmoid is.  Without a GPU it says so and exits with
+status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -51,6 +55,7 @@ class Row:
     deterministic: bool = False  # ``ac.compile(..., deterministic=True)``: a backward without atomics
     alibi: bool = False  # the spec takes ALiBi slopes [H] (in the row's type, their gradient taken)
     dropout: float = 0.0  # attention dropout's rate (the spec takes a seed [1] and the constant ``rate``)
+    sigmoid: bool = False  # sigmoid attention: checked against PyTorch's eager one, timed against the peer's softmax
 
     def pipeline(self) -> str | None:
         if self.precision is None:
@@ -148,6 +153,17 @@ def rows(quick: bool) -> list[Row]:
             256,
             window,
         ),
+        Row(
+            "bf16 sigmoid causal T=S=4096 D=64 B=4 H=16",
+            "bfloat16",
+            specs.causal_sigmoid_any,
+            4,
+            16,
+            4096,
+            64,
+            True,
+            sigmoid=True,
+        ),
     ]
 
 
@@ -244,7 +260,12 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
             return sdpa()
 
-    want = sdpa()
+    def eager_sigmoid():
+        scores = q @ k.transpose(-1, -2) * row.d**-0.5 - math.log(row.t)
+        causal = torch.ones(row.t, row.t, dtype=torch.bool, device="cuda").tril()
+        return torch.where(causal, torch.sigmoid(scores), 0.0).to(q.dtype) @ v
+
+    want = eager_sigmoid() if row.sigmoid else sdpa()
     error = float((ours().float() - want.float()).abs().max() / want.float().abs().max())
     if error > row.tolerance:
         raise AssertionError(f"{row.name}: attncomp differs from torch by {error:.2e}")
@@ -253,8 +274,8 @@ def measure_row(torch, row: Row, repeats: int) -> Timing:
     else:
         peer, peer_name = (flash, "flash") if row.peer == "flash" else (efficient, "efficient")
     mine, theirs, ratio = paired_ms(torch, ours, peer, repeats)
-    _, default, default_ratio = paired_ms(torch, ours, sdpa, repeats)
-    choice = sdpa_choice(torch, q, k, v, row.causal, mask)
+    _, default, default_ratio = paired_ms(torch, ours, eager_sigmoid if row.sigmoid else sdpa, repeats)
+    choice = "eager" if row.sigmoid else sdpa_choice(torch, q, k, v, row.causal, mask)
     timing = Timing(row, mine, peer_name, theirs, ratio, choice, default, default_ratio, row.flops(), row.bytes())
     timing.kernel = kernels_run(fn)
     return timing

@@ -163,9 +163,9 @@ def merge_partials(*partials: tuple[np.ndarray, ...], normalized: bool = True) -
     safe = np.where(np.isneginf(top), 0.0, top)
     weights = np.exp(lses - safe)
     total = weights.sum(axis=0)
-    out = sum(w[..., None] * np.asarray(part[0], dtype=np.float64) for w, part in zip(weights, partials))
     reached = total > 0
     if normalized:
+        out = sum(w[..., None] * np.asarray(part[0], dtype=np.float64) for w, part in zip(weights, partials))
         out = out / np.where(reached, total, 1.0)[..., None]
     else:  # unnormalised parts (sigmoid attention): sums over their keys, which add up
         out = sum(np.asarray(part[0], dtype=np.float64) for part in partials)

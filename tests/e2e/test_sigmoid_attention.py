@@ -91,9 +91,9 @@ def test_outputs_match_the_formula(backend):
         want = expected(q, k, v, slopes, causal=True) @ v.astype(np.float64)
         got = np.asarray(fn(q, k, v, slopes), np.float64)
         assert np.abs(got - want).max() <= 2e-6 * max(1.0, np.abs(want).max()), (T, S)
-    no_keys = normal(rng, 1, 1, 0, 8)
-    out = ac.compile(outside, backend=backend)(normal(rng, 1, 1, 4, 8), no_keys, no_keys)
-    assert out.shape == (1, 1, 4, 8) and not out.any()  # no keys at all: zeros
+    no_keys = normal(rng, 1, 2, 0, 16)
+    out = fn(normal(rng, 1, 2, 4, 16), no_keys, no_keys[..., :8], slopes)
+    assert out.shape == (1, 2, 4, 8) and not out.any()  # no keys at all: zeros
 
 
 @pytest.mark.parametrize("backend", ["interp", "cpu"])

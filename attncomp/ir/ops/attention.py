@@ -172,7 +172,7 @@ class Attention(OpDef):
             out = np.matmul(p * weight_of(op, grids, ctx), v)
             if normalized(op):
                 out = out / np.where(total == 0.0, 1.0, total)
-            else:  # exp(s') itself: exp(s' - m) exp(m), where m = -inf gives zeros
+            else:  # exp(s') itself, exp(s' - m) exp(m) (an empty row: m is 0, p is 0)
                 out = out * np.exp(m)
             results = [out]
             if op.attrs["with_lse"]:
