@@ -138,7 +138,8 @@ class ScalarEmitter:
     """Writes 0-d ops as assignments; ``names`` maps values to expressions.
 
     ``functions`` replaces the callables of the unary math ops (and of
-    ``ac.rsqrt``, else ``1.0 / math.sqrt``): the CUDA backend calls helpers
+    ``ac.rsqrt``, else ``1.0 / math.sqrt``; by ``("ac.div", dtype)``, a division of that type's
+    own, called with both operands): the CUDA backend calls helpers
     that give ``log 0 = -inf`` and ``sqrt(-1) = nan`` explicitly, where
     Python's ``math`` (which Numba's CUDA simulator runs) raises.
     """
@@ -202,6 +203,8 @@ class ScalarEmitter:
             expr = self.typed(f"{a[0]} {BINARY[name]} {a[1]}", dtype)
         elif name == "ac.div" and op.operands[1] in self.reciprocals:
             expr = self.typed(f"{a[0]} * {self.reciprocals[op.operands[1]]}", dtype)
+        elif name == "ac.div" and ("ac.div", dtype) in self.functions:  # a division of this type's own
+            expr = self.typed(f"{self.functions['ac.div', dtype]}({a[0]}, {a[1]})", dtype)
         elif name == "ac.div":
             expr = self.typed(f"{a[0]} / {a[1]}", dtype)
         elif name == "ac.neg":

@@ -226,3 +226,20 @@ def test_kernels_choose_between_values_without_branches(example, name, dtype, he
     for kernel, source in sources.items():
         assert "select(" in source, kernel
         assert _branches_between_values(source) == [], kernel
+
+
+def test_score_functions_take_the_special_function_units_exp_log_and_division():
+    """Sigmoid attention's ``log sigmoid`` (an exp and a log a score) and its gradient (a division) run
+    ``ex2.approx``, ``lg2.approx`` and ``rcp.approx`` in the tile kernels (``device_math.TILE_FUNCTIONS``),
+    forward and backward; graph kernels keep libdevice's accurate ones."""
+    from attncomp.backends import numba_cuda
+
+    spec = load_example("sigmoid_attention").causal_sigmoid
+    source = _kernel_source("sigmoid_attention", "causal_sigmoid", pipeline=None)
+    assert "fast_exp(" in source and "fast_log(" in source and "ac_exp(" not in source
+    backward = numba_cuda.build(ac.compile(spec, backend="interp").backward.module)
+    (kernels,) = backward.backward
+    assert "fast_div(" in kernels.source(64, 64) and "fast_log(" in kernels.source(64, 64)
+    unfused = numba_cuda.build(ac.compile(spec, backend="interp", pipeline="").module)
+    graph = "\n".join(k.source for k in unfused.graph_kernels)
+    assert "ac_exp(" in graph and "fast_exp(" not in graph

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from attncomp.backends.numba_cuda.warp import SIMULATED
+from attncomp.backends.numba_cuda.warp import SIMULATED, exp2_approx, log2_approx, rcp_approx
 from attncomp.ir.ops import random as counters
 
 #: op name -> helper, for ``ScalarEmitter(functions=...)``
@@ -31,12 +31,23 @@ FUNCTIONS = {
     "ac.sin": "ac_sin",
     "ac.cos": "ac_cos",
 }
+#: the attention kernels' (``CudaKernelSource``): a score function's float32 exp, log and division by
+#: the special function unit (``ex2.approx``, ``lg2.approx``, ``rcp.approx``: a few instructions
+#: where libdevice's accurate ``expf`` and ``logf`` are tens and an IEEE division some twenty with a
+#: slow-path call, per score element; sigmoid attention's ``log sigmoid`` and its gradient call
+#: each); graph kernels keep the accurate ones
+TILE_FUNCTIONS = {
+    **FUNCTIONS,
+    ("ac.exp", "f32"): "fast_exp",
+    ("ac.log", "f32"): "fast_log",
+    ("ac.div", "f32"): "fast_div",
+}
 #: the name of the kernels' choice between computed values (``codegen.choose``), defined below
 SELECT = "select"
 #: ``ac.random``'s hash, as the scalar code calls it (``codegen.ScalarEmitter``), defined below
 RANDOM = ("random_step", "random_unit")
 #: a generated kernel's import of these, of ``select`` and of the hash
-NAMES = ", ".join(sorted([*FUNCTIONS.values(), SELECT, *RANDOM]))
+NAMES = ", ".join(sorted([*set(TILE_FUNCTIONS.values()), SELECT, *RANDOM]))
 IMPORT = f"from attncomp.backends.numba_cuda.device_math import {NAMES}"
 
 
@@ -54,6 +65,27 @@ def ac_log(x):
     if x == 0:
         return -math.inf
     return math.nan
+
+
+@cuda.jit(device=True, inline="always")
+def fast_exp(x):
+    """``e**x`` in float32 by ``ex2.approx`` of ``x log2 e``: within a few units in the last place and
+    the input's own conditioning (|x| 2**-24 relative); infinite past 88.7, 0 below -87.3 (flushed, as
+    the softmax's exponentials are); NaN stays NaN."""
+    return exp2_approx(x * np.float32(1.4426950408889634))
+
+
+@cuda.jit(device=True, inline="always")
+def fast_log(x):
+    """The natural logarithm in float32 by ``lg2.approx``, times ln 2: 0 gives -inf, a negative NaN."""
+    return log2_approx(x) * np.float32(0.6931471805599453)
+
+
+@cuda.jit(device=True, inline="always")
+def fast_div(x, y):
+    """``x / y`` in float32 as ``x`` times ``rcp.approx`` of ``y``: within two units in the last place;
+    ``x / 0`` infinite (0 / 0 NaN), ``x / inf`` 0, as an IEEE division gives them."""
+    return x * rcp_approx(y)
 
 
 @cuda.jit(device=True, inline="always")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from attncomp.backends.codegen import NUMPY_SCALAR, KernelSource, ScalarEmitter
 from attncomp.backends.numba_cuda.choice import KernelChoice, kernel_line
-from attncomp.backends.numba_cuda.device_math import FUNCTIONS, SELECT
+from attncomp.backends.numba_cuda.device_math import SELECT, TILE_FUNCTIONS
 from attncomp.backends.numba_cuda.fp8_codes import DECODE, quantized_append
 from attncomp.backends.numba_cuda.host.launches import jit_decorator
 from attncomp.backends.tiles import element_expr
@@ -48,7 +48,7 @@ class CudaKernelSource(KernelSource):
     device math functions, and a region's scalar code split into what is hoisted out of the
     tile loops and what runs per element."""
 
-    functions = FUNCTIONS
+    functions = TILE_FUNCTIONS
     #: tile sources the device keeps as bf16 bit patterns (``numba_cuda.tensor_core_types``)
     bits: frozenset[Value] = frozenset()
 

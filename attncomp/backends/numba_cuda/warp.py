@@ -25,6 +25,8 @@ operand of the next without leaving registers, in the order ``MmaAtom.feed`` giv
   quieted; past bf16's range, infinity), by integer arithmetic on ``f32_bits``: the same code on the
   GPU and in the simulator, where ``cvt.rn.bf16.f32`` would need an emulation.
 - ``exp2_approx(x)``: ``ex2.approx``, the softmax's exponential (``exp(x) = 2^(x log2 e)``).
+- ``log2_approx(x)``: ``lg2.approx``, a score function's float32 logarithm (``log x = log2(x) ln 2``,
+  ``device_math.fast_log``).
 - ``rcp_approx(x)``: ``rcp.approx``, ``1 / x`` within one unit in the last place: a 16-bit output's
   ``1 / l`` (an IEEE division is some twenty instructions and a slow-path call).
 - ``cp_async16(dst, dst_byte, src, src_elem, src_bytes)``: 16 bytes from element ``src_elem`` of a
@@ -61,6 +63,7 @@ if SIMULATED:
         bits_f32,
         exp2_approx,
         f32_bits,
+        log2_approx,
         mma_bf16,
         mma_f16,
         mma_tf32,
@@ -98,6 +101,7 @@ else:
         ldmatrix_x4,
         ldmatrix_x4_trans,
         load_pair16,
+        log2_approx,
         mma_bf16,
         mma_f16,
         mma_tf32,
@@ -140,6 +144,7 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
     "load_pair16",
+    "log2_approx",
     "mma_bf16",
     "mma_f16",
     "mma_tf32",

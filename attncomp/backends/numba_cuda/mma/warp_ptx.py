@@ -168,29 +168,35 @@ def shuffle_xor(typingctx, value, mask):
     return sig, codegen
 
 
-@intrinsic
-def exp2_approx(typingctx, x):
-    """``ex2.approx.ftz.f32``: 2 to the power ``x`` (relative error about 2^-22; -inf gives 0)."""
-    sig = signature(types.float32, types.float32)
+def _special_function(name: str, instruction: str, doc: str):
+    """An intrinsic of one float32 special-function-unit instruction, ``instruction $0, $1``."""
 
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_F32, [_F32])
-        return call_asm(builder, fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f", list(args))
+    def function(typingctx, x):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(_F32, [_F32])
+            return call_asm(builder, fnty, f"{instruction} $0, $1;", "=f,f", list(args))
 
-    return sig, codegen
+        return signature(types.float32, types.float32), codegen
+
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = f"``{instruction}``: {doc}"
+    return intrinsic(function)
 
 
-@intrinsic
-def rcp_approx(typingctx, x):
-    """``rcp.approx.ftz.f32``: ``1 / x`` (at most one unit in the last place off; a 16-bit output's
-    rounding is 2^13 times coarser)."""
-    sig = signature(types.float32, types.float32)
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(_F32, [_F32])
-        return call_asm(builder, fnty, "rcp.approx.ftz.f32 $0, $1;", "=f,f", list(args))
-
-    return sig, codegen
+exp2_approx = _special_function(
+    "exp2_approx", "ex2.approx.ftz.f32", "2 to the power ``x`` (relative error about 2^-22; -inf gives 0)."
+)
+log2_approx = _special_function(
+    "log2_approx",
+    "lg2.approx.f32",
+    "the base-2 logarithm of ``x`` (absolute error about 2^-22 near 1, relative elsewhere; 0 gives -inf, "
+    "a negative NaN; subnormals kept, no ``.ftz``).",
+)
+rcp_approx = _special_function(
+    "rcp_approx",
+    "rcp.approx.ftz.f32",
+    "``1 / x`` (at most one unit in the last place off; a 16-bit output's rounding is 2^13 times coarser).",
+)
 
 
 def _tf32(builder, word):

@@ -323,7 +323,14 @@ def widen_bf16(bits):
 
 @emulated
 def exp2_approx(x):
-    return np.float32(np.exp2(np.float64(x)))
+    with np.errstate(over="ignore"):
+        return np.float32(np.exp2(np.float64(x)))
+
+
+@emulated
+def log2_approx(x):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.float32(np.log2(np.float64(x)))
 
 
 @emulated
