@@ -125,6 +125,7 @@ VARIANTS = [
         setting="window=256",
     ),
     Variant("softcap", "causal_softcap", ("scores = cap * ac.tanh(scores / cap)", CAUSAL_SCORES), setting="cap=50"),
+    Variant("sigmoid_attention", "causal_sigmoid", ("return ac.where(j <= i, ac.sigmoid(scores), 0.0) @ v",)),
     Variant(
         "relative_bias",
         "relative_bias",

@@ -83,8 +83,9 @@ def fast_log(x):
 
 @cuda.jit(device=True, inline="always")
 def fast_div(x, y):
-    """``x / y`` in float32 as ``x`` times ``rcp.approx`` of ``y``: within two units in the last place;
-    ``x / 0`` infinite (0 / 0 NaN), ``x / inf`` 0, as an IEEE division gives them."""
+    """``x / y`` in float32 as ``x`` times ``rcp.approx`` of ``y``: within two units in the last place
+    for |y| under 2^126 (past it the reciprocal is flushed to 0); ``x / 0`` infinite (0 / 0 NaN),
+    ``x / inf`` 0, as an IEEE division gives them."""
     return x * rcp_approx(y)
 
 
