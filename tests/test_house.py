@@ -51,6 +51,7 @@ LAYERS = {
     "cli": 7,
     "hf": 7,
     "sdpa": 7,
+    "sigmoid_attention": 7,
     "flex": 7,
     "flash_attn": 7,
     "fuzz": 7,

@@ -184,3 +184,34 @@ def gate(x: ac.f32["T", "F"], w: ac.f32["F", "E"]):
 def test_a_logistic_function_of_no_product_is_left_alone_without_a_remark():
     fn = ac.compile(gate, backend="interp")
     assert attention_ops(fn) == [] and fn.remarks == []
+
+
+def test_the_torch_function_matches_pytorchs_eager_sigmoid_attention():
+    """``attncomp.sigmoid_attention.sigmoid_attention``: causal, a window, GQA, its default bias
+    ``-log S``, outputs and gradients against the same formula in PyTorch's eager ops; 3-dim inputs
+    are one head; bad arguments are named."""
+    torch = pytest.importorskip("torch")
+    import math
+
+    from attncomp.sigmoid_attention import sigmoid_attention, sigmoid_attention_spec
+
+    fn = ac.compile(sigmoid_attention_spec, backend="interp", causal=True, window=20)
+    assert [op.attrs.get("normalized") for op in attention_ops(fn)] == [False]
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 45, 16, generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, 2, 45, 16, generator=generator, requires_grad=True) for _ in range(2))
+    out = sigmoid_attention(q, k, v, is_causal=True, window=20, enable_gqa=True)
+    rows, keys = torch.arange(45)[:, None], torch.arange(45)[None]
+    scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 4.0 - math.log(45)
+    want = torch.where((keys <= rows) & (rows - keys < 20), torch.sigmoid(scores), 0.0) @ v.repeat_interleave(2, 1)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    d_out = torch.randn(out.shape, generator=generator)
+    for got, expect in zip(torch.autograd.grad(out, (q, k, v), d_out), torch.autograd.grad(want, (q, k, v), d_out)):
+        torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-5)
+    one_head = sigmoid_attention(q[:, 0], k[:, 0], v[:, 0], bias=-1.0, scale=0.5)
+    expect = torch.sigmoid(q[:, 0] @ k[:, 0].transpose(-1, -2) * 0.5 - 1.0) @ v[:, 0]
+    torch.testing.assert_close(one_head, expect, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        sigmoid_attention(q, k, v, window=0, enable_gqa=True)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        sigmoid_attention(q, k, v)

@@ -183,3 +183,25 @@ def test_bf16_tensors_passed_to_a_call():
         fn(q, k.clone().requires_grad_(), v, slopes)
     prefill = fn.decoder(256, dtype="bf16")(q, k, v, slopes).copy_to_host()  # a decoder's step takes them too
     assert _relative(torch.from_numpy(prefill.astype("float32")), want.float().cpu()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_attention_against_eager_pytorch(dtype):
+    """``attncomp.sigmoid_attention`` on CUDA tensors (the score function's exp, log and division on
+    the special function unit): outputs and gradients against PyTorch's eager sigmoid attention."""
+    import math
+
+    from attncomp.sigmoid_attention import sigmoid_attention
+
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in _inputs([(2, 4, 300, 64)] * 3))
+    got = sigmoid_attention(q, k, v, is_causal=True)
+    causal = torch.ones(300, 300, dtype=torch.bool, device="cuda").tril()
+    qf, kf, vf = _clone([x.float() for x in (q, k, v)])
+    want = torch.where(causal, torch.sigmoid(qf @ kf.transpose(-1, -2) / 8.0 - math.log(300)), 0.0) @ vf
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    assert _relative(got.float(), want) < tolerance
+    d_out = _normal(2, 4, 300, 64, seed=9, requires_grad=False)
+    grads = torch.autograd.grad(got, (q, k, v), d_out.to(dtype))
+    expected = torch.autograd.grad(want, (qf, kf, vf), d_out)
+    for g, e in zip(grads, expected):
+        assert _relative(g.float(), e) < 10 * tolerance
