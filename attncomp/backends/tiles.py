@@ -88,6 +88,12 @@ class TiledAttention:
         return bool(self.grid.attrs.get("normalized", True))
 
     @property
+    def score_bound(self) -> float | None:
+        """A bound no score exceeds (``ac.tile_grid``'s ``score_bound``), which a kernel may keep as every
+        row's max, never rescaling; None where there is none or the grid returns each row's exact max."""
+        return None if self.with_max else self.grid.attrs.get("score_bound")
+
+    @property
     def weighted(self) -> bool:
         """Whether the probabilities carry a weight region (attention dropout)."""
         return self.masked.weight is not None

@@ -160,6 +160,8 @@ def tile_attention(
         grid_attrs["with_max"] = True
     if not normalized(attn):
         grid_attrs["normalized"] = False
+    if "score_bound" in attn.attrs:
+        grid_attrs["score_bound"] = attn.attrs["score_bound"]
     grid_op = Builder(block, at).op(
         "ac.tile_grid",
         [],

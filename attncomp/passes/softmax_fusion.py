@@ -444,8 +444,9 @@ def fuse(func: Func, m: Match, use_table: dict[Value, list[Op]]) -> None:
     attrs = {"kv_repeat": m.kv_repeat, "with_lse": bool(lse_ops)}
     if max_ops:
         attrs["with_max"] = True
-    if not m.normalized:
+    if not m.normalized:  # log sigmoid is at most 0
         attrs["normalized"] = False
+        attrs["score_bound"] = 0.0
     types = attention_types(
         m.q.type, k.type, m.v.type, dim(m.kv_repeat), bool(lse_ops), Checker(), "fusion", bool(max_ops)
     )

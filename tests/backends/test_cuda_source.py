@@ -243,3 +243,12 @@ def test_score_functions_take_the_special_function_units_exp_log_and_division():
     unfused = numba_cuda.build(ac.compile(spec, backend="interp", pipeline="").module)
     graph = "\n".join(k.source for k in unfused.graph_kernels)
     assert "ac_exp(" in graph and "fast_exp(" not in graph
+
+
+def test_a_bound_on_the_scores_is_every_rows_max_from_the_start():
+    """Sigmoid attention's scores (``log sigmoid``) are at most 0 (``score_bound``): the tensor-core
+    forward keeps 0 as every row's max, with no quad maximum and no rescale; softmax's tracks it."""
+    sigmoid = _kernel_source("sigmoid_attention", "causal_sigmoid", pipeline=None)
+    assert "m_a = ACC(0.0)" in sigmoid and "quad_max(" not in sigmoid.split("def ", 1)[1]
+    softmax = _kernel_source("causal", "causal", pipeline=None)
+    assert "m_a = NEG_INF" in softmax and "quad_max(" in softmax.split("def ", 1)[1]

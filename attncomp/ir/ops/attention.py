@@ -21,8 +21,11 @@ before ``@ v``, not counted in the softmax's sum (attention dropout: ``ac.dropou
 the result is then ``(softmax(s') * weight) @ v``.  With the optional attribute ``normalized =
 false`` the probabilities are not divided by their row's sum: the result is ``(exp(s') * weight)
 @ v`` (sigmoid attention, whose score function ends in ``log sigmoid``: ``exp`` of it is the
-sigmoid).  A query row with no visible key gives zeros and an LSE of ``-inf``.  The regions see one score
-element at a time and may use values defined outside the op.
+sigmoid).  An optional ``score_bound`` says that no score exceeds it (``log sigmoid``'s 0): a
+kernel may take it for every row's running max, never rescaling (any bound gives the same result;
+it only keeps ``exp(s - m)`` from overflowing).  A query row with no visible key gives zeros and an
+LSE of ``-inf``.  The regions see one score element at a time and may use values defined outside
+the op.
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ class Attention(OpDef):
         "with_lse": "bool: also return the log-sum-exp of the masked scores",
         "with_max": "optional bool: also return each row's max masked score (after the log-sum-exp)",
         "normalized": "optional bool: false: the probabilities are exp(s'), not divided by their row's sum",
+        "score_bound": "optional float: no score the region yields exceeds it (log sigmoid's 0): kernels may take it "
+        "for every row's max",
     }
 
     def infer(self, operands, attrs, declared, checker):
@@ -134,6 +139,8 @@ class Attention(OpDef):
         for flag in ("with_max", "normalized"):
             if not isinstance(attrs.get(flag, flag == "normalized"), bool):
                 raise TypeCheckError(f"{self.name}: attribute '{flag}' is a bool")
+        if not isinstance(attrs.get("score_bound", 0.0), float):
+            raise TypeCheckError(f"{self.name}: attribute 'score_bound' is a float")
         return attention_types(*operands, kv_repeat, with_lse, checker, self.name, attrs.get("with_max", False))
 
     def verify_regions(self, op) -> None:

@@ -72,6 +72,7 @@ class TileGrid(OpDef):
         "merged in part order (absent: the backend splits by the launch's size)",
         "with_max": "optional bool: the last result is each row's max score",
         "normalized": "optional bool: false: the output is acc exp(m), not acc / l (ac.attention's, sigmoid attention)",
+        "score_bound": "optional float: no score exceeds it (ac.attention's): a kernel may take it for every row's max",
     }
 
     def infer(self, operands, attrs, declared, checker):

@@ -286,8 +286,9 @@ class MmaKernelWriter(FragmentRows, AttentionKernelWriter):
             hoisted = self.hoisted_regions()
             self.shared_arrays()
             self.load_query()
+            bound = t.score_bound  # a bound on the scores: every row's max from the start
             for *_, row in self.lane_rows():
-                w.line(f"m_{row} = NEG_INF")
+                w.line(f"m_{row} = {'NEG_INF' if bound is None else f'ACC({bound!r})'}")
                 w.line(f"l_{row} = ACC(0.0)")
             for tile in range(p.m_tiles):
                 for en in range(p.value_dim // self.atom.n):

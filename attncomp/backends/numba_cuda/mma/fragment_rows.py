@@ -121,6 +121,10 @@ class FragmentRows:
         n_tiles = p.chunk // c.cols
         for t, _, halves, row in self.lane_rows():
             sn, on = tile_name("s", t), tile_name("o", t)
+            if self.t.score_bound is not None:  # m is the scores' bound throughout: no max, no rescale
+                w.line(f"m_log2_{row} = m_{row} * LOG2E")
+                self.exponentials(sn, n_tiles, halves, row, scale)
+                continue
             w.line(f"mx_{row} = {'NEG_INF' if scale else f'm_{row}'}")
             for n in range(n_tiles):
                 for e in halves:
@@ -137,13 +141,17 @@ class FragmentRows:
             for en in range(p.value_dim // c.cols):
                 for e in halves:
                     w.line(f"{on}_{en}_{e} = {on}_{en}_{e} * alpha_{row}")
-            # exp(s - m) = 2^(s log2 e - m log2 e): one multiply-add and ex2 per element
             w.line(f"m_log2_{row} = m_safe_{row} * LOG2E")
-            for n in range(n_tiles):
-                for e in halves:
-                    x = f"{sn}_{n}_{e}"
-                    w.line(f"{x} = exp2_approx({x} * {f'{scale}_log2' if scale else 'LOG2E'} - m_log2_{row})")
-                    w.line(f"l_{row} += {x}")
+            self.exponentials(sn, n_tiles, halves, row, scale)
+
+    def exponentials(self, sn: str, n_tiles: int, halves: tuple[int, ...], row: str, scale: str | None) -> None:
+        """P = exp(s - m) = 2^(s log2 e - m log2 e) of a row's elements: one multiply-add and ex2 each,
+        added to the row's sum."""
+        for n in range(n_tiles):
+            for e in halves:
+                x = f"{sn}_{n}_{e}"
+                self.w.line(f"{x} = exp2_approx({x} * {f'{scale}_log2' if scale else 'LOG2E'} - m_log2_{row})")
+                self.w.line(f"l_{row} += {x}")
 
     def position_row(self, row: str) -> str:
         """The row whose position lane row ``row`` (``ra`` ..) has: itself (``PackedHeads``: its row in its head)."""
