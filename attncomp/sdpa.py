@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import attncomp as ac
+from attncomp.torch.head_axes import with_head_axis
 from attncomp.torch.traced_ops import TracedOps, trace_constant
 
 
@@ -189,21 +190,9 @@ def scaled_dot_product_attention(
     """
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: attn_mask and is_causal are exclusive: give one")
-    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
-        raise ValueError(
-            "scaled_dot_product_attention: query, key and value must all have 3 or 4 dimensions, got "
-            f"{query.dim()}, {key.dim()} and {value.dim()}"
-        )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
-    three = query.dim() == 3
-    if three:  # [N, L, E]: one head
-        query, key, value = query[:, None], key[:, None], value[:, None]
-    if query.shape[1] != key.shape[1] and not enable_gqa:
-        raise ValueError(
-            f"scaled_dot_product_attention: query has {query.shape[1]} heads and key {key.shape[1]}: "
-            "pass enable_gqa=True for grouped-query attention"
-        )
+    query, key, value, three = with_head_axis("scaled_dot_product_attention", query, key, value, enable_gqa)
     causal = None  # the constants: causal (the spec without a mask only), dropout and scale (None: E ** -0.5)
     args = [query, key, value]
     if attn_mask is None:

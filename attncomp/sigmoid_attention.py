@@ -19,6 +19,7 @@ by a softmax.  It needs the ``torch`` extra; ``import attncomp`` does not import
 from typing import Any
 
 import attncomp as ac
+from attncomp.torch.head_axes import with_head_axis
 from attncomp.torch.traced_ops import TracedOps, trace_constant
 
 
@@ -79,21 +80,9 @@ def sigmoid_attention(
     ``enable_gqa`` lets ``KV`` divide ``H``.  ``backend``: "cpu", "cuda" or "interp" (default: the
     tensors' device's).
     """
-    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
-        raise ValueError(
-            "sigmoid_attention: query, key and value must all have 3 or 4 dimensions, got "
-            f"{query.dim()}, {key.dim()} and {value.dim()}"
-        )
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"sigmoid_attention: window must be a positive int or None, got {window!r}")
-    three = query.dim() == 3
-    if three:  # [N, L, E]: one head
-        query, key, value = query[:, None], key[:, None], value[:, None]
-    if query.shape[1] != key.shape[1] and not enable_gqa:
-        raise ValueError(
-            f"sigmoid_attention: query has {query.shape[1]} heads and key {key.shape[1]}: "
-            "pass enable_gqa=True for grouped-query attention"
-        )
+    query, key, value, three = with_head_axis("sigmoid_attention", query, key, value, enable_gqa)
     backend = backend or ("cuda" if query.device.type == "cuda" else "cpu")
     scale, bias = trace_constant(scale), trace_constant(bias)
     scale = None if scale is None else float(scale)
