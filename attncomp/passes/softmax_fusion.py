@@ -251,50 +251,53 @@ def match_attention(func: Func, softmax: Op, use_table: dict[Value, list[Op]], n
     return _complete(func, uses[0], softmax.operands[0], conds, x, qk, namer, factor)
 
 
-def sigmoid_candidate(pv: Op) -> tuple[Value, list[tuple[Value, bool]], Value] | None:
+@dataclass
+class SigmoidWeights:
+    """The weights of ``p @ v`` as a (masked) logistic function of some scores."""
+
+    #: the weights and each ``where(c, ., 0)`` layer around the logistic function, outermost first
+    layers: list[Value]
+    #: the zero layers' conditions (each with whether it is negated)
+    conds: list[tuple[Value, bool]]
+    #: the logistic function's input
+    x: Value
+
+
+def sigmoid_candidate(pv: Op) -> SigmoidWeights | None:
     """``p @ v`` whose ``p`` is a logistic function of the scores, masked by ``where(c, p, 0)`` layers or
-    inside (``sigmoid(where(c, s, -inf))``): (p's logistic, the zero layers' conditions, its input);
-    None when ``p`` is no logistic function."""
+    inside (``sigmoid(where(c, s, -inf))``); None when ``p`` is no logistic function."""
     if pv.name != "ac.matmul" or pv.operands[0].type.rank < 2:
         return None
-    conds, p = [], pv.operands[0]
-    while (op := producer(p, "ac.where")) is not None and sigmoid_input(p) is None:
+    layers, conds = [pv.operands[0]], []
+    while (x := sigmoid_input(layers[-1])) is None:
+        op, p = producer(layers[-1], "ac.where"), layers[-1]
+        if op is None:
+            return None
         cond, a, b = op.operands
         if constant_value(b) == 0.0 and a.type.shape == p.type.shape:
             conds.append((cond, False))
-            p = a
+            layers.append(a)
         elif constant_value(a) == 0.0 and b.type.shape == p.type.shape:
             conds.append((cond, True))
-            p = b
+            layers.append(b)
         else:
             return None
-    x = sigmoid_input(p)
-    return None if x is None else (p, conds, x)
+    return SigmoidWeights(layers, conds, x)
 
 
 def match_sigmoid_attention(
-    func: Func,
-    pv: Op,
-    found: tuple[Value, list[tuple[Value, bool]], Value],
-    use_table: dict[Value, list[Op]],
-    namer: Namer,
+    func: Func, pv: Op, found: SigmoidWeights, use_table: dict[Value, list[Op]], namer: Namer
 ) -> Match:
     """Sigmoid attention, ``where(mask, sigmoid(f(q kᵀ)), 0) @ v``: an unnormalised ``ac.attention``
     (``normalized = false``) whose score function is ``log sigmoid(f(s))``.  Raises :class:`NotAttention`
     where no single ``q @ kᵀ`` feeds ``p`` (a logistic function of something else, a gate), and
     :class:`NotFusable` where the attention cannot be fused."""
-    p, zero_conds, x = found
-    conds, inner = _peel_mask(x)
-    qk = _find_qk(inner, p.type.shape)
-    value = pv.operands[0]
-    while value is not p:  # the probabilities and each masked layer are read by ``@ v`` alone
+    conds, inner = _peel_mask(found.x)
+    qk = _find_qk(inner, found.layers[-1].type.shape)
+    for value in found.layers:  # the weights and each masked layer are read by ``@ v`` alone
         if value in func.results or len(use_table.get(value, [])) != 1:
             raise NotFusable(f"the sigmoid probabilities %{namer[value]} are used by something other than p @ v")
-        op = producer(value)
-        value = op.operands[1] if constant_value(op.operands[2]) == 0.0 else op.operands[2]
-    if p in func.results or len(use_table.get(p, [])) != 1:
-        raise NotFusable(f"the sigmoid probabilities %{namer[p]} are used by something other than p @ v")
-    return _complete(func, pv, x, zero_conds + conds, inner, qk, namer, None, normalized=False)
+    return _complete(func, pv, found.x, found.conds + conds, inner, qk, namer, None, normalized=False)
 
 
 def _complete(
